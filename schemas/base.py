@@ -1,0 +1,87 @@
+"""Common parts of every record on an xidstream topic.
+
+Every record carries `schema` (type and version, e.g. ``xidstream.gpu_sample/1``), a unique
+`event_id`, a UTC timestamp `ts` written as RFC 3339 with a ``Z`` suffix, and the `node` it is about.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Annotated, ClassVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+
+__all__ = ["Record", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci"]
+
+
+def _to_utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamp must carry a time zone (RFC 3339, e.g. 2026-11-28T03:00:00Z)")
+    return value.astimezone(timezone.utc)
+
+
+def format_ts(value: datetime) -> str:
+    """RFC 3339 in UTC with microseconds and a ``Z`` suffix (sorts as text)."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+UtcDatetime = Annotated[
+    datetime,
+    AfterValidator(_to_utc),
+    PlainSerializer(format_ts, return_type=str, when_used="json"),
+]
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+def normalize_pci(bus_id: str | bytes | None) -> str | None:
+    """Normalise a PCI bus id to the kernel's ``dddd:bb:dd`` form, lower case.
+
+    NVML says ``00000000:17:00.0`` (8-digit domain, bytes), the kernel's Xid line ``0000:17:00``,
+    other NVRM lines ``0000:91:00.0``; MIG lines add `` GPU-I:nn``. All must compare equal
+    (shared/data/README.md, "Normalise before comparing").
+    """
+    if bus_id is None:
+        return None
+    if isinstance(bus_id, bytes):
+        bus_id = bus_id.decode("ascii", "replace")
+    text = bus_id.strip().split()[0] if bus_id.strip() else ""
+    if text.upper().startswith("PCI:"):
+        text = text[4:]
+    parts = text.split(":")
+    if len(parts) == 2:  # bb:dd[.f] without a domain
+        parts = ["0", *parts]
+    if len(parts) != 3:
+        return None
+    domain, bus, dev = parts
+    dev = dev.split(".")[0]
+    try:
+        return f"{int(domain, 16) & 0xFFFF:04x}:{int(bus, 16):02x}:{int(dev, 16):02x}"
+    except ValueError:
+        return None
+
+
+class Record(BaseModel):
+    """Base of every topic model. Subclasses set ``SCHEMA`` and a ``schema`` Literal."""
+
+    SCHEMA: ClassVar[str] = ""
+
+    model_config = ConfigDict(
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        ser_json_bytes="base64",
+        val_json_bytes="base64",
+    )
+
+    schema_: str = Field(alias="schema", description="Record type and version, e.g. xidstream.gpu_sample/1.")
+    event_id: str = Field(default_factory=new_event_id, description="Unique id of this record.")
+    ts: UtcDatetime = Field(default_factory=utc_now, description="When it happened (UTC, RFC 3339).")
+    node: str = Field(min_length=1, description="Kubernetes node (host) name the record is about.")

@@ -1,0 +1,261 @@
+"""The wire contract: one pydantic model per topic.
+
+Field names listed in the contract (issue 2) are public and stable; a change of meaning gets a new
+schema version (``.../2``), never a silent edit. Optional fields are null when the source could not
+say (NVML ``NotSupported``, an old driver that prints no pid).
+"""
+
+from __future__ import annotations
+
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.base import Record, UtcDatetime
+from schemas.vocab import (
+    Action,
+    Classification,
+    Outcome,
+    SampleStatus,
+    Severity,
+    WorkloadEventType,
+    XidKind,
+    XidSource,
+)
+
+__all__ = [
+    "GpuInventory",
+    "GpuSample",
+    "ComputeApp",
+    "PmonSample",
+    "DeviceHolder",
+    "GpuProcesses",
+    "XidEvent",
+    "WorkloadEvent",
+    "EvidenceEntry",
+    "Evidence",
+    "Alert",
+    "RemediationCommand",
+    "RemediationResult",
+    "DeadLetter",
+    "ALL_MODELS",
+]
+
+_PCI = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$"
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuInventory(Record):
+    """One GPU of a node, published at start and whenever it changes (compacted topic)."""
+
+    SCHEMA = "xidstream.gpu_inventory/1"
+    schema_: Literal["xidstream.gpu_inventory/1"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str
+    gpu_index: int = Field(ge=0)
+    pci_bus_id: str = Field(pattern=_PCI, description="Normalised dddd:bb:dd.")
+    name: str | None = None
+    serial: str | None = None
+    memory_total_mib: int | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+
+class GpuSample(Record):
+    """One NVML reading of one GPU. A field is null when NVML does not support it."""
+
+    SCHEMA = "xidstream.gpu_sample/1"
+    schema_: Literal["xidstream.gpu_sample/1"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str
+    gpu_index: int = Field(ge=0)
+    pci_bus_id: str = Field(pattern=_PCI)
+    utilization_gpu_pct: float | None = None
+    utilization_memory_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    temperature_c: int | None = None
+    status: SampleStatus = SampleStatus.ok
+    error: str | None = Field(None, description="The NVML error behind a non-ok status.")
+
+
+class ComputeApp(_Part):
+    """A process NVML registered as a CUDA compute process (``--query-compute-apps``)."""
+
+    pid: int
+    process_name: str | None = None
+    used_memory_mib: float | None = None
+    pod_uid: str | None = None
+    container_id: str | None = None
+
+
+class PmonSample(_Part):
+    """A process seen using a GPU engine in the sampling window (``nvidia-smi pmon``)."""
+
+    pid: int
+    sm_util_pct: float | None = None
+    mem_util_pct: float | None = None
+
+
+class DeviceHolder(_Part):
+    """A process that merely has ``/dev/nvidia*`` open. Proves nothing about compute."""
+
+    pid: int
+    process_name: str | None = None
+
+
+class GpuProcesses(Record):
+    """The three kinds of process evidence for one GPU at one time."""
+
+    SCHEMA = "xidstream.gpu_processes/1"
+    schema_: Literal["xidstream.gpu_processes/1"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str
+    gpu_index: int | None = None
+    pci_bus_id: str | None = Field(None, pattern=_PCI)
+    compute_apps: list[ComputeApp] = Field(default_factory=list)
+    pmon: list[PmonSample] = Field(default_factory=list)
+    device_holders: list[DeviceHolder] = Field(default_factory=list)
+
+
+class XidEvent(Record):
+    """A kernel Xid record or a related driver record, with the GPU resolved where possible."""
+
+    SCHEMA = "xidstream.xid/1"
+    schema_: Literal["xidstream.xid/1"] = Field(SCHEMA, alias="schema")
+    kind: XidKind = XidKind.xid
+    gpu_uuid: str | None = Field(None, description="Null when the PCI bus id could not be resolved.")
+    gpu_index: int | None = None
+    pci_bus_id: str | None = Field(None, pattern=_PCI, description="Normalised dddd:bb:dd.")
+    resolved: bool = Field(False, description="True when gpu_uuid was resolved from NVML or the driver.")
+    xid: int | None = None
+    xid_name: str | None = Field(None, description="NVIDIA catalog mnemonic; 'unknown' if not in it.")
+    xid_category: str | None = None
+    xid_resolution: str | None = Field(None, description="NVIDIA's immediate-action bucket.")
+    pid: int | None = None
+    process_name: str | None = None
+    gpu_instance: int | None = Field(None, description="MIG GPU instance (GPU-I).")
+    compute_instance: int | None = Field(None, description="MIG compute instance (GPU-CI).")
+    message: str = ""
+    raw: str = ""
+    source: XidSource
+    sources: list[XidSource] = Field(
+        default_factory=list, description="Every source that saw this fault (kernel log and NVML)."
+    )
+    kernel_ts: str | None = Field(None, description="The log line's own timestamp text, if any.")
+
+
+class WorkloadEvent(Record):
+    """A pod on this node that holds a GPU started, failed, restarted or finished."""
+
+    SCHEMA = "xidstream.workload/1"
+    schema_: Literal["xidstream.workload/1"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str
+    pod_uid: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    event: WorkloadEventType
+    reason: str | None = None
+    exit_code: int | None = None
+
+
+class EvidenceEntry(_Part):
+    """One line of an incident's timeline."""
+
+    ts: UtcDatetime
+    kind: str = Field(description="xid | sample_stats | processes | workload | remediation | note")
+    summary: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Evidence(_Part):
+    """Why an alert was raised: the one timeline the incident write-up asks for."""
+
+    node: str
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    pci_bus_id: str | None = None
+    timeline: list[EvidenceEntry] = Field(default_factory=list)
+    sample_stats: dict[str, Any] = Field(default_factory=dict)
+    xid_counts: dict[str, int] = Field(default_factory=dict)
+    distinct_pids: list[int] = Field(default_factory=list)
+    pod_uids: list[str] = Field(default_factory=list)
+
+
+class Alert(Record):
+    SCHEMA = "xidstream.alert/1"
+    schema_: Literal["xidstream.alert/1"] = Field(SCHEMA, alias="schema")
+    alert_id: str
+    incident_id: str
+    gpu_uuid: str | None = Field(None, description="Null for node- or fleet-wide alerts.")
+    pci_bus_id: str | None = None
+    classification: Classification
+    severity: Severity
+    summary: str
+    evidence: Evidence
+    recommended_steps: list[str] = Field(default_factory=list)
+
+
+class RemediationCommand(Record):
+    """A decided step for a separate executor. `command_id` is deterministic from incident and
+    step, so a command re-emitted after a restart is recognisable."""
+
+    SCHEMA = "xidstream.remediation_command/1"
+    schema_: Literal["xidstream.remediation_command/1"] = Field(SCHEMA, alias="schema")
+    command_id: str
+    incident_id: str
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    action: Action
+    step: int = Field(ge=0)
+    reason: str = ""
+    preconditions: list[str] = Field(default_factory=list)
+    expires_at: UtcDatetime
+    requires_approval: bool = False
+    dry_run: bool = False
+
+
+class RemediationResult(Record):
+    """What an executor reports back for a command."""
+
+    SCHEMA = "xidstream.remediation_result/1"
+    schema_: Literal["xidstream.remediation_result/1"] = Field(SCHEMA, alias="schema")
+    command_id: str | None = None
+    incident_id: str | None = None
+    gpu_uuid: str | None = None
+    action: Action
+    outcome: Outcome
+    detail: str = ""
+
+
+class DeadLetter(Record):
+    """A record that could not be processed, kept byte for byte with where it came from."""
+
+    SCHEMA = "xidstream.deadletter/1"
+    schema_: Literal["xidstream.deadletter/1"] = Field(SCHEMA, alias="schema")
+    original: bytes = Field(description="The original value bytes (base64 in JSON).")
+    original_key: bytes | None = None
+    source_topic: str
+    source_partition: int | None = None
+    source_offset: int | None = None
+    error: str
+    error_type: str = ""
+
+
+ALL_MODELS: tuple[type[Record], ...] = (
+    GpuInventory,
+    GpuSample,
+    GpuProcesses,
+    XidEvent,
+    WorkloadEvent,
+    Alert,
+    RemediationCommand,
+    RemediationResult,
+    DeadLetter,
+)
+

@@ -1,0 +1,89 @@
+"""Exact vocabularies of the wire contract. Consumers match on these strings: never rename."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = [
+    "Classification",
+    "Action",
+    "Severity",
+    "SampleStatus",
+    "XidSource",
+    "XidKind",
+    "WorkloadEventType",
+    "Outcome",
+    "NODE_ACTIONS",
+]
+
+
+class Classification(str, Enum):
+    APP_FAULT = "APP_FAULT"
+    GPU_SUSPECT = "GPU_SUSPECT"
+    GPU_WEDGED = "GPU_WEDGED"
+    GPU_HARDWARE_FAULT = "GPU_HARDWARE_FAULT"
+    PHANTOM_LOAD = "PHANTOM_LOAD"
+    FLEET_STORM = "FLEET_STORM"
+
+
+class Action(str, Enum):
+    RECORD = "RECORD"
+    QUARANTINE_GPU = "QUARANTINE_GPU"
+    RELEASE_GPU = "RELEASE_GPU"
+    CORDON_NODE = "CORDON_NODE"
+    UNCORDON_NODE = "UNCORDON_NODE"
+    DRAIN_NODE = "DRAIN_NODE"
+    RESET_GPU = "RESET_GPU"
+    REBOOT_NODE = "REBOOT_NODE"
+    REPLACE_NODE = "REPLACE_NODE"
+
+
+# Actions that disturb every tenant of a node; the fleet circuit breaker counts these.
+NODE_ACTIONS = frozenset(
+    {Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE, Action.REPLACE_NODE}
+)
+
+
+class Severity(str, Enum):
+    info = "info"
+    warning = "warning"
+    critical = "critical"
+
+
+class SampleStatus(str, Enum):
+    ok = "ok"
+    lost = "lost"  # NVML_ERROR_GPU_IS_LOST
+    reset_required = "reset_required"  # NVML_ERROR_RESET_REQUIRED
+    unavailable = "unavailable"  # NVML could not be read at all (no driver, no permission)
+
+
+class XidSource(str, Enum):
+    kmsg = "kmsg"
+    journal = "journal"
+    file = "file"
+    nvml = "nvml"
+
+
+class XidKind(str, Enum):
+    """What a `gpu.xid` record is. Only ``xid`` records carry an Xid code."""
+
+    xid = "xid"
+    sxid = "sxid"  # NVSwitch error, one event for its several lines
+    gpu_identity = "gpu_identity"  # "NVRM: GPU at PCI:...: GPU-<uuid>"
+    fallen_off_bus = "fallen_off_bus"
+    recovery_failure = "recovery_failure"  # e.g. refcntRequestReference_IMPL ... Failed to enter state
+    gsp_rate_limit = "gsp_rate_limit"  # later Xid counts are undercounted
+
+
+class WorkloadEventType(str, Enum):
+    started = "started"
+    failed = "failed"
+    restarted = "restarted"
+    succeeded = "succeeded"
+
+
+class Outcome(str, Enum):
+    succeeded = "succeeded"
+    failed = "failed"
+    refused = "refused"
+    expired = "expired"

@@ -1,0 +1,75 @@
+"""One valid record of every contract model, for round-trip and schema tests."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from schemas import (
+    Action,
+    Alert,
+    Classification,
+    ComputeApp,
+    DeadLetter,
+    DeviceHolder,
+    Evidence,
+    EvidenceEntry,
+    GpuInventory,
+    GpuProcesses,
+    GpuSample,
+    Outcome,
+    PmonSample,
+    Record,
+    RemediationCommand,
+    RemediationResult,
+    SampleStatus,
+    Severity,
+    WorkloadEvent,
+    WorkloadEventType,
+    XidEvent,
+    XidSource,
+)
+
+T0 = datetime(2026, 11, 28, 3, 0, 0, tzinfo=timezone.utc)
+UUID1 = "GPU-5f0c3a8e-1b2d-4c6e-9a7f-0d1e2f3a4b5c"
+NODE = "node-a"
+
+
+def one_of_each(node: str = NODE, uuid: str = UUID1) -> list[Record]:
+    pci = "0000:01:00"
+    evidence = Evidence(
+        node=node, gpu_uuid=uuid, gpu_index=1, pci_bus_id=pci,
+        timeline=[EvidenceEntry(ts=T0, kind="xid", summary="Xid 43", data={"xid": 43, "pid": 4242})],
+        sample_stats={"util_min": 100, "mem_max_mib": 0, "seconds": 120},
+        xid_counts={"13": 1, "31": 1, "43": 1}, distinct_pids=[4242], pod_uids=["pod-1"],
+    )
+    return [
+        GpuInventory(ts=T0, node=node, gpu_uuid=uuid, gpu_index=1, pci_bus_id=pci,
+                     name="NVIDIA GeForce RTX 5090 D", serial="1650124014249", memory_total_mib=32607,
+                     driver_version="590.44.01", cuda_version="13.1"),
+        GpuSample(ts=T0, node=node, gpu_uuid=uuid, gpu_index=1, pci_bus_id=pci, utilization_gpu_pct=100,
+                  utilization_memory_pct=0, memory_used_mib=0, memory_total_mib=32607, power_w=110.5,
+                  sm_clock_mhz=2407, mem_clock_mhz=14001, temperature_c=48, status=SampleStatus.ok),
+        GpuProcesses(ts=T0, node=node, gpu_uuid=uuid, gpu_index=1, pci_bus_id=pci,
+                     compute_apps=[ComputeApp(pid=4242, process_name="python3", used_memory_mib=20480,
+                                              pod_uid="pod-1", container_id="abc")],
+                     pmon=[PmonSample(pid=4242, sm_util_pct=97, mem_util_pct=40)],
+                     device_holders=[DeviceHolder(pid=77, process_name="dcgm-exporter")]),
+        XidEvent(ts=T0, node=node, gpu_uuid=uuid, gpu_index=1, pci_bus_id=pci, resolved=True, xid=43,
+                 xid_name="RESET_CHANNEL_VERIF_ERROR", pid=4242, process_name="python3",
+                 message="Ch 00000008, intr 00000000", raw="NVRM: Xid (PCI:0000:01:00): 43, pid=4242, name=python3, Ch 00000008",
+                 source=XidSource.kmsg, sources=[XidSource.kmsg, XidSource.nvml]),
+        WorkloadEvent(ts=T0, node=node, gpu_uuid=uuid, pod_uid="pod-2", namespace="ml", pod="vllm-0",
+                      container="vllm", event=WorkloadEventType.failed, reason="Error", exit_code=1),
+        Alert(ts=T0, node=node, alert_id="a1", incident_id="i1", gpu_uuid=uuid, pci_bus_id=pci,
+              classification=Classification.GPU_WEDGED, severity=Severity.critical,
+              summary="GPU 1 wedged after Xid 43", evidence=evidence,
+              recommended_steps=["cordon node-a", "drain node-a", "nvidia-smi --gpu-reset -i 1"]),
+        RemediationCommand(ts=T0, node=node, command_id="c1", incident_id="i1", gpu_uuid=uuid, gpu_index=1,
+                           action=Action.RESET_GPU, step=2, preconditions=["no process on the GPU"],
+                           expires_at=T0 + timedelta(hours=1), requires_approval=False, dry_run=True),
+        RemediationResult(ts=T0, node=node, command_id="c1", incident_id="i1", gpu_uuid=uuid,
+                          action=Action.RESET_GPU, outcome=Outcome.failed, detail="GPU busy"),
+        DeadLetter(ts=T0, node=node, original=b"\x00\xffnot json", original_key=b"k",
+                   source_topic="gpu.samples", source_partition=3, source_offset=42,
+                   error="cannot decode record: not JSON", error_type="DecodeError"),
+    ]

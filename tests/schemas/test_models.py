@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import orjson
+import pytest
+
+from schemas import (
+    ALL_MODELS,
+    Action,
+    Classification,
+    DecodeError,
+    GpuSample,
+    Severity,
+    decode,
+    decode_any,
+    encode,
+    normalize_pci,
+)
+from tests.factories import T0, one_of_each
+
+
+def test_factories_cover_every_model():
+    assert {type(r) for r in one_of_each()} == set(ALL_MODELS)
+
+
+@pytest.mark.parametrize("record", one_of_each(), ids=lambda r: type(r).__name__)
+def test_every_model_round_trips_through_bytes(record):
+    raw = encode(record)
+    assert decode(type(record), raw) == record
+    assert decode_any(raw) == record
+    doc = orjson.loads(raw)
+    assert doc["schema"] == type(record).SCHEMA
+    assert doc["node"] == "node-a"
+    assert len(doc["event_id"]) == 32
+    assert doc["ts"] == "2026-11-28T03:00:00.000000Z"
+
+
+def test_event_ids_are_unique():
+    a, b = (GpuSample(node="n", gpu_uuid="GPU-1", gpu_index=0, pci_bus_id="0000:01:00") for _ in range(2))
+    assert a.event_id != b.event_id
+
+
+def test_timestamps_are_converted_to_utc_and_naive_ones_refused():
+    from datetime import timedelta
+
+    cet = timezone(timedelta(hours=1))
+    s = GpuSample(ts=datetime(2026, 11, 28, 4, 0, tzinfo=cet), node="n", gpu_uuid="GPU-1", gpu_index=0,
+                  pci_bus_id="0000:01:00")
+    assert orjson.loads(encode(s))["ts"] == "2026-11-28T03:00:00.000000Z"
+    with pytest.raises(ValueError, match="time zone"):
+        GpuSample(ts=datetime(2026, 11, 28), node="n", gpu_uuid="GPU-1", gpu_index=0, pci_bus_id="0000:01:00")
+
+
+def test_exact_vocabularies():
+    assert [c.value for c in Classification] == [
+        "APP_FAULT", "GPU_SUSPECT", "GPU_WEDGED", "GPU_HARDWARE_FAULT", "PHANTOM_LOAD", "FLEET_STORM"]
+    assert [a.value for a in Action] == [
+        "RECORD", "QUARANTINE_GPU", "RELEASE_GPU", "CORDON_NODE", "UNCORDON_NODE", "DRAIN_NODE",
+        "RESET_GPU", "REBOOT_NODE", "REPLACE_NODE"]
+    assert [s.value for s in Severity] == ["info", "warning", "critical"]
+
+
+CONTRACT_FIELDS = {
+    "xidstream.gpu_inventory/1": "gpu_uuid gpu_index pci_bus_id name serial memory_total_mib driver_version cuda_version",
+    "xidstream.gpu_sample/1": "gpu_uuid gpu_index pci_bus_id utilization_gpu_pct utilization_memory_pct "
+    "memory_used_mib memory_total_mib power_w sm_clock_mhz mem_clock_mhz temperature_c status",
+    "xidstream.gpu_processes/1": "gpu_uuid compute_apps pmon device_holders",
+    "xidstream.xid/1": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name",
+    "xidstream.workload/1": "gpu_uuid pod_uid namespace pod container event reason exit_code",
+    "xidstream.alert/1": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps",
+    "xidstream.remediation_command/1": "command_id incident_id gpu_uuid action step preconditions expires_at requires_approval dry_run",
+    "xidstream.remediation_result/1": "command_id incident_id gpu_uuid action outcome detail",
+    "xidstream.deadletter/1": "original source_topic source_partition source_offset error",
+}
+
+
+@pytest.mark.parametrize("record", one_of_each(), ids=lambda r: type(r).__name__)
+def test_contract_field_names_exist(record):
+    doc = orjson.loads(encode(record))
+    missing = [f for f in CONTRACT_FIELDS[record.SCHEMA].split() if f not in doc]
+    assert not missing
+    for common in ("schema", "event_id", "ts", "node"):
+        assert common in doc
+
+
+def test_process_entries_have_contract_fields():
+    procs = next(r for r in one_of_each() if r.SCHEMA == "xidstream.gpu_processes/1")
+    doc = orjson.loads(encode(procs))
+    assert set(doc["compute_apps"][0]) >= {"pid", "process_name", "used_memory_mib", "pod_uid", "container_id"}
+    assert set(doc["pmon"][0]) >= {"pid", "sm_util_pct", "mem_util_pct"}
+    assert set(doc["device_holders"][0]) >= {"pid", "process_name"}
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        (b"\x00\xff\xfe garbage", "not JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (None, "empty record"),
+        (b'{"schema": "xidstream.gpu_sample/9"}', "schema is 'xidstream.gpu_sample/9'"),
+        (b'{"schema": "xidstream.gpu_sample/1", "node": "n", "gpu_index": 0, "pci_bus_id": "0000:01:00"}',
+         "gpu_uuid: Field required"),
+        (b'{"schema": "xidstream.gpu_sample/1", "node": "n", "gpu_uuid": "G", "gpu_index": 0, '
+         b'"pci_bus_id": "0000:01:00", "status": "melted"}', "status"),
+    ],
+)
+def test_undecodable_bytes_give_a_clear_decode_error(raw, needle):
+    with pytest.raises(DecodeError) as info:
+        decode(GpuSample, raw)
+    assert needle in str(info.value)
+    assert info.value.raw == raw
+
+
+def test_decode_any_names_an_unknown_schema():
+    with pytest.raises(DecodeError, match="unknown schema 'nope/1'"):
+        decode_any(b'{"schema": "nope/1"}')
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("00000000:17:00.0", "0000:17:00"),
+        (b"00000000:17:00.0", "0000:17:00"),
+        ("0000:91:00.0", "0000:91:00"),
+        ("PCI:0002:10:1c", "0002:10:1c"),
+        ("0000:CB:00", "0000:cb:00"),
+        ("0000:01:00 GPU-I:03", "0000:01:00"),
+        ("01:00.0", "0000:01:00"),
+        ("garbage", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_normalize_pci(given, expected):
+    assert normalize_pci(given) == expected
+
+
+def test_records_are_immutable():
+    s = GpuSample(ts=T0, node="n", gpu_uuid="GPU-1", gpu_index=0, pci_bus_id="0000:01:00")
+    with pytest.raises(Exception):
+        s.power_w = 3  # type: ignore[misc]

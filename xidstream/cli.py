@@ -1,0 +1,168 @@
+"""The `xidstream` command.
+
+Subcommands import what they need when they run: `import faust` reads sys.argv and writes
+os.environ (runtime-notes section 2), so only `xidstream process` may import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from schemas.errors import XidstreamError
+from xidstream.settings import Settings
+
+__all__ = ["main", "build_parser"]
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def _add_kafka_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("kafka")
+    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP; default: the local broker 127.0.0.1:19092)")
+    g.add_argument("--topic-prefix", help="prefix for every topic name (env XIDSTREAM_TOPIC_PREFIX)")
+    g.add_argument("--partitions", type=int, help="partitions of every topic (env XIDSTREAM_PARTITIONS; default 8)")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    base = Settings.from_env()
+    settings = base.with_(
+        bootstrap=getattr(args, "bootstrap", None),
+        topic_prefix=getattr(args, "topic_prefix", None),
+        partitions=getattr(args, "partitions", None),
+        node=getattr(args, "node", None),
+    )
+    settings.validate()
+    return settings
+
+
+# -- broker -------------------------------------------------------------------------------------
+def _broker(args: argparse.Namespace, settings: Settings) -> int:
+    from xidstream.localbroker import LocalBroker
+
+    broker = LocalBroker(port=args.port, controller_port=args.port + 1)
+    if args.action == "fetch":
+        print(f"Kafka jars in {broker.fetch()}")
+    elif args.action == "start":
+        print(f"starting the local Kafka broker (log: {broker.log_file}) ...", file=sys.stderr)
+        print(f"Kafka is up on {broker.start()}")
+    elif args.action == "stop":
+        print("stopped" if broker.stop() else "not running")
+    elif args.action == "status":
+        pid = broker.pid()
+        if pid and broker.answers():
+            print(f"running, pid {pid}, on {broker.bootstrap}")
+        elif pid:
+            print(f"process {pid} exists but does not answer on {broker.bootstrap}")
+            return 1
+        else:
+            print("not running")
+            return 1
+    elif args.action == "reset":
+        broker.reset()
+        print(f"stopped and deleted {broker.data_dir}")
+    return 0
+
+
+# -- topics -------------------------------------------------------------------------------------
+def _topics(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.topics import TOPICS
+
+    if args.action == "list":
+        reg = settings.topics
+        for name, spec in TOPICS.items():
+            keep = "compacted" if spec.compacted else f"{spec.retention_ms // 86_400_000} d"
+            part = f"{settings.partitions} partitions" + (" (co-partitioned input)" if spec.co_partitioned else "")
+            print(f"{reg.name(name):32} key: {spec.key:42} {keep:10} {part:38} {spec.model.SCHEMA}")
+        return 0
+    from xidstream.kafka import create_topics
+
+    for name, state in create_topics(settings).items():
+        print(f"{name:32} {state}")
+    return 0
+
+
+# -- schemas ------------------------------------------------------------------------------------
+def _schemas(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas import jsonschema
+
+    return jsonschema.main(["--check"] if args.action == "check" else [])
+
+
+def _scenario(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.scenario import load_scenario
+
+    for path in args.files:
+        sc = load_scenario(path)
+        gpus = sum(len(n.gpus) for n in sc.nodes)
+        print(f"{path}: ok: '{sc.name}', {len(sc.nodes)} node(s), {gpus} GPU(s), "
+              f"{len(sc.timeline)} timeline entries, {len(sc.expect)} expect, {len(sc.forbid)} forbid")
+    return 0
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from xidstream.demo import run_demo
+
+    return run_demo(args, settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xidstream",
+        description="Find sick GPUs from NVML samples, process lists and kernel Xid records, over Kafka.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("broker", help="the local single-node Kafka for the demo and tests")
+    p.add_argument("action", choices=["fetch", "start", "stop", "status", "reset"])
+    p.add_argument("--port", type=int, default=19092, help="client port (controller: port+1); default 19092")
+    p.set_defaults(handler=_broker)
+
+    p = sub.add_parser("topics", help="create or list the contract's topics")
+    p.add_argument("action", choices=["create", "list"])
+    _add_kafka_args(p)
+    p.set_defaults(handler=_topics)
+
+    p = sub.add_parser("schemas", help="generate or check the JSON Schema files in schemas/json/")
+    p.add_argument("action", choices=["generate", "check"])
+    p.set_defaults(handler=_schemas)
+
+    p = sub.add_parser("scenario", help="validate scenario files")
+    p.add_argument("action", choices=["check"])
+    p.add_argument("files", nargs="+")
+    p.set_defaults(handler=_scenario)
+
+    p = sub.add_parser("demo", help="replay the motivating incident end to end on the local broker")
+    p.add_argument("--scenario", default=None, help="scenario file (default: scenarios/motivating-incident.yaml)")
+    _add_kafka_args(p)
+    p.set_defaults(handler=_demo)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Later subsystems (collectors, stream processor, replay) add their subcommands here.
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = _settings(args)
+        return args.handler(args, settings)
+    except XidstreamError as exc:
+        print(f"xidstream: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""Kafka plumbing shared by the collectors and the tools: client configs, topic creation.
+
+Every confluent-kafka producer that writes a topic the stream processor reads must hash keys the
+way aiokafka and the Java client do (murmur2), or a GPU's records land on a different partition
+than faust expects (runtime-notes section 2: 1 of 40 keys matched with librdkafka's default).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from schemas.errors import TopicError
+from schemas.topics import TOPICS
+from xidstream.settings import Settings
+
+__all__ = ["producer_config", "consumer_config", "admin", "create_topics", "check_copartitioning"]
+
+
+def producer_config(settings: Settings, **overrides: object) -> dict:
+    config: dict = {
+        "bootstrap.servers": settings.bootstrap,
+        "enable.idempotence": True,  # retries never duplicate or reorder
+        "acks": "all",
+        "compression.type": "lz4",
+        "linger.ms": 5,
+        "partitioner": "murmur2_random",  # same partition as aiokafka/Java for the same key
+        "client.id": f"xidstream-{settings.node}",
+    }
+    config.update(settings.kafka_extra)
+    config.update(overrides)
+    return config
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: object) -> dict:
+    config: dict = {
+        "bootstrap.servers": settings.bootstrap,
+        "group.id": group_id,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
+    config.update(settings.kafka_extra)
+    config.update(overrides)
+    return config
+
+
+def admin(settings: Settings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_extra})
+
+
+def _describe(client: AdminClient, timeout: float) -> dict[str, int]:
+    try:
+        md = client.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise TopicError(f"cannot reach Kafka to list topics: {exc}") from None
+    return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
+
+
+def check_copartitioning(settings: Settings, existing: dict[str, int]) -> None:
+    """Raise `TopicError` unless every input topic has `settings.partitions` partitions."""
+    reg = settings.topics
+    wrong = {
+        reg.name(n): existing[reg.name(n)]
+        for n, spec in TOPICS.items()
+        if spec.co_partitioned and reg.name(n) in existing and existing[reg.name(n)] != settings.partitions
+    }
+    if wrong:
+        listing = ", ".join(f"{t} has {p}" for t, p in sorted(wrong.items()))
+        raise TopicError(
+            f"input topics must all have {settings.partitions} partitions to be co-partitioned by "
+            f"GPU UUID (the stream processor joins them per key): {listing}. Either set "
+            f"--partitions to match, or grow the topics (`kafka-topics --alter --partitions`; note "
+            f"that this moves keys between partitions) and restart the processor."
+        )
+
+
+def create_topics(settings: Settings, names: Iterable[str] | None = None, timeout: float = 30.0) -> dict[str, str]:
+    """Create the registry's topics that do not exist; check those that do.
+
+    Returns physical topic name -> "created" | "exists". Idempotent.
+    """
+    client = admin(settings)
+    reg = settings.topics
+    wanted = list(names) if names is not None else list(TOPICS)
+    existing = _describe(client, timeout)
+    check_copartitioning(settings, existing)
+    new = [
+        NewTopic(reg.name(n), num_partitions=settings.partitions,
+                 replication_factor=settings.replication_factor, config=TOPICS[n].config())
+        for n in wanted if reg.name(n) not in existing
+    ]
+    result = {reg.name(n): "exists" for n in wanted if reg.name(n) in existing}
+    if new:
+        futures = client.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+        for name, fut in futures.items():
+            try:
+                fut.result()
+                result[name] = "created"
+            except KafkaException as exc:
+                err = exc.args[0]
+                if getattr(err, "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
+                    result[name] = "exists"
+                else:
+                    raise TopicError(f"cannot create topic {name}: {err}") from None
+    # A topic created concurrently by someone else may still have the wrong count.
+    check_copartitioning(settings, _describe(client, timeout))
+    return dict(sorted(result.items()))
+
+
+def delete_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Delete this prefix's registry topics (test and replay clean-up)."""
+    client = admin(settings)
+    reg = settings.topics
+    existing = _describe(client, timeout)
+    names = [reg.name(n) for n in TOPICS if reg.name(n) in existing]
+    if not names:
+        return []
+    for fut in client.delete_topics(names, operation_timeout=timeout).values():
+        try:
+            fut.result()
+        except KafkaException:
+            pass
+    return names
+
+
+def read_all(settings: Settings, topics: list[str], *, timeout: float = 10.0, idle: float = 1.5,
+             expected: int | None = None) -> list:
+    """Read physical `topics` from the beginning until `expected` messages arrived, or nothing
+    new came for `idle` seconds after the end offsets were reached, or `timeout` passed.
+
+    Returns confluent-kafka `Message` objects (errors skipped). For tools and tests, not hot paths.
+    """
+    import time
+    import uuid as _uuid
+
+    from confluent_kafka import Consumer, KafkaError
+
+    consumer = Consumer(consumer_config(settings, f"xidstream-read-{_uuid.uuid4().hex[:12]}"))
+    consumer.subscribe(topics)
+    out = []
+    deadline = time.monotonic() + timeout
+    last_new = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            batch = consumer.consume(num_messages=500, timeout=0.2)
+            fresh = [m for m in batch if m.error() is None]
+            for m in batch:
+                if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
+                    raise TopicError(f"error reading {m.topic()}: {m.error()}")
+            if fresh:
+                out.extend(fresh)
+                last_new = time.monotonic()
+            if expected is not None and len(out) >= expected:
+                break
+            if expected is None and out and time.monotonic() - last_new > idle:
+                break
+    finally:
+        consumer.close()
+    return out
