@@ -1,0 +1,234 @@
+"""Kernel log line -> Xid and related driver records. A pure function of one line.
+
+Accepts every prefix of ../shared/data/README.md: none (bare ``NVRM:``), dmesg ``[ 1843.308145]``,
+``dmesg -T`` ``[Wed Mar  1 17:44:21 2023]``, ``dmesg --time-format iso``, syslog
+``Dec  6 17:49:03 host kernel:`` (with or without an embedded ``[ts]``), ``<4>[ts]``, ``/dev/kmsg``
+records (``4,1234,5678901,-;NVRM: ...``) and ``journalctl -o json`` records (the ``MESSAGE`` field).
+
+The driver's Xid print (open-gpu-kernel-modules, ``kernel_rc.c``):
+``NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, %s``;
+very old drivers print ``Xid (0000:01:00): 13, 0005 0000 ...`` (no ``PCI:``, no pid), some print a
+pid and no name; an unknown pid is ``pid='<unknown>'`` and an unknown name ``name=<unknown>``.
+
+Only text after an ``NVRM:`` marker can be an Xid, so an audit line with ``pid=7092 comm=`` never
+is; two messages glued onto one line are split at the second marker.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import orjson
+
+__all__ = ["KernelRecord", "parse_line", "extract_pci", "split_prefix"]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRecord:
+    """One record found in a kernel log line. `kind` is a `schemas.XidKind` value."""
+
+    kind: str
+    raw: str
+    message: str = ""
+    xid: int | None = None
+    pci: str | None = None  # normalised dddd:bb:dd
+    pid: int | None = None
+    process_name: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    gpu_uuid: str | None = None  # identity lines
+    gpu_ref: int | None = None  # "GPU1 ..." lines name the GPU by the driver's number
+    kernel_ts: str | None = None  # the prefix's own timestamp text
+    wall_ts: datetime | None = None  # when the prefix gives an absolute time (iso, journal)
+    mono_us: int | None = None  # microseconds since boot (kmsg, journal, dmesg)
+    seq: int | None = None  # /dev/kmsg sequence number
+    device: str | None = None  # NVSwitch device for SXid records
+
+
+_HEX_PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+
+_MARKER = re.compile(r"NVRM: |nvidia-nvswitch\d*: SXid ")
+_XID = re.compile(
+    rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_HEX_PCI})(?:\.\d)?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): "
+    r"(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
+)
+_PID_NAME = re.compile(r"^pid=(?P<pid>'?<unknown>'?|\d+)(?:, name=(?P<name>.*?))?(?:, (?P<msg>.*))?$")
+_IDENTITY = re.compile(rf"NVRM: GPU at PCI:(?P<pci>{_HEX_PCI})(?:\.\d)?: (?P<uuid>GPU-[0-9a-fA-F-]+)")
+_RATE_LIMIT = re.compile(rf"NVRM: Rate limiting GSP RPC error prints for GPU at PCI:(?P<pci>{_HEX_PCI})")
+_RECOVERY = re.compile(
+    r"NVRM: (?:GPU(?P<ref>\d+) )?(?:(?P<fn>\w*refcnt\w*): Failed to enter state \d+|"
+    rf"GPU (?P<pci>{_HEX_PCI})(?:\.\d)?: RmInitAdapter failed)"
+)
+_SXID = re.compile(
+    rf"(?P<dev>nvidia-nvswitch\d*): SXid \((?:PCI:)?(?P<pci>{_HEX_PCI})(?:\.\d)?\): (?P<code>\d+),?\s*(?P<msg>.*)$"
+)
+_ANY_PCI = re.compile(rf"(?<![0-9a-fA-F:]){_HEX_PCI}(?:\.\d)?(?![0-9a-fA-F])")
+_GPU_REF = re.compile(r"\bGPU(\d+)\b")
+
+# Prefixes, tried in order at the start of the line.
+_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<us>\d+),[^;]*;")
+_ISO = re.compile(r"^\w+\s*:\s*\w+\s*:\s*(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z))\s")
+_PRIO = re.compile(r"^<\d+>")
+_DMESG = re.compile(r"^\[\s*(?P<ts>\d+\.\d+)\]\s?")
+_CTIME = re.compile(r"^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?")
+_SYSLOG = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*(?P<mono>\d+\.\d+)\]\s?)?")
+
+
+def _norm(pci: str) -> str | None:
+    domain, bus, dev = pci.split(":")
+    try:
+        return f"{int(domain, 16) & 0xFFFF:04x}:{int(bus, 16):02x}:{int(dev.split('.')[0], 16):02x}"
+    except ValueError:
+        return None
+
+
+def split_prefix(line: str) -> tuple[str, dict]:
+    """Strip a known prefix; return the body and what the prefix said about time."""
+    meta: dict = {}
+    body = line.rstrip("\r\n")
+    if body.startswith("{"):
+        try:
+            rec = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict) and "MESSAGE" in rec:
+            msg = rec["MESSAGE"]
+            if isinstance(msg, list):  # journald writes non-UTF-8 messages as a byte array
+                try:
+                    msg = bytes(msg).decode("utf-8", "replace")
+                except (TypeError, ValueError):
+                    msg = ""
+            body = msg if isinstance(msg, str) else ""
+            try:
+                if "__REALTIME_TIMESTAMP" in rec:
+                    us = int(rec["__REALTIME_TIMESTAMP"])
+                    meta["wall_ts"] = datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
+                    meta["kernel_ts"] = str(rec["__REALTIME_TIMESTAMP"])
+                mono = rec.get("_SOURCE_MONOTONIC_TIMESTAMP") or rec.get("__MONOTONIC_TIMESTAMP")
+                if mono is not None:
+                    meta["mono_us"] = int(mono)
+            except (TypeError, ValueError, OverflowError, OSError):
+                pass
+            return body, meta
+    m = _KMSG.match(body)
+    if m:
+        meta["seq"] = int(m["seq"])
+        meta["mono_us"] = int(m["us"])
+        meta["kernel_ts"] = m["us"]
+        return body[m.end():], meta
+    m = _ISO.match(body)
+    if m:
+        meta["kernel_ts"] = m["ts"]
+        try:
+            meta["wall_ts"] = datetime.fromisoformat(m["ts"].replace(",", ".")).astimezone(timezone.utc)
+        except ValueError:
+            pass
+        return body[m.end():], meta
+    m = _PRIO.match(body)
+    if m:
+        body = body[m.end():]
+    m = _SYSLOG.match(body)
+    if m:
+        meta["kernel_ts"] = m["ts"]
+        if m["mono"]:
+            meta["mono_us"] = int(float(m["mono"]) * 1e6)
+        return body[m.end():], meta
+    m = _DMESG.match(body)
+    if m:
+        meta["kernel_ts"] = m["ts"]
+        meta["mono_us"] = int(float(m["ts"]) * 1e6)
+        return body[m.end():], meta
+    m = _CTIME.match(body)
+    if m:
+        meta["kernel_ts"] = m["ts"]
+        return body[m.end():], meta
+    return body, meta
+
+
+def _segments(body: str) -> list[str]:
+    """Cut a body at every NVRM/SXid marker; glued messages become separate segments."""
+    starts = [m.start() for m in _MARKER.finditer(body)]
+    return [body[a:b].rstrip() for a, b in zip(starts, starts[1:] + [len(body)])]
+
+
+def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
+    if seg.startswith("NVRM: Xid"):
+        m = _XID.match(seg)
+        if not m:
+            return None
+        pid = name = None
+        message = m["rest"] or ""
+        pm = _PID_NAME.match(message)
+        if pm:
+            pid = int(pm["pid"]) if pm["pid"].isdigit() else None
+            name = pm["name"]
+            if name == "<unknown>":
+                name = None
+            message = pm["msg"] or ""
+        return KernelRecord(
+            kind="xid", raw=raw, message=message, xid=int(m["xid"]), pci=_norm(m["pci"]), pid=pid,
+            process_name=name or None,
+            gpu_instance=int(m["gi"]) if m["gi"] else None,
+            compute_instance=int(m["ci"]) if m["ci"] else None, **meta,
+        )
+    if seg.startswith("nvidia-nvswitch"):
+        m = _SXID.match(seg)
+        if not m:
+            return None
+        # The NVSwitch's own PCI id is kept in the message, not in `pci`: it names no GPU.
+        return KernelRecord(kind="sxid", raw=raw, message=m["msg"], xid=int(m["code"]), device=m["dev"], **meta)
+    m = _IDENTITY.match(seg)
+    if m:
+        return KernelRecord(kind="gpu_identity", raw=raw, message=seg[6:], pci=_norm(m["pci"]),
+                            gpu_uuid=m["uuid"], **meta)
+    m = _RATE_LIMIT.match(seg)
+    if m:
+        return KernelRecord(kind="gsp_rate_limit", raw=raw, message=seg[6:], pci=_norm(m["pci"]), **meta)
+    if "fallen off the bus" in seg:
+        pci = _ANY_PCI.search(seg)
+        ref = _GPU_REF.search(seg)
+        return KernelRecord(kind="fallen_off_bus", raw=raw, message=seg[6:],
+                            pci=_norm(pci.group(0)) if pci else None,
+                            gpu_ref=int(ref.group(1)) if ref and not pci else None, **meta)
+    m = _RECOVERY.match(seg)
+    if m:
+        return KernelRecord(kind="recovery_failure", raw=raw, message=seg[6:],
+                            pci=_norm(m["pci"]) if m["pci"] else None,
+                            gpu_ref=int(m["ref"]) if m["ref"] else None, **meta)
+    return None
+
+
+def parse_line(line: str) -> list[KernelRecord]:
+    """Every Xid or related record in one kernel log line (usually zero or one). Never raises."""
+    # Fast path: most kernel lines are not the driver's. A journal record may carry its message as
+    # a byte array, so JSON lines always take the slow path.
+    if "NVRM" not in line and "SXid" not in line and not line.startswith("{"):
+        return []
+    try:
+        body, meta = split_prefix(line)
+        raw = line.rstrip("\r\n")
+        out = []
+        for seg in _segments(body):
+            rec = _parse_segment(seg, raw, meta)
+            if rec is not None:
+                out.append(rec)
+        return out
+    except Exception:  # noqa: BLE001 - a parser bug must not cost the collector; the line is skipped
+        return []
+
+
+def extract_pci(line: str) -> str | None:
+    """The one GPU PCI id an NVRM line names (Xid, identity, "GPU 0000:91:00.0: ..." lines)."""
+    body, _ = split_prefix(line)
+    for seg in _segments(body):
+        if not seg.startswith("NVRM: "):
+            continue
+        rec = _parse_segment(seg, line, {})
+        if rec is not None and rec.pci:
+            return rec.pci
+        m = _ANY_PCI.search(seg)
+        if m:
+            return _norm(m.group(0))
+    return None
