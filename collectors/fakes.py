@@ -1,0 +1,253 @@
+"""In-memory twins of the collector's I/O, driven by the scenario format.
+
+`FakePynvml` mimics the surface of NVIDIA's `pynvml` module that `collectors.nvml.NvmlReader` uses:
+the same function names and arguments, return objects with the same attributes, and `NVMLError`
+with per-code subclasses (`NVMLError_GpuIsLost`, ...) whose `.value` is the NVML return code. A GPU
+whose status is `lost` or `reset_required` raises those from every per-device read, as a real
+one does. Xid events are queued for `nvmlEventSetWait_v2`.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+__all__ = ["FakePynvml", "FakeGpu", "FakeProcess"]
+
+
+class _NVMLError(Exception):
+    _by_value: dict[int, type] = {}
+
+    def __new__(cls, value: int):
+        if cls is _NVMLError:
+            cls = _NVMLError._by_value.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return _NAMES.get(self.value, f"NVML error {self.value}")
+
+
+_NAMES = {
+    1: "Uninitialized", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
+    10: "Timeout", 12: "NVML Shared Library Not Found", 15: "GPU is lost", 16: "GPU requires restart",
+    999: "Unknown Error",
+}
+_CLASS_NAMES = {
+    1: "Uninitialized", 3: "NotSupported", 4: "NoPermission", 6: "NotFound", 10: "Timeout",
+    12: "LibraryNotFound", 15: "GpuIsLost", 16: "ResetRequired", 999: "Unknown",
+}
+_ERROR_CLASSES = {}
+for _code, _name in _CLASS_NAMES.items():
+    _cls = type(f"NVMLError_{_name}", (_NVMLError,), {})
+    _NVMLError._by_value[_code] = _cls
+    _ERROR_CLASSES[f"NVMLError_{_name}"] = _cls
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    name: str = "python3"
+    used_memory_mib: float | None = None
+    sm_util_pct: float | None = None  # None: not seen by pmon
+
+
+@dataclass
+class FakeGpu:
+    index: int
+    uuid: str
+    pci_bus_id: str  # as NVML says it: 00000000:01:00.0
+    name: str = "NVIDIA GPU"
+    serial: str | None = None
+    memory_total_mib: int = 32607
+    status: str = "ok"  # ok | lost | reset_required
+    utilization_gpu_pct: float = 0.0
+    utilization_memory_pct: float = 0.0
+    memory_used_mib: float = 0.0
+    power_w: float = 30.0
+    sm_clock_mhz: int = 210
+    mem_clock_mhz: int = 405
+    temperature_c: int = 35
+    processes: list[FakeProcess] = field(default_factory=list)
+    unsupported: set[str] = field(default_factory=set)  # function names that raise NotSupported
+
+
+class FakePynvml:
+    """A pynvml look-alike over `FakeGpu`s. `clock_us()` gives per-process sample timestamps."""
+
+    NVMLError = _NVMLError
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_NOT_FOUND = 6
+    NVML_ERROR_TIMEOUT = 10
+    NVML_ERROR_GPU_IS_LOST = 15
+    NVML_ERROR_RESET_REQUIRED = 16
+    NVML_CLOCK_SM = 1
+    NVML_CLOCK_MEM = 2
+    NVML_TEMPERATURE_GPU = 0
+    nvmlEventTypeXidCriticalError = 0x8
+    nvmlMemory_v2 = 0x02000028
+
+    def __init__(self, gpus: list[FakeGpu], driver_version: str = "590.44.01", cuda_version: str = "13.1",
+                 available: bool = True) -> None:
+        for name, cls in _ERROR_CLASSES.items():
+            setattr(self, name, cls)
+        self.gpus = list(gpus)
+        self.driver_version = driver_version
+        major, minor = (cuda_version.split(".") + ["0"])[:2]
+        self.cuda_int = int(major) * 1000 + int(minor) * 10
+        self.available = available
+        self.initialized = False
+        self.calls: collections.Counter = collections.Counter()
+        self._events: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._pmon_ts = 0
+
+    # -- control (what a scenario does) ----------------------------------------------------
+    def gpu(self, ref: int | str) -> FakeGpu:
+        for g in self.gpus:
+            if ref in (g.index, g.uuid):
+                return g
+        raise KeyError(ref)
+
+    def inject_xid(self, ref: int | str, xid: int) -> None:
+        """Queue an Xid event as the driver would deliver it to a registered event set."""
+        with self._cv:
+            self._events.append((self.gpu(ref), xid))
+            self._cv.notify_all()
+
+    # -- internals -------------------------------------------------------------------------
+    def _check(self, fn: str, gpu: FakeGpu | None = None) -> None:
+        self.calls[fn] += 1
+        if not self.available:
+            raise _NVMLError(12)
+        if not self.initialized:
+            raise _NVMLError(1)
+        if gpu is not None:
+            if gpu.status == "lost":
+                raise _NVMLError(15)
+            if gpu.status == "reset_required":
+                raise _NVMLError(16)
+            if fn in gpu.unsupported:
+                raise _NVMLError(3)
+
+    # -- pynvml surface --------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if not self.available:
+            raise _NVMLError(12)
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check("nvmlSystemGetCudaDriverVersion")
+        return self.cuda_int
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        self._check("nvmlSystemGetProcessName")
+        for g in self.gpus:
+            for p in g.processes:
+                if p.pid == pid:
+                    return p.name
+        raise _NVMLError(6)
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._check("nvmlDeviceGetHandleByIndex")
+        return self.gpus[index]
+
+    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
+        self._check("nvmlDeviceGetUUID", h)
+        return h.uuid
+
+    def nvmlDeviceGetPciInfo_v3(self, h: FakeGpu) -> Any:
+        self._check("nvmlDeviceGetPciInfo_v3", h)
+        # Older nvidia-ml-py returned bytes here; keep the harder case.
+        return SimpleNamespace(busId=h.pci_bus_id.upper().encode())
+
+    def nvmlDeviceGetName(self, h: FakeGpu) -> str:
+        self._check("nvmlDeviceGetName", h)
+        return h.name
+
+    def nvmlDeviceGetSerial(self, h: FakeGpu) -> str:
+        self._check("nvmlDeviceGetSerial", h)
+        if h.serial is None:
+            raise _NVMLError(3)  # GeForce boards have no serial in NVML
+        return h.serial
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> Any:
+        self._check("nvmlDeviceGetMemoryInfo", h)
+        mib = 1024 * 1024
+        return SimpleNamespace(total=h.memory_total_mib * mib, used=int(h.memory_used_mib * mib),
+                               free=int((h.memory_total_mib - h.memory_used_mib) * mib))
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
+        self._check("nvmlDeviceGetUtilizationRates", h)
+        return SimpleNamespace(gpu=int(h.utilization_gpu_pct), memory=int(h.utilization_memory_pct))
+
+    def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetPowerUsage", h)
+        return int(h.power_w * 1000)
+
+    def nvmlDeviceGetClockInfo(self, h: FakeGpu, clock: int) -> int:
+        self._check("nvmlDeviceGetClockInfo", h)
+        return h.sm_clock_mhz if clock == self.NVML_CLOCK_SM else h.mem_clock_mhz
+
+    def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
+        self._check("nvmlDeviceGetTemperature", h)
+        return h.temperature_c
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list:
+        self._check("nvmlDeviceGetComputeRunningProcesses", h)
+        mib = 1024 * 1024
+        return [SimpleNamespace(pid=p.pid, usedGpuMemory=int(p.used_memory_mib * mib) if p.used_memory_mib is not None else None,
+                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                for p in h.processes]
+
+    def nvmlDeviceGetProcessUtilization(self, h: FakeGpu, last_seen_us: int) -> list:
+        self._check("nvmlDeviceGetProcessUtilization", h)
+        self._pmon_ts += 1_000_000
+        samples = [SimpleNamespace(pid=p.pid, timeStamp=self._pmon_ts, smUtil=int(p.sm_util_pct),
+                                   memUtil=0, encUtil=0, decUtil=0)
+                   for p in h.processes if p.sm_util_pct is not None]
+        samples = [s for s in samples if s.timeStamp > last_seen_us]
+        if not samples:
+            raise _NVMLError(6)  # NVML_ERROR_NOT_FOUND: nothing newer than the cursor
+        return samples
+
+    def nvmlEventSetCreate(self) -> object:
+        self._check("nvmlEventSetCreate")
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, h: FakeGpu, types: int, event_set: object) -> None:
+        self._check("nvmlDeviceRegisterEvents", h)
+
+    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Any:
+        self._check("nvmlEventSetWait_v2")
+        with self._cv:
+            if not self._events:
+                self._cv.wait(timeout_ms / 1000.0)
+            if not self._events:
+                raise _NVMLError(10)
+            gpu, xid = self._events.popleft()
+        return SimpleNamespace(device=gpu, eventType=self.nvmlEventTypeXidCriticalError, eventData=xid,
+                               gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+
+    def nvmlEventSetFree(self, event_set: object) -> None:
+        pass
