@@ -181,6 +181,10 @@ class FakePynvml:
         # Older nvidia-ml-py returned bytes here; keep the harder case.
         return SimpleNamespace(busId=h.pci_bus_id.upper().encode())
 
+    def nvmlDeviceGetMinorNumber(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMinorNumber", h)
+        return h.index
+
     def nvmlDeviceGetName(self, h: FakeGpu) -> str:
         self._check("nvmlDeviceGetName", h)
         return h.name

@@ -42,6 +42,7 @@ class GpuIdentity:
     memory_total_mib: int | None
     driver_version: str | None
     cuda_version: str | None
+    minor: int | None = None  # /dev/nvidia<minor>
 
 
 @dataclass
@@ -121,6 +122,7 @@ class NvmlReader:
                 serial=_text(self._call(n.nvmlDeviceGetSerial, h)),
                 memory_total_mib=int(mem.total // (1024 * 1024)) if mem is not None else None,
                 driver_version=_text(driver), cuda_version=cuda,
+                minor=self._call(n.nvmlDeviceGetMinorNumber, h),
             )
             dev = old.get(uuid) or _Device(handle=h, ident=ident)
             dev.handle, dev.ident = h, ident

@@ -1,0 +1,433 @@
+"""The collector loop: wires sources (NVML, kernel log, /proc, workloads) to a sink.
+
+One `tick(now)` per interval: read kernel lines and NVML Xid notices, resolve PCI -> GPU UUID,
+merge the kernel and NVML views of the same fault, sample every GPU, list its processes, publish.
+The clock is passed in, so a scenario can run the same loop in accelerated scenario time.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Protocol
+
+from collectors.metrics import CollectorMetrics
+from collectors.nvml import GpuIdentity, NvmlReader, NvmlUnavailable, XidNotice
+from collectors.parse.kernel import KernelRecord, parse_line
+from collectors.sink import Sink
+from collectors.sources.kernel import KernelSource
+from schemas.models import (
+    ComputeApp,
+    DeviceHolder,
+    GpuInventory,
+    GpuProcesses,
+    GpuSample,
+    PmonSample,
+    WorkloadEvent,
+    XidEvent,
+)
+from schemas.vocab import XidSource
+from schemas.xid_catalog import lookup
+
+__all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource"]
+
+log = logging.getLogger(__name__)
+
+
+class ProcessInfo(Protocol):
+    """What the collector needs from /proc (collectors.sources.procfs.ProcFs, or a fake)."""
+
+    def pod_of(self, pid: int) -> Any: ...
+    def comm(self, pid: int) -> str | None: ...
+    def device_holders(self) -> dict[str, list[int]]: ...
+
+
+class WorkloadSource(Protocol):
+    def read(self) -> list[dict]: ...
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    node: str
+    interval: float = 1.0
+    # How long kernel-log and NVML records of one fault wait for each other to be merged into one
+    # record with both sources. The driver prints the line and signals the event together; a few
+    # seconds covers a slow journald.
+    xid_merge_window: float = 2.0
+    inventory_interval: float = 60.0
+    holders_interval: float = 10.0  # /proc/*/fd scans are the collector's costliest read
+    dev_prefix: str = "/dev/nvidia"
+    kmsg_wall_clock: bool = True  # turn kmsg monotonic stamps into wall time (live mode)
+
+
+class IdentityMap:
+    """PCI bus id and the driver's GPU number -> GPU UUID, from NVML and `GPU at PCI` lines."""
+
+    def __init__(self) -> None:
+        self.by_pci: dict[str, tuple[str, int | None]] = {}
+        self.by_index: dict[int, str] = {}  # NVML index -> PCI
+        self.driver_order: list[str] = []  # PCI ids in the order the driver named them
+
+    def learn_nvml(self, gpus: list[GpuIdentity]) -> None:
+        for g in gpus:
+            self.by_pci[g.pci_bus_id] = (g.uuid, g.index)
+            self.by_index[g.index] = g.pci_bus_id
+
+    def learn_identity(self, pci: str, uuid: str) -> None:
+        old = self.by_pci.get(pci)
+        self.by_pci[pci] = (uuid, old[1] if old else None)
+        if pci not in self.driver_order:
+            self.driver_order.append(pci)
+
+    def resolve(self, pci: str | None, gpu_ref: int | None = None) -> tuple[str | None, int | None, str | None]:
+        """(uuid, index, pci); uuid None when unresolved."""
+        if pci is None and gpu_ref is not None:
+            # "GPU<n>" is the driver's number, which follows PCI probe order like NVML's index.
+            pci = self.by_index.get(gpu_ref)
+            if pci is None and gpu_ref < len(self.driver_order):
+                pci = self.driver_order[gpu_ref]
+        if pci is None:
+            return None, None, None
+        hit = self.by_pci.get(pci)
+        return (hit[0], hit[1], pci) if hit else (None, None, pci)
+
+
+@dataclass
+class _Pending:
+    due: float
+    fields: dict
+    sources: list[str]
+    line_no: int | None  # the kernel line it came from, for cursor commits
+    key: tuple | None  # (gpu key, xid) for merging; None for non-Xid records
+
+
+class XidMerger:
+    """Holds Xid records for `window` seconds so that the kernel line and the NVML event of one
+    fault become one record naming both sources. Emits in arrival order."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.queue: deque[_Pending] = deque()
+        self._recent: deque[tuple[float, tuple, str]] = deque()  # (time, key, source) flushed lately
+        self.merged = 0
+
+    def add(self, now: float, fields: dict, source: str, line_no: int | None) -> None:
+        key = None
+        if fields.get("kind") == "xid":
+            key = (fields.get("gpu_uuid") or fields.get("pci_bus_id"), fields["xid"])
+            for p in self.queue:
+                if p.key == key and ((source == "nvml") != ("nvml" in p.sources)) and len(p.sources) == 1:
+                    if source == "nvml":
+                        p.sources.append("nvml")
+                    else:  # the kernel line has the richer record: it replaces the NVML draft
+                        p.fields = fields
+                        p.sources.insert(0, source)
+                        p.line_no = line_no
+                    self.merged += 1
+                    return
+            # An NVML event for a fault whose kernel line was already published: drop it.
+            if source == "nvml":
+                for i, (_, rkey, rsrc) in enumerate(self._recent):
+                    if rkey == key and rsrc != "nvml":
+                        del self._recent[i]
+                        self.merged += 1
+                        return
+        self.queue.append(_Pending(now + (self.window if key else 0.0), fields, [source], line_no, key))
+
+    def due(self, now: float, flush_all: bool = False) -> list[_Pending]:
+        out = []
+        while self.queue and (flush_all or self.queue[0].due <= now):
+            p = self.queue.popleft()
+            out.append(p)
+            if p.key is not None and "nvml" not in p.sources:
+                self._recent.append((now, p.key, p.sources[0]))
+        while self._recent and self._recent[0][0] < now - 5 * self.window:
+            self._recent.popleft()
+        return out
+
+
+@dataclass
+class _KernelCursors:
+    """Commits a kernel source's cursor only when every event from it and the lines before it
+    was acknowledged by the sink."""
+
+    lines: deque = field(default_factory=deque)  # (line_no, cursor)
+    outstanding: Counter = field(default_factory=Counter)  # line_no -> events not yet acked
+    next_no: int = 0
+
+    def add_line(self, cursor: Any) -> int:
+        self.next_no += 1
+        self.lines.append((self.next_no, cursor))
+        return self.next_no
+
+    def committable(self) -> Any:
+        low = min((n for n, c in self.outstanding.items() if c > 0), default=None)
+        cursor = None
+        while self.lines and (low is None or self.lines[0][0] < low):
+            _, c = self.lines.popleft()
+            if c is not None:
+                cursor = c
+        return cursor
+
+
+class Collector:
+    def __init__(
+        self,
+        config: CollectorConfig,
+        sink: Sink,
+        *,
+        nvml: NvmlReader | None = None,
+        kernel: KernelSource | None = None,
+        procfs: ProcessInfo | None = None,
+        workloads: WorkloadSource | None = None,
+        metrics: CollectorMetrics | None = None,
+        nvml_events_thread: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.sink = sink
+        self.nvml = nvml
+        self.kernel = kernel
+        self.procfs = procfs
+        self.workloads = workloads
+        self.metrics = metrics or CollectorMetrics()
+        self.identity = IdentityMap()
+        self.merger = XidMerger(config.xid_merge_window)
+        self.cursors = _KernelCursors()
+        self.gpus: list[GpuIdentity] = []
+        self._inventory_sent: dict[str, GpuInventory] = {}
+        self._status: dict[str, str] = {}
+        self._last_inventory = float("-inf")
+        self._last_holders = float("-inf")
+        self._holders: dict[str, list[int]] = {}
+        self._nvml_q: queue.Queue[XidNotice] = queue.Queue()
+        self._nvml_thread: threading.Thread | None = None
+        self._use_thread = nvml_events_thread
+        self._stop = threading.Event()
+        self._clock = clock
+        self._boot_wall = datetime.now(timezone.utc) - timedelta(seconds=time.monotonic())
+        self.ticks = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, now: datetime) -> None:
+        if self.nvml is not None:
+            try:
+                self.gpus = self.nvml.init()
+            except NvmlUnavailable as exc:
+                log.error("%s; collecting kernel Xid records only", exc)
+                self.nvml = None
+        if self.nvml is not None:
+            self.identity.learn_nvml(self.gpus)
+            self._publish_inventory(now)
+            self._last_inventory = self._clock()
+            if self.nvml.register_xid_events() and self._use_thread:
+                self._nvml_thread = threading.Thread(target=self._watch_nvml, name="nvml-xid-events", daemon=True)
+                self._nvml_thread.start()
+
+    def _watch_nvml(self) -> None:
+        while not self._stop.is_set():
+            try:
+                notice = self.nvml.wait_xid(500) if self.nvml else None
+            except Exception:  # noqa: BLE001 - never let the event thread die
+                log.exception("NVML event wait failed")
+                time.sleep(1)
+                continue
+            if notice is not None:
+                self._nvml_q.put(notice)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._nvml_thread is not None:
+            self._nvml_thread.join(2)
+        self._emit(self.merger.due(self._clock(), flush_all=True), datetime.now(timezone.utc))
+        if self.kernel is not None:
+            self.kernel.close()
+        if self.nvml is not None:
+            self.nvml.shutdown()
+
+    # -- one tick --------------------------------------------------------------------------
+    def tick(self, now: datetime) -> None:
+        started = time.perf_counter()
+        mono = self._clock()
+        self._read_kernel(now, mono)
+        self._read_nvml_events(mono)
+        self._emit(self.merger.due(mono), now)
+        if self.nvml is not None:
+            if mono - self._last_inventory >= self.config.inventory_interval:
+                self._refresh_inventory(now)
+                self._last_inventory = mono
+            if self.procfs is not None and mono - self._last_holders >= self.config.holders_interval:
+                self._holders = self.procfs.device_holders()
+                self._last_holders = mono
+            for gpu in self.gpus:
+                self._sample(gpu, now)
+        if self.workloads is not None:
+            self._read_workloads(now)
+        self.sink.poll()
+        self._commit_kernel()
+        self.ticks += 1
+        m = self.metrics
+        m.update_sink(self.sink.stats())
+        if self.nvml is not None:
+            m.nvml_errors.set(self.nvml.error_count)
+        if self.kernel is not None:
+            m.kmsg_lost.set(self.kernel.lost)
+        m.loop_seconds.observe(time.perf_counter() - started)
+
+    # -- kernel log ------------------------------------------------------------------------
+    def _read_kernel(self, now: datetime, mono: float) -> None:
+        if self.kernel is None:
+            return
+        lines = self.kernel.read()
+        self.metrics.kernel_lines.inc(len(lines))
+        for line in lines:
+            line_no = self.cursors.add_line(line.cursor)
+            for rec in parse_line(line.text):
+                self.metrics.kernel_records.labels(rec.kind).inc()
+                fields = self._fields_from_kernel(rec, now, line.source)
+                self.cursors.outstanding[line_no] += 1
+                self.merger.add(mono, fields, line.source, line_no)
+
+    def _fields_from_kernel(self, rec: KernelRecord, now: datetime, source: str) -> dict:
+        if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
+            self.identity.learn_identity(rec.pci, rec.gpu_uuid)
+        uuid, index, pci = self.identity.resolve(rec.pci, rec.gpu_ref)
+        if rec.kind == "gpu_identity":
+            uuid = rec.gpu_uuid
+        ts = now
+        if rec.wall_ts is not None:
+            ts = rec.wall_ts
+        elif source == "kmsg" and rec.mono_us is not None and self.config.kmsg_wall_clock:
+            ts = self._boot_wall + timedelta(microseconds=rec.mono_us)
+        fields = dict(
+            ts=ts, node=self.config.node, kind=rec.kind, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci,
+            resolved=uuid is not None, xid=rec.xid, pid=rec.pid, process_name=rec.process_name,
+            gpu_instance=rec.gpu_instance, compute_instance=rec.compute_instance, message=rec.message,
+            raw=rec.raw, kernel_ts=rec.kernel_ts,
+        )
+        if rec.kind == "xid" and rec.xid is not None:
+            info = lookup(rec.xid)
+            fields.update(xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution)
+        return fields
+
+    def _read_nvml_events(self, mono: float) -> None:
+        if self.nvml is None:
+            return
+        if not self._use_thread:
+            while True:
+                notice = self.nvml.wait_xid(0)
+                if notice is None:
+                    break
+                self._nvml_q.put(notice)
+        while True:
+            try:
+                n = self._nvml_q.get_nowait()
+            except queue.Empty:
+                return
+            info = lookup(n.xid)
+            fields = dict(
+                node=self.config.node, kind="xid", gpu_uuid=n.uuid, pci_bus_id=n.pci_bus_id,
+                gpu_index=self.identity.resolve(n.pci_bus_id)[1], resolved=n.uuid is not None,
+                xid=n.xid, xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution,
+                gpu_instance=n.gpu_instance, compute_instance=n.compute_instance,
+                message="(from NVML event; no kernel log line seen)", raw="",
+            )
+            self.merger.add(mono, fields, "nvml", None)
+
+    def _emit(self, ready: list[_Pending], now: datetime) -> None:
+        for p in ready:
+            fields = dict(p.fields)
+            fields.setdefault("ts", now)
+            try:
+                event = XidEvent(**fields, source=XidSource(p.sources[0]), sources=[XidSource(s) for s in p.sources])
+            except Exception as exc:  # noqa: BLE001 - one odd record must not stop the collector
+                log.error("cannot build an Xid record from %r: %s", fields.get("raw"), exc)
+                self._ack_line(p.line_no)
+                continue
+            self.sink.publish(event, on_ack=(lambda n=p.line_no: self._ack_line(n)) if p.line_no else None)
+
+    def _ack_line(self, line_no: int | None) -> None:
+        if line_no is not None:
+            self.cursors.outstanding[line_no] -= 1
+            if self.cursors.outstanding[line_no] <= 0:
+                del self.cursors.outstanding[line_no]
+
+    def _commit_kernel(self) -> None:
+        if self.kernel is None:
+            return
+        cursor = self.cursors.committable()
+        if cursor is not None:
+            try:
+                self.kernel.commit(cursor)
+            except OSError as exc:
+                log.warning("cannot save the kernel log cursor: %s", exc)
+
+    # -- NVML ------------------------------------------------------------------------------
+    def _inventory_record(self, gpu: GpuIdentity, now: datetime) -> GpuInventory:
+        return GpuInventory(
+            ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
+            name=gpu.name, serial=gpu.serial, memory_total_mib=gpu.memory_total_mib,
+            driver_version=gpu.driver_version, cuda_version=gpu.cuda_version,
+        )
+
+    def _publish_inventory(self, now: datetime) -> None:
+        for gpu in self.gpus:
+            rec = self._inventory_record(gpu, now)
+            prev = self._inventory_sent.get(gpu.uuid)
+            same = prev is not None and prev.model_dump(exclude={"event_id", "ts"}) == rec.model_dump(exclude={"event_id", "ts"})
+            if not same:
+                self.sink.publish(rec)
+                self._inventory_sent[gpu.uuid] = rec
+
+    def _refresh_inventory(self, now: datetime) -> None:
+        try:
+            self.gpus = self.nvml.refresh_inventory()
+        except NvmlUnavailable as exc:
+            log.warning("inventory refresh failed: %s", exc)
+            return
+        self.identity.learn_nvml(self.gpus)
+        self._publish_inventory(now)
+
+    def _sample(self, gpu: GpuIdentity, now: datetime) -> None:
+        reading = self.nvml.sample(gpu)
+        if self._status.get(gpu.uuid, "ok") != reading.status:
+            level = logging.ERROR if reading.status != "ok" else logging.WARNING
+            log.log(level, "GPU %s (%s) NVML status: %s -> %s %s", gpu.index, gpu.uuid,
+                    self._status.get(gpu.uuid, "ok"), reading.status, reading.error or "")
+            self.metrics.gpu_status.labels(gpu.uuid, self._status.get(gpu.uuid, "ok")).set(0)
+            self._status[gpu.uuid] = reading.status
+        self.metrics.gpu_status.labels(gpu.uuid, reading.status).set(1)
+        self.sink.publish(GpuSample(
+            ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
+            status=reading.status, error=reading.error, **reading.values,
+        ))
+        apps = self.nvml.compute_apps(gpu)
+        if apps is None and reading.status != "ok":
+            apps = []
+        compute = []
+        for pid, used in apps or []:
+            ref = self.procfs.pod_of(pid) if self.procfs is not None else None
+            name = self.nvml.process_name(pid) or (self.procfs.comm(pid) if self.procfs else None)
+            compute.append(ComputeApp(pid=pid, process_name=name, used_memory_mib=used,
+                                      pod_uid=getattr(ref, "pod_uid", None), container_id=getattr(ref, "container_id", None)))
+        pmon = [PmonSample(pid=p, sm_util_pct=sm, mem_util_pct=mem) for p, sm, mem in self.nvml.pmon(gpu)]
+        minor = gpu.minor if gpu.minor is not None else gpu.index
+        holder_pids = self._holders.get(f"{self.config.dev_prefix}{minor}", [])
+        holders = [DeviceHolder(pid=p, process_name=self.procfs.comm(p) if self.procfs else None) for p in holder_pids]
+        self.sink.publish(GpuProcesses(
+            ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
+            compute_apps=compute, pmon=pmon, device_holders=holders,
+        ))
+
+    # -- workloads -------------------------------------------------------------------------
+    def _read_workloads(self, now: datetime) -> None:
+        for item in self.workloads.read():
+            try:
+                self.sink.publish(WorkloadEvent(node=self.config.node, ts=item.pop("ts", now), **item))
+            except Exception as exc:  # noqa: BLE001
+                log.error("skipping a workload event %r: %s", item, exc)

@@ -1,0 +1,244 @@
+"""Where the collector's records go: Kafka (through the spool) or stdout (JSON lines).
+
+`KafkaSink` appends every record to an on-disk `Spool` first, then hands spooled records to an
+idempotent confluent-kafka producer (acks=all, murmur2 partitioner: xidstream.kafka.producer_config).
+`message.timeout.ms=0` makes librdkafka retry a message until the broker takes it, so a broker
+that goes away and comes back gets every record exactly once and in order per key; the number in
+flight is capped so the rest waits on disk, not in memory.
+
+Two spools: `critical` (Xid, workloads, inventory: never replaceable) and `telemetry` (samples,
+process lists: the next second replaces them), each with its own bound, so a long outage drops
+old samples before it could ever drop an Xid.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, Protocol
+
+from confluent_kafka import KafkaError, Producer
+
+from schemas.base import Record
+from schemas.codec import encode, to_dict
+from schemas.models import GpuProcesses, GpuSample
+from xidstream.kafka import producer_config
+from xidstream.settings import Settings
+
+__all__ = ["Sink", "KafkaSink", "StdoutSink", "MemorySink"]
+
+log = logging.getLogger(__name__)
+
+AckCallback = Callable[[], None]
+
+_TELEMETRY = (GpuSample, GpuProcesses)
+# Errors that retrying cannot fix: the record is counted as dropped and logged.
+_PERMANENT = {
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError._MSG_TIMED_OUT,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+}
+
+
+class Sink(Protocol):
+    def publish(self, record: Record, on_ack: AckCallback | None = None) -> None: ...
+    def poll(self) -> None: ...
+    def flush(self, timeout: float = 10.0) -> bool: ...
+    def close(self) -> None: ...
+    def stats(self) -> dict: ...
+
+
+class StdoutSink:
+    """JSON lines on stdout, one per record, with its topic and key: what `--sink stdout` prints."""
+
+    def __init__(self, settings: Settings, stream=None) -> None:
+        import orjson
+
+        self._dumps = orjson.dumps
+        self.settings = settings
+        self.stream = stream or sys.stdout
+        self.published: dict[str, int] = {}
+
+    def publish(self, record: Record, on_ack: AckCallback | None = None) -> None:
+        topic, key = self.settings.topics.for_record(record)
+        line = self._dumps({"topic": topic, "key": key.decode(), "value": to_dict(record)})
+        self.stream.write(line.decode() + "\n")
+        self.published[topic] = self.published.get(topic, 0) + 1
+        if on_ack:
+            on_ack()
+
+    def poll(self) -> None:
+        self.stream.flush()
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        self.stream.flush()
+        return True
+
+    def close(self) -> None:
+        self.stream.flush()
+
+    def stats(self) -> dict:
+        return {"published": dict(self.published), "spool_depth": 0, "dropped": 0}
+
+
+class MemorySink:
+    """Keeps records in a list (tests, the simulator's ground truth)."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def publish(self, record: Record, on_ack: AckCallback | None = None) -> None:
+        self.records.append(record)
+        if on_ack:
+            on_ack()
+
+    def poll(self) -> None:
+        pass
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {"published": {"memory": len(self.records)}, "spool_depth": 0, "dropped": 0}
+
+
+class _Lane:
+    """One spool and the callbacks waiting for its cursor."""
+
+    def __init__(self, spool_dir: Path, name: str, max_bytes: int) -> None:
+        from collectors.spool import Spool
+
+        self.spool = Spool(spool_dir / name, max_bytes=max_bytes, name=f"spool/{name}")
+        self.sent_through = self.spool.acked_through
+        self.waiting: deque[tuple[int, AckCallback]] = deque()
+        self.retry: list[int] = []
+
+
+class KafkaSink:
+    def __init__(self, settings: Settings, spool_dir: str | Path, *, max_inflight: int = 10_000,
+                 critical_bytes: int = 512 << 20, telemetry_bytes: int = 256 << 20,
+                 producer_overrides: dict | None = None) -> None:
+        self.settings = settings
+        spool_dir = Path(spool_dir)
+        self.lanes = {
+            "critical": _Lane(spool_dir, "critical", critical_bytes),
+            "telemetry": _Lane(spool_dir, "telemetry", telemetry_bytes),
+        }
+        self.max_inflight = max_inflight
+        self.inflight = 0
+        self.published: dict[str, int] = {}
+        self.failed = 0
+        self.dropped_permanent = 0
+        self._last_sync = time.monotonic()
+        self._broker_down_since: float | None = None
+        overrides = {"message.timeout.ms": 0, "error_cb": self._on_error, **(producer_overrides or {})}
+        self.producer = Producer(producer_config(settings, **overrides))
+
+    # -- publishing ------------------------------------------------------------------------
+    def publish(self, record: Record, on_ack: AckCallback | None = None) -> None:
+        lane = self.lanes["telemetry" if isinstance(record, _TELEMETRY) else "critical"]
+        topic, key = self.settings.topics.for_record(record)
+        seq = lane.spool.append(topic, key, encode(record))
+        if on_ack is not None:
+            lane.waiting.append((seq, on_ack))
+
+    def _on_error(self, err: KafkaError) -> None:
+        # Broker-down errors are expected and retried by librdkafka; say so once, not per message.
+        if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            if self._broker_down_since is None:
+                self._broker_down_since = time.monotonic()
+                log.warning("Kafka unreachable (%s); spooling to disk until it returns", err.str())
+        else:
+            log.warning("Kafka client error: %s", err.str())
+
+    def _delivered(self, lane: _Lane, seq: int, topic: str):
+        def callback(err: KafkaError | None, msg) -> None:
+            self.inflight -= 1
+            if err is None:
+                if self._broker_down_since is not None:
+                    log.warning("Kafka reachable again after %.0f s; draining the spool",
+                                time.monotonic() - self._broker_down_since)
+                    self._broker_down_since = None
+                lane.spool.ack(seq)
+                self.published[topic] = self.published.get(topic, 0) + 1
+            elif err.code() in _PERMANENT or not err.retriable():
+                self.dropped_permanent += 1
+                log.error("dropping record seq %d for %s: %s (not retriable)", seq, topic, err.str())
+                lane.spool.ack(seq)
+            else:
+                self.failed += 1
+                lane.retry.append(seq)
+        return callback
+
+    def _send(self) -> None:
+        for lane in self.lanes.values():
+            budget = self.max_inflight - self.inflight
+            if budget <= 0:
+                return
+            if lane.retry:
+                retry = set(lane.retry)
+                lane.retry.clear()
+                batch = [r for r in lane.spool.pending(limit=len(retry) + budget) if r.seq in retry]
+            else:
+                batch = lane.spool.pending(after=lane.sent_through, limit=budget)
+            for rec in batch:
+                try:
+                    self.producer.produce(rec.topic, value=rec.value, key=rec.key,
+                                          on_delivery=self._delivered(lane, rec.seq, rec.topic))
+                except BufferError:
+                    lane.retry.append(rec.seq)
+                    break
+                self.inflight += 1
+                lane.sent_through = max(lane.sent_through, rec.seq)
+
+    def poll(self) -> None:
+        """Send what is spooled, serve delivery reports, run ack callbacks. Call every tick."""
+        self._send()
+        self.producer.poll(0)
+        for lane in self.lanes.values():
+            acked = lane.spool.acked_through
+            while lane.waiting and lane.waiting[0][0] <= acked:
+                _, cb = lane.waiting.popleft()
+                try:
+                    cb()
+                except Exception:  # noqa: BLE001 - a cursor write failing must not stop publishing
+                    log.exception("ack callback failed")
+        now = time.monotonic()
+        if now - self._last_sync >= 1.0:
+            for lane in self.lanes.values():
+                lane.spool.sync()
+            self._last_sync = now
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Send everything spooled; True when nothing is left unacknowledged."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.poll()
+            if all(lane.spool.depth == 0 for lane in self.lanes.values()) and self.inflight == 0:
+                self.poll()
+                for lane in self.lanes.values():
+                    lane.spool.sync()
+                return True
+            self.producer.flush(min(0.2, max(0.0, deadline - time.monotonic())))
+        for lane in self.lanes.values():
+            lane.spool.sync()
+        return False
+
+    def close(self) -> None:
+        self.flush(5.0)
+        for lane in self.lanes.values():
+            lane.spool.close()
+
+    def stats(self) -> dict:
+        return {
+            "published": dict(self.published),
+            "spool_depth": {n: lane.spool.depth for n, lane in self.lanes.items()},
+            "dropped": sum(lane.spool.dropped for lane in self.lanes.values()) + self.dropped_permanent,
+            "inflight": self.inflight,
+            "retries": self.failed,
+        }
