@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 from collectors.metrics import CollectorMetrics
 from collectors.nvml import GpuIdentity, NvmlReader, NvmlUnavailable, XidNotice
-from collectors.parse.kernel import KernelRecord, parse_line
+from collectors.parse.kernel import KernelRecord, parse_line, sxid_continues
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
 from schemas.models import (
@@ -116,28 +116,39 @@ class XidMerger:
         self._recent: deque[tuple[float, tuple, str]] = deque()  # (time, key, source) flushed lately
         self.merged = 0
 
-    def add(self, now: float, fields: dict, source: str, line_no: int | None) -> None:
+    def add(self, now: float, fields: dict, source: str, line_no: int | None,
+            record: KernelRecord | None = None) -> bool:
+        """Queue a record; False when it was folded into a queued record of the same line's
+        predecessor (an SXid continuation), so it needs no acknowledgement of its own."""
+        if record is not None and record.kind == "sxid" and self.queue:
+            last = self.queue[-1]
+            if last.fields.get("kind") == "sxid" and sxid_continues(last.fields.get("xid"), last.fields.get("_mono_us"), record):
+                last.fields["raw"] += "\n" + record.raw
+                last.fields["message"] += " | " + record.message
+                return False
         key = None
         if fields.get("kind") == "xid":
             key = (fields.get("gpu_uuid") or fields.get("pci_bus_id"), fields["xid"])
             for p in self.queue:
                 if p.key == key and ((source == "nvml") != ("nvml" in p.sources)) and len(p.sources) == 1:
+                    self.merged += 1
                     if source == "nvml":
                         p.sources.append("nvml")
-                    else:  # the kernel line has the richer record: it replaces the NVML draft
-                        p.fields = fields
-                        p.sources.insert(0, source)
-                        p.line_no = line_no
-                    self.merged += 1
-                    return
+                        return False
+                    # the kernel line has the richer record: it replaces the NVML draft
+                    p.fields = fields
+                    p.sources.insert(0, source)
+                    p.line_no = line_no
+                    return True
             # An NVML event for a fault whose kernel line was already published: drop it.
             if source == "nvml":
                 for i, (_, rkey, rsrc) in enumerate(self._recent):
                     if rkey == key and rsrc != "nvml":
                         del self._recent[i]
                         self.merged += 1
-                        return
+                        return False
         self.queue.append(_Pending(now + (self.window if key else 0.0), fields, [source], line_no, key))
+        return True
 
     def due(self, now: float, flush_all: bool = False) -> list[_Pending]:
         out = []
@@ -290,8 +301,8 @@ class Collector:
             for rec in parse_line(line.text):
                 self.metrics.kernel_records.labels(rec.kind).inc()
                 fields = self._fields_from_kernel(rec, now, line.source)
-                self.cursors.outstanding[line_no] += 1
-                self.merger.add(mono, fields, line.source, line_no)
+                if self.merger.add(mono, fields, line.source, line_no, rec):
+                    self.cursors.outstanding[line_no] += 1
 
     def _fields_from_kernel(self, rec: KernelRecord, now: datetime, source: str) -> dict:
         if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
@@ -308,7 +319,7 @@ class Collector:
             ts=ts, node=self.config.node, kind=rec.kind, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci,
             resolved=uuid is not None, xid=rec.xid, pid=rec.pid, process_name=rec.process_name,
             gpu_instance=rec.gpu_instance, compute_instance=rec.compute_instance, message=rec.message,
-            raw=rec.raw, kernel_ts=rec.kernel_ts,
+            raw=rec.raw, kernel_ts=rec.kernel_ts, _mono_us=rec.mono_us,
         )
         if rec.kind == "xid" and rec.xid is not None:
             info = lookup(rec.xid)
@@ -342,6 +353,7 @@ class Collector:
     def _emit(self, ready: list[_Pending], now: datetime) -> None:
         for p in ready:
             fields = dict(p.fields)
+            fields.pop("_mono_us", None)
             fields.setdefault("ts", now)
             try:
                 event = XidEvent(**fields, source=XidSource(p.sources[0]), sources=[XidSource(s) for s in p.sources])

@@ -146,7 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Later subsystems (collectors, stream processor, replay) add their subcommands here.
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+def _collectors(sub: argparse._SubParsersAction) -> None:
+    from collectors.cli import register
+
+    register(sub)
+
+
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `xidstream parse ... | head`: the reader left; say nothing more.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 import orjson
 
-__all__ = ["KernelRecord", "parse_line", "extract_pci", "split_prefix"]
+__all__ = ["KernelRecord", "parse_line", "extract_pci", "split_prefix", "sxid_continues", "merge_sxid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,3 +232,24 @@ def extract_pci(line: str) -> str | None:
         if m:
             return _norm(m.group(0))
     return None
+
+
+# One NVSwitch SXid event prints several lines with the same code, often from several switch
+# devices within microseconds (gpud components/accelerator/nvidia/sxid/README.md): count events,
+# not lines (shared/data/README.md).
+SXID_EVENT_SPAN_US = 1_000_000
+
+
+def sxid_continues(prev_code: int | None, prev_mono_us: int | None, rec: KernelRecord) -> bool:
+    """True when `rec` is another line of the SXid event whose code and time are given."""
+    if rec.kind != "sxid" or prev_code is None or rec.xid != prev_code:
+        return False
+    if prev_mono_us is None or rec.mono_us is None:
+        return True
+    return abs(rec.mono_us - prev_mono_us) <= SXID_EVENT_SPAN_US
+
+
+def merge_sxid(first: KernelRecord, more: KernelRecord) -> KernelRecord:
+    from dataclasses import replace
+
+    return replace(first, raw=f"{first.raw}\n{more.raw}", message=f"{first.message} | {more.message}")

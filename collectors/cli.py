@@ -1,0 +1,216 @@
+"""`xidstream collect` and `xidstream parse`."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import logging
+import signal
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+from schemas.errors import ConfigError, TopicError
+from xidstream.settings import Settings
+
+__all__ = ["register"]
+
+log = logging.getLogger("xidstream.collect")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collect", help="run the node collector (NVML, processes, kernel Xids -> Kafka)")
+    p.add_argument("--sink", choices=["kafka", "stdout"], default="kafka", help="where records go (stdout: JSON lines)")
+    p.add_argument("--kernel-log", default="kmsg", metavar="SRC",
+                   help="kmsg (default), kmsg:PATH, journal, file:PATH, - (stdin), or none")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    p.add_argument("--once", action="store_true", help="one sample of everything, publish, exit")
+    p.add_argument("--scenario", help="drive fake NVML and kernel-log sources from a scenario file")
+    p.add_argument("--speed", type=float, default=0.0, help="with --scenario: x times real time (0: as fast as possible)")
+    p.add_argument("--node", help="node name on every record (env XIDSTREAM_NODE; default: hostname)")
+    p.add_argument("--state-dir", default=".xidstream/collector", help="spool and cursors (default .xidstream/collector)")
+    p.add_argument("--no-nvml", action="store_true", help="kernel Xid records only")
+    p.add_argument("--create-topics", action="store_true", help="create missing topics first")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
+    g = p.add_argument_group("kafka")
+    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP)")
+    g.add_argument("--topic-prefix", help="topic name prefix (env XIDSTREAM_TOPIC_PREFIX)")
+    g.add_argument("--partitions", type=int, help="partitions, with --create-topics")
+    p.set_defaults(handler=_collect)
+
+    p = sub.add_parser("parse", help="kernel log text -> one JSON line per Xid or related record")
+    p.add_argument("files", nargs="*", help="files (.gz too); default: stdin")
+    p.add_argument("--node", default=None, help="node name for the records (default: hostname)")
+    p.add_argument("--xid-only", action="store_true", help="only Xid records, not identity/SXid/... lines")
+    p.set_defaults(handler=_parse)
+
+
+# -- parse -------------------------------------------------------------------------------------
+def _open_text(path: str):
+    if path == "-":
+        return sys.stdin
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", errors="replace")
+    return open(path, errors="replace")
+
+
+def _parse(args: argparse.Namespace, settings: Settings) -> int:
+    from collectors.agent import IdentityMap
+    from collectors.parse.kernel import merge_sxid, parse_line, sxid_continues
+    from schemas.models import XidEvent
+    from schemas.codec import to_dict
+    from schemas.xid_catalog import lookup
+
+    node = args.node or socket.gethostname()
+    ident = IdentityMap()
+    lines = found = 0
+    kinds: dict[str, int] = {}
+    out = sys.stdout
+    pending = None  # an SXid event that later lines may continue
+
+    def emit(rec) -> None:
+        nonlocal found
+        uuid, index, pci = ident.resolve(rec.pci, rec.gpu_ref)
+        info = lookup(rec.xid) if rec.kind == "xid" and rec.xid is not None else None
+        event = XidEvent(
+            ts=rec.wall_ts or datetime.now(timezone.utc), node=node, kind=rec.kind,
+            gpu_uuid=rec.gpu_uuid or uuid, gpu_index=index, pci_bus_id=pci,
+            resolved=(rec.gpu_uuid or uuid) is not None, xid=rec.xid,
+            xid_name=info.name if info else None, xid_category=info.category if info else None,
+            xid_resolution=info.resolution if info else None, pid=rec.pid,
+            process_name=rec.process_name, gpu_instance=rec.gpu_instance,
+            compute_instance=rec.compute_instance, message=rec.message, raw=rec.raw,
+            source="file", sources=["file"], kernel_ts=rec.kernel_ts,
+        )
+        out.write(orjson.dumps(to_dict(event)).decode() + "\n")
+        found += 1
+        kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
+
+    for path in args.files or ["-"]:
+        try:
+            fh = _open_text(path)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        with fh:
+            for line in fh:
+                lines += 1
+                for rec in parse_line(line):
+                    if args.xid_only and rec.kind != "xid":
+                        continue
+                    if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
+                        ident.learn_identity(rec.pci, rec.gpu_uuid)
+                    if pending is not None and sxid_continues(pending.xid, pending.mono_us, rec):
+                        pending = merge_sxid(pending, rec)
+                        continue
+                    if pending is not None:
+                        emit(pending)
+                        pending = None
+                    if rec.kind == "sxid":
+                        pending = rec
+                    else:
+                        emit(rec)
+    if pending is not None:
+        emit(pending)
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+    print(f"xidstream parse: {lines} lines, {found} records ({summary})", file=sys.stderr)
+    return 0
+
+
+# -- collect -----------------------------------------------------------------------------------
+def _check_topics(settings: Settings, create: bool) -> None:
+    from confluent_kafka import KafkaException
+
+    from schemas.topics import TOPICS
+    from xidstream.kafka import admin, create_topics
+
+    if create:
+        create_topics(settings)
+        return
+    try:
+        md = admin(settings).list_topics(timeout=5)
+    except KafkaException as exc:
+        log.warning("Kafka not reachable at start (%s); records are spooled until it is", exc)
+        return
+    missing = [settings.topics.name(n) for n in TOPICS if settings.topics.name(n) not in md.topics]
+    if missing:
+        raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; "
+                         f"run `xidstream topics create` (or pass --create-topics)")
+
+
+def _collect(args: argparse.Namespace, settings: Settings) -> int:
+    from collectors.metrics import CollectorMetrics
+    from collectors.sink import KafkaSink, StdoutSink
+
+    if args.interval <= 0:
+        raise ConfigError("--interval must be > 0")
+    state = Path(args.state_dir)
+    if args.sink == "kafka":
+        _check_topics(settings, args.create_topics)
+        sink = KafkaSink(settings, state / "spool")
+    else:
+        sink = StdoutSink(settings)
+    metrics = CollectorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_addr)
+        log.warning("metrics on http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
+
+    if args.scenario:
+        from collectors.scenario import ScenarioRunner
+        from schemas.scenario import load_scenario
+
+        scenario = load_scenario(args.scenario)
+        progress = (lambda m: print(f"xidstream collect: {m}", file=sys.stderr)) if args.sink == "kafka" else None
+        ScenarioRunner(scenario, sink, interval=args.interval, progress=progress).run(speed=args.speed)
+        ok = sink.flush(60)
+        sink.close()
+        stats = sink.stats()
+        print(f"xidstream collect: scenario '{scenario.name}' done: published {stats['published']}, "
+              f"dropped {stats['dropped']}" + ("" if ok else " (not all acknowledged; kept in the spool)"),
+              file=sys.stderr)
+        return 0 if ok else 1
+    return _collect_live(args, settings, sink, metrics, state)
+
+
+def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
+    from collectors.agent import Collector, CollectorConfig
+    from collectors.nvml import NvmlReader
+    from collectors.sources.kernel import open_kernel_source
+    from collectors.sources.procfs import ProcFs
+
+    nvml = None
+    if not args.no_nvml:
+        import pynvml  # NVIDIA's nvidia-ml-py
+
+        nvml = NvmlReader(pynvml)
+    kernel = None
+    if args.kernel_log != "none":
+        try:
+            kernel = open_kernel_source(args.kernel_log, state)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+    collector = Collector(CollectorConfig(node=settings.node, interval=args.interval), sink,
+                          nvml=nvml, kernel=kernel, procfs=ProcFs(), metrics=metrics)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    collector.start(datetime.now(timezone.utc))
+    try:
+        while not stopping:
+            began = time.monotonic()
+            collector.tick(datetime.now(timezone.utc))
+            if args.once or (kernel is not None and getattr(kernel, "done", False) and nvml is None):
+                break
+            time.sleep(max(0.0, args.interval - (time.monotonic() - began)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        collector.stop()
+        ok = sink.flush(10)
+        sink.close()
+    if not ok:
+        log.warning("some records are not acknowledged yet; they stay in %s and are sent on the next start", state / "spool")
+    return 0

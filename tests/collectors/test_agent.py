@@ -1,0 +1,174 @@
+"""The collector loop over fakes: identity resolution, merge with NVML, cursors, bad input."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from collectors.agent import Collector, CollectorConfig
+from collectors.fakes import FakeGpu, FakePynvml
+from collectors.nvml import NvmlReader
+from collectors.scenario import ScenarioRunner
+from collectors.sink import MemorySink
+from collectors.sources.kernel import MemoryKernelSource
+from schemas import GpuProcesses, GpuSample, XidEvent, load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)
+
+
+class LaterAckSink(MemorySink):
+    """Acknowledges only when told to, like Kafka with a slow broker."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = []
+
+    def publish(self, record, on_ack=None):
+        self.records.append(record)
+        if on_ack:
+            self.waiting.append(on_ack)
+
+    def ack_all(self):
+        for cb in self.waiting:
+            cb()
+        self.waiting.clear()
+
+
+def _rig(sink, gpus=None, window=2.0):
+    fake = FakePynvml(gpus or [FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0")])
+    kernel = MemoryKernelSource()
+    clock = [0.0]
+    c = Collector(CollectorConfig(node="node-a", xid_merge_window=window, kmsg_wall_clock=False), sink,
+                  nvml=NvmlReader(fake), kernel=kernel, nvml_events_thread=False, clock=lambda: clock[0])
+    c.start(T0)
+    return c, fake, kernel, clock
+
+
+def _xids(sink):
+    return [r for r in sink.records if isinstance(r, XidEvent)]
+
+
+def test_motivating_incident_records():
+    sink = MemorySink()
+    ScenarioRunner(load_scenario(ROOT / "scenarios" / "motivating-incident.yaml"), sink).run()
+    xids = [r for r in _xids(sink) if r.kind == "xid"]
+    assert [r.xid for r in xids] == [13, 13, 13, 31, 43]
+    gpu1 = "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"
+    for r in xids:
+        assert (r.gpu_uuid, r.gpu_index, r.pci_bus_id, r.resolved, r.pid) == (gpu1, 1, "0000:02:00", True, 4242)
+        assert [s.value for s in r.sources] == ["kmsg", "nvml"]  # one record, both sources named
+    assert xids[-1].xid_name == "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR"
+    (failure,) = [r for r in _xids(sink) if r.kind == "recovery_failure"]
+    assert failure.gpu_uuid == gpu1  # "GPU1 refcnt..." resolved through the driver's number
+    samples = [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == gpu1]
+    late = [s for s in samples if s.ts >= datetime(2026, 11, 28, 3, 2, 3, tzinfo=timezone.utc)]
+    assert late and all(s.utilization_gpu_pct == 100 and s.memory_used_mib == 0 and s.power_w == 110 for s in late)
+    procs = [r for r in sink.records if isinstance(r, GpuProcesses) and r.gpu_uuid == gpu1]
+    assert procs[0].compute_apps[0].pod_uid == "0c9d8e7f-1a2b-4c3d-8e5f-6a7b8c9d0e12"
+    assert procs[-1].compute_apps == [] and procs[-1].device_holders[0].pid == 1188
+
+
+def test_unresolved_pci_is_published_and_flagged():
+    sink = MemorySink()
+    c, _, kernel, clock = _rig(sink)
+    kernel.feed(["NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."])
+    c.tick(T0)
+    clock[0] = 10
+    c.tick(T0)
+    (x,) = _xids(sink)
+    assert (x.gpu_uuid, x.resolved, x.pci_bus_id) == (None, False, "0000:9b:00")
+    from schemas import TopicRegistry
+
+    assert TopicRegistry().for_record(x) == ("gpu.xid", b"node-a/0000:9b:00")
+
+
+def test_nvml_only_xid_is_published_once_with_its_source():
+    sink = MemorySink()
+    c, fake, _, clock = _rig(sink)
+    fake.inject_xid(1, 48)
+    c.tick(T0)
+    assert _xids(sink) == []  # held for the merge window
+    clock[0] = 3
+    c.tick(T0)
+    (x,) = _xids(sink)
+    assert (x.xid, x.gpu_uuid, [s.value for s in x.sources]) == (48, "GPU-bbbb", ["nvml"])
+
+
+def test_late_nvml_event_for_a_published_kernel_line_is_not_a_second_record():
+    sink = MemorySink()
+    c, fake, kernel, clock = _rig(sink, window=1.0)
+    kernel.feed(["NVRM: Xid (PCI:0000:02:00): 48, pid=1, name=a, DBE"])
+    c.tick(T0)
+    clock[0] = 2
+    c.tick(T0)
+    fake.inject_xid(1, 48)
+    clock[0] = 3
+    c.tick(T0)
+    clock[0] = 10
+    c.tick(T0)
+    assert [x.xid for x in _xids(sink)] == [48]
+
+
+def test_kernel_cursor_advances_only_after_acknowledgement():
+    sink = LaterAckSink()
+    c, _, kernel, clock = _rig(sink, window=0.0)
+    kernel.feed(["noise", "NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m", "more noise"])
+    c.tick(T0)
+    assert len(_xids(sink)) == 1
+    assert kernel.committed == [1]  # the line before the Xid, not the Xid nor anything after it
+    sink.ack_all()
+    clock[0] = 1
+    c.tick(T0)
+    assert kernel.committed[-1] == 3
+
+
+def test_gpu_lost_is_a_sample_status_and_the_loop_goes_on():
+    sink = MemorySink()
+    c, fake, _, clock = _rig(sink)
+    fake.gpu(1).status = "lost"
+    c.tick(T0)
+    lost = [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == "GPU-bbbb"]
+    assert lost[-1].status.value == "lost" and lost[-1].utilization_gpu_pct is None
+    procs = [r for r in sink.records if isinstance(r, GpuProcesses) and r.gpu_uuid == "GPU-bbbb"]
+    assert procs[-1].compute_apps == []
+    ok = [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == "GPU-aaaa"]
+    assert ok[-1].status.value == "ok"
+
+
+@pytest.mark.parametrize("line", ["\x00\xff garbage", "NVRM: Xid (PCI:0000:01:00): 99999999999999999999999, x",
+                                  "{\"MESSAGE\": [1, 2, 999]}", "NVRM: " + "x" * 100_000])
+def test_bad_lines_do_not_stop_the_collector(line):
+    sink = MemorySink()
+    c, _, kernel, clock = _rig(sink, window=0.0)
+    kernel.feed([line, "NVRM: Xid (PCI:0000:01:00): 31, pid=1, name=a, m"])
+    c.tick(T0)
+    assert 31 in [x.xid for x in _xids(sink)]
+
+
+def test_inventory_is_published_at_start_and_when_it_changes():
+    sink = MemorySink()
+    c, fake, _, clock = _rig(sink)
+    inv = [r for r in sink.records if r.SCHEMA == "xidstream.gpu_inventory/1"]
+    assert [(r.gpu_index, r.gpu_uuid, r.pci_bus_id, r.driver_version, r.cuda_version) for r in inv] == [
+        (0, "GPU-aaaa", "0000:01:00", "590.44.01", "13.1"), (1, "GPU-bbbb", "0000:02:00", "590.44.01", "13.1")]
+    clock[0] = 61
+    c.tick(T0)
+    assert len([r for r in sink.records if r.SCHEMA == "xidstream.gpu_inventory/1"]) == 2  # unchanged
+    fake.driver_version = "590.48.01"
+    clock[0] = 122
+    c.tick(T0)
+    assert len([r for r in sink.records if r.SCHEMA == "xidstream.gpu_inventory/1"]) == 4
+
+
+def test_no_nvml_means_kernel_records_only():
+    sink = MemorySink()
+    kernel = MemoryKernelSource()
+    c = Collector(CollectorConfig(node="n", xid_merge_window=0), sink, nvml=NvmlReader(FakePynvml([], available=False)),
+                  kernel=kernel, nvml_events_thread=False)
+    c.start(T0)
+    kernel.feed(["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m"])
+    c.tick(T0)
+    assert [type(r).__name__ for r in sink.records] == ["XidEvent"]

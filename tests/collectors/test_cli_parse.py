@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import csv
+import gzip
+from pathlib import Path
+
+import orjson
+
+from xidstream.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "kernel-log-lines.tsv"
+
+
+def test_parse_turns_every_xid_line_into_the_expected_fields_and_nothing_else(tmp_path, capsys):
+    with DATA.open(newline="") as fh:
+        rows = list(csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    log = tmp_path / "dmesg.txt.gz"
+    with gzip.open(log, "wt") as fh:
+        fh.write("\n".join(r[0] for r in rows) + "\n")
+    assert main(["parse", str(log), "--node", "n1"]) == 0
+    out, err = capsys.readouterr()
+    records = [orjson.loads(line) for line in out.splitlines()]
+    xids = [r for r in records if r["kind"] == "xid"]
+    expected = [r for r in rows if r[1]]
+    assert len(xids) == len(expected)
+    for rec, row in zip(xids, expected):
+        assert rec["raw"] == row[0].rstrip("\r\n")
+        assert (rec["xid"], rec["pci_bus_id"], rec["pid"], rec["process_name"]) == (
+            int(row[1]), row[2], int(row[3]) if row[3] else None, row[4] or None)
+        assert rec["node"] == "n1" and rec["schema"] == "xidstream.xid/1" and rec["xid_name"]
+    # Xid 119 on 0000:9b:00 follows the driver's identity line: resolved to its UUID.
+    x119 = [r for r in xids if r["xid"] == 119 and r["pci_bus_id"] == "0000:9b:00"]
+    assert x119[0]["gpu_uuid"] == "GPU-509665ad-b600-ac93-3616-d754b23d636d" and x119[0]["resolved"]
+    assert len([r for r in records if r["kind"] == "sxid"]) == 1  # three lines, one event
+    assert "records (" in err
+
+
+def test_parse_missing_file_is_a_clear_error(capsys):
+    assert main(["parse", "/nonexistent/kern.log"]) == 2
+    assert "cannot read /nonexistent/kern.log" in capsys.readouterr().err

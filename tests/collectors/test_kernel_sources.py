@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import gzip
+import os
+import threading
+
+from collectors.sources.kernel import FileSource, KmsgSource, open_kernel_source
+
+XID = "NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m"
+
+
+def _kmsg_file(path, start_seq, n):
+    with path.open("a") as fh:
+        for i in range(n):
+            seq = start_seq + i
+            fh.write(f"4,{seq},{1000 + seq},-;{XID} {seq}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:01:00.0\n")
+
+
+def test_kmsg_records_from_a_file_skip_continuations_and_resume_after_commit(tmp_path):
+    log, cur, boot = tmp_path / "kmsg", tmp_path / "cursor", tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    _kmsg_file(log, 10, 5)
+    src = KmsgSource(log, cursor_file=cur, boot_id_path=boot)
+    lines = src.read()
+    assert [ln.cursor for ln in lines] == [10, 11, 12, 13, 14]
+    assert all(ln.text.startswith("4,") and ln.source == "kmsg" for ln in lines)
+    src.commit(12)  # only 10-12 acknowledged
+    src.close()
+    again = KmsgSource(log, cursor_file=cur, boot_id_path=boot).read()
+    assert [ln.cursor for ln in again] == [13, 14]  # nothing lost, nothing re-sent
+
+
+def test_kmsg_after_a_reboot_reads_everything_again(tmp_path):
+    log, cur, boot = tmp_path / "kmsg", tmp_path / "cursor", tmp_path / "boot_id"
+    boot.write_text("boot-1")
+    _kmsg_file(log, 1, 3)
+    src = KmsgSource(log, cursor_file=cur, boot_id_path=boot)
+    src.read()
+    src.commit(3)
+    boot.write_text("boot-2")  # new boot: sequence numbers start over
+    assert [ln.cursor for ln in KmsgSource(log, cursor_file=cur, boot_id_path=boot).read()] == [1, 2, 3]
+
+
+def test_kmsg_from_a_fifo_with_partial_writes(tmp_path):
+    fifo, boot = tmp_path / "fifo", tmp_path / "boot"
+    boot.write_text("b")
+    os.mkfifo(fifo)
+    ready = threading.Event()
+
+    def writer():
+        with open(fifo, "w") as fh:
+            ready.wait(5)
+            fh.write(f"4,1,5,-;{XID}\n4,2,6,-;NVRM: Xid (PCI:0000:01:")
+            fh.flush()
+            fh.write("00): 31, pid=2, name=b, m\n")
+
+    t = threading.Thread(target=writer)
+    t.start()
+    src = KmsgSource(fifo, boot_id_path=boot)  # non-blocking open of the read end
+    ready.set()
+    t.join(5)
+    got = []
+    for _ in range(50):
+        got += src.read()
+        if len(got) == 2:
+            break
+    assert [ln.cursor for ln in got] == [1, 2]
+    assert got[1].text.endswith("31, pid=2, name=b, m")
+
+
+def test_file_source_backfills_rotated_gz_then_follows_rotation(tmp_path):
+    log = tmp_path / "kern.log"
+    with gzip.open(tmp_path / "kern.log.2.gz", "wt") as fh:
+        fh.write("oldest\n")
+    (tmp_path / "kern.log.1").write_text("older\n")
+    log.write_text("current-1\ncurrent-2\npart")
+    src = FileSource(log, cursor_file=tmp_path / "c")
+    assert [ln.text for ln in src.read()] == ["oldest", "older", "current-1", "current-2"]
+    with log.open("a") as fh:
+        fh.write("ial\n")
+    lines = src.read()
+    assert [ln.text for ln in lines] == ["partial"]
+    src.commit(lines[-1].cursor)
+    # logrotate: rename, then a new file
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text("after-rotation\n")
+    assert [ln.text for ln in src.read()] == ["after-rotation"]
+    # a restart resumes at the committed cursor of the file it was reading... which was rotated away
+    resumed = FileSource(log, cursor_file=tmp_path / "c")
+    assert [ln.text for ln in resumed.read()] == ["after-rotation"]
+
+
+def test_file_source_resumes_at_the_cursor(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("a\nb\nc\n")
+    src = FileSource(log, cursor_file=tmp_path / "c")
+    lines = src.read()
+    src.commit(lines[1].cursor)
+    assert [ln.text for ln in FileSource(log, cursor_file=tmp_path / "c").read()] == ["c"]
+
+
+def test_open_kernel_source_rejects_unknown_specs(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="use kmsg, journal, file:PATH or -"):
+        open_kernel_source("syslog", tmp_path)
