@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", help="node name on every record (env XIDSTREAM_NODE; default: hostname)")
     p.add_argument("--state-dir", default=".xidstream/collector", help="spool and cursors (default .xidstream/collector)")
     p.add_argument("--no-nvml", action="store_true", help="kernel Xid records only")
+    p.add_argument("--no-kubernetes", action="store_true", help="no pod watch / pod-resources (gpu.workloads)")
     p.add_argument("--create-topics", action="store_true", help="create missing topics first")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
@@ -48,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", default=None, help="node name for the records (default: hostname)")
     p.add_argument("--xid-only", action="store_true", help="only Xid records, not identity/SXid/... lines")
     p.set_defaults(handler=_parse)
+
+    p = sub.add_parser("gpu-check", help="read every NVML field through the real pynvml and print it")
+    p.add_argument("--wait-events", type=float, default=1.0, help="seconds to wait for an Xid event")
+    p.set_defaults(handler=lambda args, settings: __import__("collectors.gpucheck", fromlist=["x"]).run_gpu_check(
+        wait_events=args.wait_events))
 
 
 # -- parse -------------------------------------------------------------------------------------
@@ -193,8 +199,13 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
             kernel = open_kernel_source(args.kernel_log, state)
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
+    import os
+
+    from collectors.sources.kubernetes import from_environment
+
+    workloads = None if args.no_kubernetes else from_environment(os.environ, settings.node)
     collector = Collector(CollectorConfig(node=settings.node, interval=args.interval), sink,
-                          nvml=nvml, kernel=kernel, procfs=ProcFs(), metrics=metrics)
+                          nvml=nvml, kernel=kernel, procfs=ProcFs(), workloads=workloads, metrics=metrics)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     collector.start(datetime.now(timezone.utc))

@@ -16,6 +16,7 @@ is; two messages glued onto one line are split at the second marker.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -76,6 +77,7 @@ _CTIME = re.compile(r"^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d
 _SYSLOG = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*(?P<mono>\d+\.\d+)\]\s?)?")
 
 
+@functools.lru_cache(maxsize=4096)
 def _norm(pci: str) -> str | None:
     domain, bus, dev = pci.split(":")
     try:
@@ -112,44 +114,56 @@ def split_prefix(line: str) -> tuple[str, dict]:
             except (TypeError, ValueError, OverflowError, OSError):
                 pass
             return body, meta
-    m = _KMSG.match(body)
-    if m:
-        meta["seq"] = int(m["seq"])
-        meta["mono_us"] = int(m["us"])
-        meta["kernel_ts"] = m["us"]
-        return body[m.end():], meta
-    m = _ISO.match(body)
-    if m:
-        meta["kernel_ts"] = m["ts"]
-        try:
-            meta["wall_ts"] = datetime.fromisoformat(m["ts"].replace(",", ".")).astimezone(timezone.utc)
-        except ValueError:
-            pass
-        return body[m.end():], meta
-    m = _PRIO.match(body)
-    if m:
-        body = body[m.end():]
-    m = _SYSLOG.match(body)
-    if m:
-        meta["kernel_ts"] = m["ts"]
-        if m["mono"]:
-            meta["mono_us"] = int(float(m["mono"]) * 1e6)
-        return body[m.end():], meta
-    m = _DMESG.match(body)
-    if m:
-        meta["kernel_ts"] = m["ts"]
-        meta["mono_us"] = int(float(m["ts"]) * 1e6)
-        return body[m.end():], meta
-    m = _CTIME.match(body)
-    if m:
-        meta["kernel_ts"] = m["ts"]
-        return body[m.end():], meta
+    first = body[:1]
+    if first.isdigit():
+        m = _KMSG.match(body)
+        if m:
+            meta["seq"] = int(m["seq"])
+            meta["mono_us"] = int(m["us"])
+            meta["kernel_ts"] = m["us"]
+            return body[m.end():], meta
+    elif first == "<":
+        m = _PRIO.match(body)
+        if m:
+            body = body[m.end():]
+            first = body[:1]
+    elif first.isalpha() and not body.startswith("NVRM"):
+        m = _ISO.match(body)
+        if m:
+            meta["kernel_ts"] = m["ts"]
+            try:
+                meta["wall_ts"] = datetime.fromisoformat(m["ts"].replace(",", ".")).astimezone(timezone.utc)
+            except ValueError:
+                pass
+            return body[m.end():], meta
+        m = _SYSLOG.match(body)
+        if m:
+            meta["kernel_ts"] = m["ts"]
+            if m["mono"]:
+                meta["mono_us"] = int(float(m["mono"]) * 1e6)
+            return body[m.end():], meta
+    if first == "[":
+        m = _DMESG.match(body)
+        if m:
+            meta["kernel_ts"] = m["ts"]
+            meta["mono_us"] = int(float(m["ts"]) * 1e6)
+            return body[m.end():], meta
+        m = _CTIME.match(body)
+        if m:
+            meta["kernel_ts"] = m["ts"]
+            return body[m.end():], meta
     return body, meta
 
 
 def _segments(body: str) -> list[str]:
     """Cut a body at every NVRM/SXid marker; glued messages become separate segments."""
-    starts = [m.start() for m in _MARKER.finditer(body)]
+    m = _MARKER.search(body)
+    if m is None:
+        return []
+    nxt = _MARKER.search(body, m.end())
+    if nxt is None:  # the usual case: one message on the line
+        return [body[m.start():].rstrip()]
+    starts = [m.start()] + [x.start() for x in _MARKER.finditer(body, m.end())]
     return [body[a:b].rstrip() for a, b in zip(starts, starts[1:] + [len(body)])]
 
 

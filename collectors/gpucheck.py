@@ -1,0 +1,67 @@
+"""`xidstream gpu-check`: read every field through the real `pynvml` and print what came back.
+
+Run it on a machine with an NVIDIA GPU and driver to check the real NVML path of the collector
+(the tests use the pynvml look-alike). It prints, per GPU, the identity, one sample with every
+contract field, compute apps, pmon samples and whether Xid events can be registered, then what the
+collector would publish. Exit code: 0 all read, 1 NVML unavailable, 3 some reads failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+__all__ = ["run_gpu_check"]
+
+
+def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -> int:
+    from collectors.nvml import NvmlReader, NvmlUnavailable
+
+    out = out or sys.stdout
+    if nvml_module is None:
+        import pynvml as nvml_module  # NVIDIA's nvidia-ml-py
+
+    def say(text: str) -> None:
+        print(text, file=out)
+
+    say(f"pynvml module: {getattr(nvml_module, '__file__', nvml_module)!s}")
+    reader = NvmlReader(nvml_module)
+    t0 = time.perf_counter()
+    try:
+        gpus = reader.init()
+    except NvmlUnavailable as exc:
+        say(f"NVML unavailable: {exc}")
+        return 1
+    say(f"nvmlInit + inventory: {1000 * (time.perf_counter() - t0):.1f} ms, {len(gpus)} GPU(s)")
+    failures = 0
+    for gpu in gpus:
+        say(f"\nGPU {gpu.index}: {gpu.uuid}")
+        for key, value in gpu.__dict__.items():
+            say(f"  {key:22} {value!r}")
+        raw = nvml_module.nvmlDeviceGetPciInfo_v3(nvml_module.nvmlDeviceGetHandleByIndex(gpu.index)).busId
+        say(f"  {'raw busId':22} {raw!r} ({type(raw).__name__})")
+        t0 = time.perf_counter()
+        sample = reader.sample(gpu)
+        took = 1000 * (time.perf_counter() - t0)
+        say(f"  sample ({took:.2f} ms): status={sample.status} error={sample.error}")
+        for key, value in sample.values.items():
+            say(f"    {key:22} {value!r}")
+        missing = [k for k, v in sample.values.items() if v is None]
+        if missing:
+            say(f"    (null: {', '.join(missing)}; NotSupported on this board, or an error)")
+        failures += sample.errors
+        t0 = time.perf_counter()
+        apps = reader.compute_apps(gpu)
+        say(f"  compute apps ({1000 * (time.perf_counter() - t0):.2f} ms): {apps!r}")
+        for pid, _ in apps or []:
+            say(f"    pid {pid}: name {reader.process_name(pid)!r}")
+        say(f"  pmon: {reader.pmon(gpu)!r}")
+    registered = reader.register_xid_events()
+    say(f"\nXid event registration: {'ok' if registered else 'not available'}")
+    if registered:
+        notice = reader.wait_xid(int(wait_events * 1000))
+        say(f"waited {wait_events:.1f} s for an Xid event: {notice!r}")
+    say(f"NVML errors other than NotSupported: {reader.error_count}")
+    reader.shutdown()
+    return 3 if failures or reader.error_count else 0

@@ -1,0 +1,312 @@
+"""Which pod holds which GPU, and pod failures on this node (`gpu.workloads`).
+
+- The kubelet's pod-resources API (gRPC on ``/var/lib/kubelet/pod-resources/kubelet.sock``,
+  ``v1.PodResourcesLister/List``) says which containers were given which devices; for
+  ``nvidia.com/gpu`` the device ids are GPU (or MIG) UUIDs. The response is decoded here with a
+  few lines of protobuf wire format instead of generated stubs: the three messages are stable (k8s
+  ``kubelet/pkg/apis/podresources/v1/api.proto``).
+- A Kubernetes API watch of the pods on this node (``fieldSelector=spec.nodeName=<node>``) gives
+  the transitions: started, failed (exit code, reason), restarted, succeeded.
+
+Off cleanly when not on Kubernetes: `from_environment` returns None when there is no API or socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import ssl
+import threading
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import orjson
+
+__all__ = [
+    "ContainerDevices", "decode_pod_resources", "PodResourcesClient", "pod_transitions",
+    "PodWatcher", "KubernetesWorkloads", "from_environment",
+]
+
+log = logging.getLogger(__name__)
+
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+# -- protobuf wire format (just what List's response needs) -------------------------------------
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _fields(data: bytes):
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        field_no, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            value, pos = data[pos:pos + length], pos + length
+            if pos > len(data):
+                raise ValueError("truncated field")
+        elif wire == 1:
+            value, pos = data[pos:pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = data[pos:pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        yield field_no, wire, value
+
+
+@dataclass(frozen=True)
+class ContainerDevices:
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+def decode_pod_resources(data: bytes) -> list[ContainerDevices]:
+    """ListPodResourcesResponse{1: PodResources{1 name, 2 namespace, 3 ContainerResources{
+    1 name, 2 ContainerDevices{1 resource_name, 2 device_ids}}}} -> flat list."""
+    out = []
+    for f, w, pod in _fields(data):
+        if f != 1 or w != 2:
+            continue
+        name = namespace = ""
+        containers = []
+        for pf, pw, pv in _fields(pod):
+            if pf == 1 and pw == 2:
+                name = pv.decode()
+            elif pf == 2 and pw == 2:
+                namespace = pv.decode()
+            elif pf == 3 and pw == 2:
+                containers.append(pv)
+        for c in containers:
+            cname = ""
+            devices = []
+            for cf, cw, cv in _fields(c):
+                if cf == 1 and cw == 2:
+                    cname = cv.decode()
+                elif cf == 2 and cw == 2:
+                    resource, ids = "", []
+                    for df, dw, dv in _fields(cv):
+                        if df == 1 and dw == 2:
+                            resource = dv.decode()
+                        elif df == 2 and dw == 2:
+                            ids.append(dv.decode())
+                    devices.append((resource, tuple(ids)))
+            for resource, ids in devices:
+                out.append(ContainerDevices(namespace, name, cname, resource, ids))
+    return out
+
+
+class PodResourcesClient:
+    def __init__(self, socket_path: str = POD_RESOURCES_SOCKET, timeout: float = 5.0) -> None:
+        import grpc
+
+        self._grpc = grpc
+        self.channel = grpc.insecure_channel(f"unix://{socket_path}")
+        # No serializers: the request is empty and the response is decoded by hand.
+        self._list = self.channel.unary_unary("/v1.PodResourcesLister/List")
+        self.timeout = timeout
+
+    def list(self) -> list[ContainerDevices]:
+        return decode_pod_resources(self._list(b"", timeout=self.timeout))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+# -- pod transitions (pure) ---------------------------------------------------------------------
+def _statuses(pod: Mapping | None) -> dict[str, dict]:
+    if not pod:
+        return {}
+    status = pod.get("status") or {}
+    return {c.get("name", ""): c for c in (status.get("containerStatuses") or [])}
+
+
+def _state(cs: Mapping) -> tuple[str, dict]:
+    state = cs.get("state") or {}
+    for kind in ("terminated", "running", "waiting"):
+        if kind in state:
+            return kind, state[kind] or {}
+    return "unknown", {}
+
+
+def pod_transitions(old: Mapping | None, new: Mapping) -> list[dict]:
+    """What changed for each container between two versions of a pod object."""
+    meta = new.get("metadata") or {}
+    base = {"pod_uid": meta.get("uid"), "namespace": meta.get("namespace"), "pod": meta.get("name")}
+    before, after = _statuses(old), _statuses(new)
+    events = []
+    for name, cs in after.items():
+        prev = before.get(name, {})
+        kind, detail = _state(cs)
+        pkind, pdetail = _state(prev) if prev else ("none", {})
+        restarts, prestarts = int(cs.get("restartCount") or 0), int(prev.get("restartCount") or 0)
+        ev = dict(base, container=name)
+        if prev and restarts > prestarts:
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            events.append(dict(ev, event="restarted", reason=last.get("reason"), exit_code=last.get("exitCode")))
+            continue
+        if kind == "running" and pkind != "running":
+            events.append(dict(ev, event="started", reason=None, exit_code=None))
+        elif kind == "terminated" and (pkind != "terminated" or pdetail.get("finishedAt") != detail.get("finishedAt")):
+            code = detail.get("exitCode")
+            events.append(dict(ev, event="succeeded" if code == 0 else "failed",
+                               reason=detail.get("reason"), exit_code=code))
+    return events
+
+
+class PodWatcher:
+    """Lists, then watches, the pods on one node through the Kubernetes API, in a thread."""
+
+    def __init__(self, api: str, node: str, token: str | None = None, ca_file: str | None = None,
+                 timeout: float = 300.0) -> None:
+        self.api = api.rstrip("/")
+        self.node = node
+        self.token = token
+        self.ctx = ssl.create_default_context(cafile=ca_file) if api.startswith("https") else None
+        self.timeout = timeout
+        self.q: queue.Queue[tuple[str, dict]] = queue.Queue(maxsize=100_000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _get(self, params: dict) -> Any:
+        query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={self.node}", **params})
+        req = urllib.request.Request(f"{self.api}/api/v1/pods?{query}")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        return urllib.request.urlopen(req, timeout=self.timeout, context=self.ctx)
+
+    def _run(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                with self._get({}) as resp:
+                    listing = orjson.loads(resp.read())
+                version = (listing.get("metadata") or {}).get("resourceVersion", "")
+                for pod in listing.get("items") or []:
+                    self.q.put(("LISTED", pod))
+                with self._get({"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true"}) as resp:
+                    backoff = 1.0
+                    for line in resp:
+                        if self._stop.is_set():
+                            return
+                        try:
+                            event = orjson.loads(line)
+                        except orjson.JSONDecodeError:
+                            log.warning("pod watch: skipping a line that is not JSON: %r", line[:200])
+                            continue
+                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                            self.q.put((event["type"], event.get("object") or {}))
+            except Exception as exc:  # noqa: BLE001 - API restarts and timeouts are routine
+                if self._stop.is_set():
+                    return
+                log.warning("pod watch interrupted (%s); retrying in %.0f s", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 60.0)
+
+
+class KubernetesWorkloads:
+    """`WorkloadSource` for the collector: pod transitions, each attributed to the GPUs the pod holds."""
+
+    def __init__(self, watcher: PodWatcher | None, pod_resources: PodResourcesClient | None,
+                 resources: tuple[str, ...] = ("nvidia.com/gpu",), refresh: float = 10.0) -> None:
+        self.watcher = watcher
+        self.pod_resources = pod_resources
+        self.resources = resources
+        self.refresh = refresh
+        self._pods: dict[str, dict] = {}
+        self._devices: dict[tuple[str, str], list[str]] = {}
+        self._last_refresh = float("-inf")
+
+    def _gpus_of(self, namespace: str, pod: str, force: bool = False) -> list[str]:
+        now = time.monotonic()
+        if self.pod_resources is not None and (force or now - self._last_refresh >= self.refresh):
+            try:
+                devices: dict[tuple[str, str], list[str]] = {}
+                for c in self.pod_resources.list():
+                    if c.resource in self.resources:
+                        devices.setdefault((c.namespace, c.pod), []).extend(c.device_ids)
+                self._devices = devices
+            except Exception as exc:  # noqa: BLE001
+                log.warning("pod-resources List failed: %s", exc)
+            self._last_refresh = now
+        return sorted(set(self._devices.get((namespace, pod), [])))
+
+    def read(self) -> list[dict]:
+        if self.watcher is None:
+            return []
+        out = []
+        while True:
+            try:
+                kind, pod = self.watcher.q.get_nowait()
+            except queue.Empty:
+                break
+            meta = pod.get("metadata") or {}
+            uid = meta.get("uid", "")
+            old = self._pods.get(uid)
+            if kind == "DELETED":
+                self._pods.pop(uid, None)
+                continue
+            self._pods[uid] = pod
+            if kind == "LISTED" and old is None:
+                continue  # a state we join late, not a transition we saw
+            events = pod_transitions(old, pod)
+            if not events:
+                continue
+            gpus = self._gpus_of(meta.get("namespace", ""), meta.get("name", ""))
+            if not gpus:
+                gpus = self._gpus_of(meta.get("namespace", ""), meta.get("name", ""), force=True)
+            for gpu in gpus:
+                out.extend(dict(e, gpu_uuid=gpu) for e in events)
+        return out
+
+
+def from_environment(env: Mapping[str, str], node: str, socket_path: str = POD_RESOURCES_SOCKET,
+                     service_account: Path = SERVICE_ACCOUNT) -> KubernetesWorkloads | None:
+    """The workload source when running in a Kubernetes pod, else None (and a log line)."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        log.info("not on Kubernetes (no KUBERNETES_SERVICE_HOST): workload events are off")
+        return None
+    token = None
+    try:
+        token = (service_account / "token").read_text().strip()
+    except OSError:
+        log.warning("no service account token; the pod watch may be refused")
+    ca = service_account / "ca.crt"
+    watcher = PodWatcher(f"https://{host}:{port}", node, token, str(ca) if ca.exists() else None)
+    client = None
+    if Path(socket_path).exists():
+        client = PodResourcesClient(socket_path)
+    else:
+        log.warning("%s missing: mount it to attribute pods to GPUs; workload events are off", socket_path)
+        return None
+    watcher.start()
+    return KubernetesWorkloads(watcher, client)
