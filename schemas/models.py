@@ -196,6 +196,8 @@ class Alert(Record):
     pci_bus_id: str | None = None
     classification: Classification
     severity: Severity
+    state: Literal["open", "updated", "resolved"] = Field(
+        "open", description="open: a new incident; updated: more evidence or a step's outcome; resolved: closed.")
     summary: str
     evidence: Evidence
     recommended_steps: list[str] = Field(default_factory=list)

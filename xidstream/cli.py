@@ -152,7 +152,13 @@ def _collectors(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors]
+def _streams(sub: argparse._SubParsersAction) -> None:
+    from streams.cli import register
+
+    register(sub)
+
+
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams]
 
 
 def main(argv: list[str] | None = None) -> int:

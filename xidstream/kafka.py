@@ -159,3 +159,29 @@ def read_all(settings: Settings, topics: list[str], *, timeout: float = 10.0, id
     finally:
         consumer.close()
     return out
+
+
+def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeout: float = 30.0) -> None:
+    """Check the processor's inputs (they must exist, co-partitioned) and create its internal topics."""
+    client = admin(settings)
+    existing = _describe(client, timeout)
+    reg = settings.topics
+    missing = [reg.name(n) for n, s in TOPICS.items() if reg.name(n) not in existing]
+    if missing:
+        raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; run `xidstream topics create` "
+                         f"with the same --topic-prefix and --partitions")
+    check_copartitioning(settings, existing)
+    for name, parts in internal.items():
+        if name in existing:
+            if existing[name] != parts:
+                raise TopicError(f"internal topic {name} has {existing[name]} partitions, needs {parts}; delete it "
+                                 f"(the processor recreates it) or set --partitions to {existing[name]}")
+            continue
+        fut = client.create_topics([NewTopic(name, num_partitions=parts, replication_factor=settings.replication_factor,
+                                             config={"retention.ms": str(7 * 24 * 3600 * 1000)})],
+                                   operation_timeout=timeout)[name]
+        try:
+            fut.result()
+        except KafkaException as exc:
+            if getattr(exc.args[0], "name", lambda: "")() != "TOPIC_ALREADY_EXISTS":
+                raise TopicError(f"cannot create {name}: {exc.args[0]}") from None

@@ -1,0 +1,123 @@
+"""`xidstream process` (a stream-processor worker) and `xidstream breaker reset`."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import sys
+import time
+from pathlib import Path
+
+from schemas.errors import ConfigError, TopicError
+from xidstream.settings import Settings
+
+__all__ = ["register"]
+
+log = logging.getLogger("xidstream.process")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("process", help="run a stream-processor worker (faust): classify, alert, plan remediation")
+    p.add_argument("--config", help="YAML settings file: bootstrap, topic_prefix, partitions, node, store, "
+                                    "data_dir, web_port, policy (a mapping or a file path); flags win over it")
+    p.add_argument("--policy", help="YAML policy file (thresholds; see streams/policy.py)")
+    p.add_argument("--store", default=None, help="table store: memory:// (default; state rebuilt from the "
+                                                 "changelog) or rocksdb:// (needs rocksdict)")
+    p.add_argument("--data-dir", default=None, help="faust data dir (default .xidstream/processor)")
+    p.add_argument("--web-port", type=int, default=None, help="serve faust's web views on 127.0.0.1:PORT (default off)")
+    p.add_argument("--app-id", default=None, help="consumer group / app id (default <prefix>xidstream-processor)")
+    p.add_argument("--node", help="name of this worker's host on dead-letter records")
+    p.add_argument("--loglevel", default="warning", help="worker log level (default warning)")
+    p.add_argument("--fast-rebalance", action="store_true", help="short session timeouts, for a one-broker test setup")
+    g = p.add_argument_group("kafka")
+    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP)")
+    g.add_argument("--topic-prefix", help="topic name prefix (env XIDSTREAM_TOPIC_PREFIX)")
+    g.add_argument("--partitions", type=int, help="partitions of the input topics (env XIDSTREAM_PARTITIONS; default 8)")
+    p.set_defaults(handler=_process)
+
+    p = sub.add_parser("breaker", help="the fleet circuit breaker")
+    p.add_argument("action", choices=["reset"])
+    p.add_argument("--by", default=None, help="who resets it (default: the login name)")
+    g = p.add_argument_group("kafka")
+    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP)")
+    g.add_argument("--topic-prefix", help="topic name prefix (env XIDSTREAM_TOPIC_PREFIX)")
+    p.set_defaults(handler=_breaker)
+
+
+def _load_config(path: str | None) -> dict:
+    if not path:
+        return {}
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    known = {"bootstrap", "topic_prefix", "partitions", "node", "store", "data_dir", "web_port", "policy", "app_id"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return data
+
+
+def _process(args: argparse.Namespace, settings: Settings) -> int:
+    from streams.policy import load_policy
+
+    conf = _load_config(args.config)
+    # file < environment (already in `settings`) < flags
+    base = Settings.from_env()
+    file_settings = {k: conf[k] for k in ("bootstrap", "topic_prefix", "partitions", "node") if k in conf}
+    env_or_file = Settings(**{**{k: getattr(base, k) for k in ("bootstrap", "topic_prefix", "partitions", "node")},
+                              **{k: v for k, v in file_settings.items() if getattr(base, k) == getattr(Settings(), k)}})
+    settings = env_or_file.with_(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix,
+                                 partitions=args.partitions, node=args.node)
+    settings.validate()
+    policy = load_policy(args.policy or conf.get("policy"))
+    from streams.app import create_app, internal_topics
+    from xidstream.kafka import ensure_processor_topics
+
+    ensure_processor_topics(settings, internal_topics(settings))
+    store = args.store or conf.get("store") or "memory://"
+    if store.startswith("rocksdb"):
+        try:
+            import rocksdict  # noqa: F401
+        except ImportError:
+            raise ConfigError("--store rocksdb:// needs the rocksdict package (pip install rocksdict)") from None
+    data_dir = args.data_dir or conf.get("data_dir") or ".xidstream/processor"
+    web_port = args.web_port if args.web_port is not None else conf.get("web_port")
+    proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, store=store,
+                      datadir=data_dir, fast_rebalance=args.fast_rebalance)
+    import faust
+
+    print(f"xidstream process: {proc.app.conf.id} on {settings.bootstrap}, {settings.partitions} partitions, "
+          f"topics prefix {settings.topic_prefix!r}, store {store}"
+          + (f", web on http://127.0.0.1:{web_port}" if web_port else ""), file=sys.stderr, flush=True)
+    worker = faust.Worker(proc.app, loglevel=args.loglevel.upper(), quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
+    return 0
+
+
+def _breaker(args: argparse.Namespace, settings: Settings) -> int:
+    import orjson
+    from confluent_kafka import KafkaException, Producer
+
+    from streams.app import FLEET_KEY, internal_topics
+    from xidstream.kafka import admin, producer_config
+
+    fleet = list(internal_topics(settings))[1]
+    try:
+        md = admin(settings).list_topics(timeout=10)
+    except KafkaException as exc:
+        raise TopicError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
+    if fleet not in md.topics:
+        raise TopicError(f"{fleet} does not exist: no processor has run with topic prefix {settings.topic_prefix!r}")
+    producer = Producer(producer_config(settings))
+    producer.produce(fleet, key=FLEET_KEY, value=orjson.dumps(
+        {"kind": "reset", "ts": time.time(), "by": args.by or getpass.getuser()}))
+    if producer.flush(15) != 0:
+        raise TopicError("the reset was not acknowledged by Kafka within 15 s")
+    print(f"breaker reset sent to {fleet}; the fleet agent applies it in order with the commands before it")
+    return 0

@@ -1,0 +1,97 @@
+"""The fleet circuit breaker, as a pure fold over the one stream of proposed commands.
+
+Every remediation command passes through here (one partition, so one worker sees the whole
+fleet) before it reaches `gpu.remediation`. When node-level actions (cordon, drain, reboot,
+replace) would start on more than `fleet_fraction` of the known nodes, and on at least
+`fleet_min_nodes`, within `fleet_window_s` of event time, one FLEET_STORM alert is raised and every
+further node-level command carries ``requires_approval: true`` until an operator resets the breaker
+(`xidstream breaker reset`). A reset forgets the window, so old starts cannot trip it again
+(NVSentinel#450: stale events replayed after a reset).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
+from schemas.vocab import NODE_ACTIONS, Classification, Severity
+from streams.policy import Policy
+
+__all__ = ["FleetState", "fleet_step", "FLEET_NODE"]
+
+FLEET_NODE = "fleet"  # `node` of fleet-wide alerts (they name no GPU)
+
+
+@dataclass
+class FleetState:
+    known_nodes: dict = field(default_factory=dict)  # node -> first seen (epoch s)
+    starts: list = field(default_factory=list)  # [ts, node] of node-level command starts
+    tripped: bool = False
+    tripped_at: float | None = None
+    trips: int = 0
+    held: int = 0
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FleetState":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def fleet_step(state: FleetState, msg: dict, policy: Policy) -> tuple[FleetState, list]:
+    """msg: {"kind": "node_seen", "node", "ts"} | {"kind": "command", "command": RemediationCommand}
+    | {"kind": "reset", "ts", "by"}. Returns outputs ("alert" | "command", record)."""
+    kind = msg.get("kind")
+    if kind == "node_seen":
+        state.known_nodes.setdefault(msg["node"], msg["ts"])
+        return state, []
+    if kind == "reset":
+        state.tripped = False
+        state.tripped_at = None
+        state.starts = []
+        return state, []
+    if kind != "command":
+        return state, []
+    cmd: RemediationCommand = msg["command"]
+    if cmd.action not in NODE_ACTIONS:
+        return state, [("command", cmd)]
+    ts = cmd.ts.timestamp()
+    state.known_nodes.setdefault(cmd.node, ts)
+    state.starts = [s for s in state.starts if ts - s[0] <= policy.fleet_window_s]
+    nodes = {n for _, n in state.starts}
+    outputs: list = []
+    if not state.tripped and cmd.node not in nodes:
+        would = len(nodes) + 1
+        known = max(len(state.known_nodes), 1)
+        if would > policy.fleet_fraction * known and would >= policy.fleet_min_nodes:
+            state.tripped, state.tripped_at = True, ts
+            state.trips += 1
+            outputs.append(("alert", _storm_alert(state, cmd, sorted(nodes | {cmd.node}), known, policy)))
+    state.starts.append([ts, cmd.node])
+    if state.tripped:
+        state.held += 1
+        cmd = cmd.model_copy(update={"requires_approval": True,
+                                     "reason": f"{cmd.reason} [held: fleet circuit breaker tripped]"})
+    outputs.append(("command", cmd))
+    return state, outputs
+
+
+def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known: int, policy: Policy) -> Alert:
+    inc = hashlib.sha256(f"fleet-storm:{state.trips}:{state.tripped_at}".encode()).hexdigest()[:24]
+    ts = datetime.fromtimestamp(state.tripped_at or 0, tz=timezone.utc)
+    summary = (f"FLEET STORM: node-level actions on {len(nodes)} of {known} known nodes within "
+               f"{policy.fleet_window_s / 60:.0f} min (limit {policy.fleet_fraction:.0%}, at least "
+               f"{policy.fleet_min_nodes}); every further node-level command needs approval until "
+               f"`xidstream breaker reset`")
+    return Alert(
+        ts=ts, node=FLEET_NODE, alert_id=f"{inc}-storm", incident_id=inc, gpu_uuid=None, pci_bus_id=None,
+        classification=Classification.FLEET_STORM, severity=Severity.critical, summary=summary,
+        evidence=Evidence(node=FLEET_NODE, timeline=[EvidenceEntry(ts=ts, kind="note", summary=summary,
+                                                                   data={"nodes": nodes, "known_nodes": known,
+                                                                         "trigger_command": cmd.command_id})]),
+        recommended_steps=["Look for a common cause (a driver or firmware rollout, a bad image) before approving any held command.",
+                           "Approve held commands one by one, or reset the breaker with `xidstream breaker reset`."],
+    )
