@@ -265,41 +265,36 @@ def _raise(state: GpuState, cls: Classification, ts: float, summary: str, remedy
             _note(state, entry, policy)
         alert_state = "open"
     else:
-        if entry:
-            _note(state, entry, policy)
         inc["hardware"] = inc["hardware"] or hardware
         if recommendation:
             inc["recommendation"] = recommendation
         old = Classification(inc["classification"])
         escalates = RANK[cls] > RANK[old] or (RANK[cls] == RANK[old] and cls != old) or \
             (cls == old and remedy == REBOOT and inc["remedy"] == RESET)
-        repeat_record = cls == old and remedy == RECORD
         if escalates:
             inc["classification"] = cls.value
             inc["remedy"] = remedy
             for a in plan:
                 if a not in inc["plan"]:
                     inc["plan"].append(a)
-        elif not repeat_record:
-            if inc["last_alert_at"] is not None and ts - inc["last_alert_at"] < policy.alert_cooldown_s:
-                return
+        elif cls == Classification.APP_FAULT and remedy == RECORD:
+            pass  # every new application-fault occurrence is recorded
+        else:
+            return  # the same verdict again, or a lesser one: the open incident already says it
+        if entry:
+            _note(state, entry, policy)
         alert_state = "updated"
-        if not escalates and not repeat_record:
-            plan = []
     if cls in (Classification.GPU_WEDGED, Classification.PHANTOM_LOAD):
         inc["sample_stats"] = _sample_stats(state)
     emitted = {e["action"] for e in inc["emitted"]}
     new_actions = [Action(a) for a in plan if a not in emitted or a == Action.RECORD.value]
-    if any(a in NODE_ACTIONS for a in new_actions) and not _has_node_evidence(state, inc):
+    if any(a in NODE_ACTIONS or a == Action.RESET_GPU for a in new_actions) and not _has_node_evidence(state, inc):
         new_actions = [a for a in new_actions if a not in NODE_ACTIONS and a != Action.RESET_GPU]
-    alert = None
-    if alert_state == "open" or new_actions or cls == Classification(inc["classification"]):
-        if not (alert_state == "updated" and remedy == RECORD and inc["last_alert_at"] is not None
-                and ts - inc["last_alert_at"] < policy.alert_cooldown_s):
-            alert = _alert(state, inc, ts, summary, alert_state, policy)
     commands = [_command(state, inc, a, ts, policy, summary) for a in new_actions]
-    if alert is not None:
-        outputs.append(("alert", alert))
+    quiet = (alert_state == "updated" and not any(a != Action.RECORD for a in new_actions)
+             and inc["last_alert_at"] is not None and ts - inc["last_alert_at"] < policy.alert_cooldown_s)
+    if not quiet:
+        outputs.append(("alert", _alert(state, inc, ts, summary, alert_state, policy)))
     outputs.extend(("command", c) for c in commands)
 
 

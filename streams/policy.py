@@ -98,7 +98,7 @@ def load_policy(source: str | Path | Mapping[str, Any] | None) -> Policy:
                     raise TypeError("true or false")
                 changes[key] = value
             elif isinstance(current, int):
-                if isinstance(value, bool) or int(value) != value:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
                     raise TypeError("an integer")
                 changes[key] = int(value)
             else:

@@ -1,0 +1,69 @@
+"""Small record builders for processor tests: time is seconds after T0."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from schemas import (
+    ComputeApp,
+    GpuInventory,
+    GpuProcesses,
+    GpuSample,
+    RemediationResult,
+    WorkloadEvent,
+    XidEvent,
+)
+from schemas.xid_catalog import lookup
+
+T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)
+NODE = "node-a"
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
+PCI = "0000:02:00"
+
+
+def at(t: float) -> datetime:
+    return T0 + timedelta(seconds=t)
+
+
+def inventory(t=0, gpu=GPU, node=NODE, index=1):
+    return GpuInventory(ts=at(t), node=node, gpu_uuid=gpu, gpu_index=index, pci_bus_id=PCI, memory_total_mib=32607)
+
+
+def sample(t, util=30.0, mem=12000.0, gpu=GPU, node=NODE, status="ok", power=200.0):
+    return GpuSample(ts=at(t), node=node, gpu_uuid=gpu, gpu_index=1, pci_bus_id=PCI, utilization_gpu_pct=util,
+                     memory_used_mib=mem, memory_total_mib=32607, power_w=power, sm_clock_mhz=2407,
+                     mem_clock_mhz=14001, status=status)
+
+
+def procs(t, *pids, gpu=GPU, node=NODE):
+    return GpuProcesses(ts=at(t), node=node, gpu_uuid=gpu, gpu_index=1, pci_bus_id=PCI,
+                        compute_apps=[ComputeApp(pid=p, process_name="python3", pod_uid=f"pod-{p}") for p in pids])
+
+
+def xid(t, code, pid=4242, gpu=GPU, node=NODE, message="m", kind="xid"):
+    info = lookup(code)
+    return XidEvent(ts=at(t), node=node, gpu_uuid=gpu, gpu_index=1 if gpu else None, pci_bus_id=PCI,
+                    resolved=gpu is not None, xid=code, xid_name=info.name, xid_resolution=info.resolution, pid=pid,
+                    process_name="python3", message=message, raw=f"NVRM: Xid (PCI:{PCI}): {code}, pid={pid}, {message}",
+                    source="kmsg", sources=["kmsg"], kind=kind)
+
+
+def workload(t, event="failed", gpu=GPU, node=NODE, pod="vllm-1"):
+    return WorkloadEvent(ts=at(t), node=node, gpu_uuid=gpu, pod_uid=f"uid-{pod}", namespace="ml", pod=pod,
+                         container="vllm", event=event, reason="Error", exit_code=1)
+
+
+def result(t, action, outcome, gpu=GPU, node=NODE, detail=""):
+    return RemediationResult(ts=at(t), node=node, gpu_uuid=gpu, action=action, outcome=outcome, detail=detail)
+
+
+def wedge(start=120, pinned_until=300, step=5, gpu=GPU, node=NODE):
+    """Xid 13 -> 31 -> 43 from one PID, then pinned at 100% / 0 MiB with no compute app."""
+    recs = [inventory(0, gpu=gpu, node=node), sample(0, gpu=gpu, node=node), procs(0, 4242, gpu=gpu, node=node),
+            xid(start, 13, gpu=gpu, node=node), xid(start, 13, gpu=gpu, node=node),
+            xid(start + 1, 31, gpu=gpu, node=node), xid(start + 2, 43, gpu=gpu, node=node)]
+    t = start + 3
+    while t <= pinned_until:
+        recs += [sample(t, util=100, mem=0, power=110, gpu=gpu, node=node), procs(t, gpu=gpu, node=node)]
+        t += step
+    return recs
