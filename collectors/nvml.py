@@ -80,6 +80,7 @@ class NvmlReader:
         self._devices: list[_Device] = []
         self._event_set: Any = None
         self._by_handle: dict[int, _Device] = {}
+        self._identity_failed: set[int] = set()
         self.error_count = 0
 
     # -- set-up ----------------------------------------------------------------------------
@@ -109,8 +110,10 @@ class NvmlReader:
                 uuid = _text(n.nvmlDeviceGetUUID(h))
                 pci = normalize_pci(n.nvmlDeviceGetPciInfo_v3(h).busId)
             except n.NVMLError as exc:
-                # A lost GPU cannot say who it is; keep what we knew, or skip it.
-                log.warning("GPU %d: cannot read identity: %s", i, exc)
+                # A lost GPU cannot say who it is; keep what we knew, or skip it. Said once.
+                if i not in self._identity_failed:
+                    log.warning("GPU %d: cannot read identity: %s", i, exc)
+                    self._identity_failed.add(i)
                 prev = next((d for d in self._devices if d.ident.index == i), None)
                 if prev is not None:
                     devices.append(prev)
@@ -124,6 +127,7 @@ class NvmlReader:
                 driver_version=_text(driver), cuda_version=cuda,
                 minor=self._call(n.nvmlDeviceGetMinorNumber, h),
             )
+            self._identity_failed.discard(i)
             dev = old.get(uuid) or _Device(handle=h, ident=ident)
             dev.handle, dev.ident = h, ident
             devices.append(dev)

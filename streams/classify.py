@@ -134,6 +134,9 @@ class GpuState:
     announced: bool = False
     resolved_incidents: int = 0
     pending_notes: list = field(default_factory=list)  # evidence seen before an incident opened
+    last_sample_ts: float | None = None
+    last_compute_ts: float | None = None  # newest process snapshot that had a compute app
+    last_nocompute_ts: float | None = None  # newest process snapshot that had none
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -182,6 +185,7 @@ def _sample_stats(state: GpuState) -> dict:
         "sm_clock_mhz_max": s.get("sm_max"),
         "mem_clock_mhz_max": s.get("memclk_max"),
         "process_snapshots_without_compute": state.proc_snapshots,
+        "seconds_without_compute": round((state.pinned_last or 0) - (_nocompute_start(state) or state.pinned_last or 0), 1),
     }
     return out
 
@@ -232,14 +236,29 @@ def _alert(state: GpuState, inc: dict, ts: float, summary: str, alert_state: str
     )
 
 
+def _nocompute_start(state: GpuState) -> float | None:
+    """Start of the current pinned run without a compute app in any process snapshot, or None.
+
+    Built from maxima (newest snapshot with / without compute), so it does not depend on the order
+    in which the samples and process topics were read."""
+    if state.pinned_since is None:
+        return None
+    start = state.pinned_since
+    if state.last_compute_ts is not None and state.last_compute_ts >= start:
+        start = state.last_compute_ts
+    if state.last_nocompute_ts is None or state.last_nocompute_ts <= start:
+        return None
+    return start
+
+
 def _has_node_evidence(state: GpuState, inc: dict) -> bool:
     """Evidence that is not an application-class Xid: hardware Xids, NVML lost/reset, or a
     sustained pinned state without compute."""
     if inc.get("hardware"):
         return True
-    return (state.pinned_since is not None and state.pinned_samples >= GUARD_MIN_PINNED_SAMPLES
-            and (state.pinned_last or 0) - state.pinned_since >= GUARD_MIN_PINNED_SPAN_S
-            and not state.last_compute)
+    start = _nocompute_start(state)
+    return (start is not None and state.pinned_samples >= GUARD_MIN_PINNED_SAMPLES
+            and (state.pinned_last or 0) - start >= GUARD_MIN_PINNED_SPAN_S)
 
 
 def _raise(state: GpuState, cls: Classification, ts: float, summary: str, remedy: str, policy: Policy,
@@ -322,6 +341,9 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         _on_processes(state, record, ts, policy, outputs)
     elif isinstance(record, XidEvent):
         _on_xid(state, record, ts, policy, outputs)
+        if state.pinned_since is not None and state.pinned_last is not None and state.pinned_last > ts:
+            # Samples after this Xid were read first (topics are read in parallel): decide now.
+            _check_pinned(state, state.pinned_last, policy, outputs)
     elif isinstance(record, WorkloadEvent):
         _on_workload(state, record, ts, policy, outputs)
     elif isinstance(record, GpuInventory):
@@ -337,8 +359,9 @@ def _material(state: GpuState) -> tuple:
     inc = state.incident
     return (
         state.node, state.gpu_uuid, state.pci_bus_id, state.gpu_index, state.memory_total_mib, state.status,
-        state.pinned_since, min(state.pinned_samples, GUARD_MIN_PINNED_SAMPLES), min(state.proc_snapshots, 1),
-        state.last_compute, len(state.occurrences), len(state.xids), len(state.workload_failures),
+        state.pinned_since, min(state.pinned_samples, GUARD_MIN_PINNED_SAMPLES), state.last_compute_ts,
+        state.last_nocompute_ts is not None and state.pinned_since is not None
+        and state.last_nocompute_ts > state.pinned_since, len(state.occurrences), len(state.xids), len(state.workload_failures),
         state.healthy_since is None, state.last_xid_ts, state.announced,
         None if inc is None else (inc["id"], inc["classification"], len(inc["emitted"]), len(inc["timeline"]),
                                   inc["remediated"], inc["closing"]),
@@ -353,6 +376,7 @@ def _prune(state: GpuState, ts: float, policy: Policy) -> None:
 
 
 def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs: list) -> None:
+    state.last_sample_ts = max(ts, state.last_sample_ts or ts)
     if s.memory_total_mib:
         state.memory_total_mib = s.memory_total_mib
     status = s.status.value
@@ -372,7 +396,7 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
     total = s.memory_total_mib or state.memory_total_mib
     pinned = (util is not None and util >= policy.pinned_util_pct and mem is not None and total
               and mem <= policy.pinned_mem_fraction * total)
-    if pinned and not state.last_compute:
+    if pinned:
         if state.pinned_since is None:
             state.pinned_since, state.pinned_samples, state.proc_snapshots, state.pin_stats = ts, 0, 0, {}
         state.pinned_samples += 1
@@ -398,10 +422,11 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
 
 
 def _check_pinned(state: GpuState, ts: float, policy: Policy, outputs: list) -> None:
-    if state.pinned_since is None or ts - state.pinned_since < policy.pinned_seconds or state.proc_snapshots < 1:
+    start = _nocompute_start(state)
+    if start is None or ts - start < policy.pinned_seconds:
         return
     _prune(state, ts, policy)
-    secs = ts - state.pinned_since
+    secs = ts - start
     x43 = [x for x in state.xids if x.get("xid") == 43 and ts - x["ts"] <= policy.wedged_xid43_lookback_s]
     app = [x for x in state.xids if x.get("app") and ts - x["ts"] <= policy.app_xid_lookback_s]
     failures = [w for w in state.workload_failures if w["ts"] >= (x43[0]["ts"] if x43 else 0)]
@@ -425,18 +450,24 @@ def _check_pinned(state: GpuState, ts: float, policy: Policy, outputs: list) -> 
 
 
 def _on_processes(state: GpuState, p: GpuProcesses, ts: float, policy: Policy, outputs: list) -> None:
+    # Topics are read in parallel: a snapshot may arrive after samples newer than it. Keep maxima
+    # (newest snapshot with and without a compute app), which do not care about arrival order.
     compute = [a.model_dump() for a in p.compute_apps]
-    state.last_processes = {
-        "ts": ts, "compute": compute, "pmon": [x.model_dump() for x in p.pmon],
-        "holders": [h.model_dump() for h in p.device_holders],
-    }
-    state.last_compute = bool(compute)
+    if state.last_processes is None or ts >= state.last_processes["ts"]:
+        state.last_processes = {
+            "ts": ts, "compute": compute, "pmon": [x.model_dump() for x in p.pmon],
+            "holders": [h.model_dump() for h in p.device_holders],
+        }
+        state.last_compute = bool(compute)
     if compute:
         # A process NVML registered as compute: it is probably really running (incident.md).
-        state.pinned_since = None
-        state.pinned_samples = 0
-    elif state.pinned_since is not None:
-        state.proc_snapshots += 1
+        state.last_compute_ts = max(ts, state.last_compute_ts or ts)
+    else:
+        state.last_nocompute_ts = max(ts, state.last_nocompute_ts or ts)
+        if state.pinned_since is not None and ts >= state.pinned_since:
+            state.proc_snapshots += 1
+    if state.pinned_last is not None:
+        _check_pinned(state, state.pinned_last, policy, outputs)
 
 
 def _on_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy, outputs: list) -> None:
@@ -450,8 +481,8 @@ def _on_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy, o
                    **{k: v for k, v in item.items() if k != "ts"})
     if state.incident is not None:
         _note(state, entry, policy)
-        if policy.wedged_requires_workload_failure:
-            _check_pinned(state, ts, policy, outputs)
+    if policy.wedged_requires_workload_failure and state.pinned_last is not None:
+        _check_pinned(state, state.pinned_last, policy, outputs)
 
 
 def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: list) -> None:
@@ -558,9 +589,14 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
     if outcome == "succeeded":
         if action in (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_NODE):
             inc["remediated"] = True
-            state.pinned_since = None
-            state.healthy_since = None
             inc["reset_ok_at" if action == Action.RESET_GPU else "reboot_ok_at"] = ts
+            # Healthy time counts from the repair; samples already read after it still count.
+            if state.pinned_since is not None and (state.pinned_last or 0) <= ts:
+                state.pinned_since = None
+            if state.healthy_since is not None and state.healthy_since < ts:
+                state.healthy_since = ts if (state.last_sample_ts or 0) >= ts else None
+            if state.last_sample_ts is not None:
+                _check_resolved(state, state.last_sample_ts, policy, outputs)
         return
     if outcome == "failed":
         if action == Action.RESET_GPU:

@@ -102,10 +102,14 @@ def _scenario(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from xidstream.demo import run_demo
+def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    import os
 
-    return run_demo(args, settings)
+    from xidstream.replay import run_replay
+
+    bootstrap = args.bootstrap or os.environ.get("XIDSTREAM_BOOTSTRAP")
+    return run_replay(args.scenarios, bootstrap, as_json=args.json, check=args.check, policy=args.policy,
+                      keep=args.keep, partitions=args.partitions)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,10 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+")
     p.set_defaults(handler=_scenario)
 
-    p = sub.add_parser("demo", help="replay the motivating incident end to end on the local broker")
-    p.add_argument("--scenario", default=None, help="scenario file (default: scenarios/motivating-incident.yaml)")
-    _add_kafka_args(p)
-    p.set_defaults(handler=_demo)
+    p = sub.add_parser("replay", help="run scenario files through collectors, Kafka and the processor")
+    p.add_argument("scenarios", nargs="+", metavar="SCENARIO")
+    p.add_argument("--json", action="store_true", help="one JSON object per output record: {topic, key, value}")
+    p.add_argument("--check", action="store_true", help="evaluate expect/forbid; exit 1 naming what failed")
+    p.add_argument("--bootstrap", help="an existing Kafka (default: start the local broker for the run)")
+    p.add_argument("--policy", help="policy YAML for the processor")
+    p.add_argument("--partitions", type=int, default=1, help="partitions of the run's topics (default 1: the fleet breaker then sees commands in event-time order)")
+    p.add_argument("--keep", action="store_true", help="keep the run's topics")
+    p.set_defaults(handler=_replay)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

@@ -185,3 +185,32 @@ def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeou
         except KafkaException as exc:
             if getattr(exc.args[0], "name", lambda: "")() != "TOPIC_ALREADY_EXISTS":
                 raise TopicError(f"cannot create {name}: {exc.args[0]}") from None
+
+
+def consumer_lag(settings: Settings, group: str, topics: list[str], timeout: float = 10.0) -> int | None:
+    """Messages in `topics` that `group` has not committed yet; None when it has committed nothing."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+
+    client = admin(settings)
+    md = client.list_topics(timeout=timeout)
+    tps = [TopicPartition(t, p) for t in topics if t in md.topics for p in md.topics[t].partitions]
+    if not tps:
+        return 0
+    fut = client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)])[group]
+    try:
+        committed = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
+    except KafkaException:
+        return None
+    probe = Consumer(consumer_config(settings, f"{group}-lag-probe"))
+    lag = 0
+    seen = False
+    try:
+        for tp in tps:
+            low, high = probe.get_watermark_offsets(tp, timeout=timeout)
+            off = committed.get((tp.topic, tp.partition), -1001)
+            if off >= 0:
+                seen = True
+            lag += max(0, high - (off if off >= 0 else low))
+    finally:
+        probe.close()
+    return lag if seen or lag == 0 else None

@@ -282,3 +282,46 @@ def test_policy_file_errors_are_clear(tmp_path):
     f.write_text("pinned_seconds: 120\napp_class_xids: [13, 31]\n")
     p = load_policy(f)
     assert p.pinned_seconds == 120 and p.app_class_xids == frozenset({13, 31}) and p == Policy(pinned_seconds=120, app_class_xids=frozenset({13, 31}))
+
+
+def _topic_major(records, order):
+    """Each topic's records in their own order, the topics one after another (parallel reads at
+    their worst)."""
+    by = {}
+    for r in sorted(records, key=lambda r: r.ts):
+        by.setdefault(type(r).__name__, []).append(r)
+    out = []
+    for name in order:
+        out += by.pop(name, [])
+    for rest in by.values():
+        out += rest
+    return out
+
+
+@pytest.mark.parametrize("order", [
+    ["GpuSample", "GpuProcesses", "XidEvent"],
+    ["XidEvent", "GpuSample", "GpuProcesses"],
+    ["GpuProcesses", "XidEvent", "GpuSample"],
+    ["GpuSample", "XidEvent", "GpuProcesses"],
+])
+def test_verdicts_do_not_depend_on_how_topics_interleave(order):
+    e = Engine()
+    for r in _topic_major(wedge(), order):
+        e.process(r)
+    assert classes(e)[-1] == Classification.GPU_WEDGED
+    # Read in the worst order, a quarantine may come first (the evidence then looked like that);
+    # the plan is the same and nothing beyond the reset rung is commanded.
+    assert actions(e)[-3:] == [Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU]
+    assert set(actions(e)) <= {Action.RECORD, Action.QUARANTINE_GPU, Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU}
+
+
+@pytest.mark.parametrize("result_first", [True, False])
+def test_resolution_does_not_depend_on_when_the_result_is_read(result_first):
+    healthy = [r for t in range(320, 1000, 10) for r in (sample(t, util=0, mem=0), procs(t))]
+    ok = result(310, Action.RESET_GPU, "succeeded")
+    e = Engine()
+    for r in wedge():
+        e.process(r)
+    for r in ([ok] + healthy) if result_first else (healthy + [ok]):
+        e.process(r)
+    assert e.alerts[-1].state == "resolved" and actions(e)[-1] == Action.UNCORDON_NODE

@@ -1,0 +1,245 @@
+"""`xidstream replay SCENARIO...`: scenarios through the real path, with a readable verdict.
+
+fake NVML + fake kernel log -> the real collector code (parse, identity, merge, KafkaSink) -> Kafka
+-> the real processor (a `xidstream process` worker) -> gpu.alerts, gpu.remediation.
+
+Each scenario runs under a fresh topic prefix (and so a fresh consumer group), so runs never see
+each other's records; its topics are deleted afterwards unless --keep. Scenario time runs as fast
+as the pipeline takes it: the processor decides by the records' own timestamps.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from collectors.scenario import ScenarioRunner
+from collectors.sink import KafkaSink
+from schemas.base import Record
+from schemas.codec import decode_any, to_dict
+from schemas.errors import DecodeError, XidstreamError
+from schemas.models import Alert, DeadLetter, RemediationCommand
+from schemas.scenario import Scenario, load_scenario
+from schemas.topics import INPUT_TOPICS
+from streams.app import internal_topics
+from xidstream.kafka import create_topics, delete_topics, read_all
+from xidstream.runner import WorkerProcess
+from xidstream.settings import Settings
+
+__all__ = ["ReplayResult", "replay_scenario", "check_scenario", "render_timeline", "run_replay"]
+
+
+@dataclass
+class ReplayResult:
+    scenario: Scenario
+    start: datetime
+    records: list[tuple[str, str, Record]] = field(default_factory=list)  # (logical topic, key, record)
+    seconds: float = 0.0
+    published: dict = field(default_factory=dict)
+
+    @property
+    def alerts(self) -> list[Alert]:
+        return [r for t, _, r in self.records if isinstance(r, Alert)]
+
+    @property
+    def commands(self) -> list[RemediationCommand]:
+        return [r for t, _, r in self.records if isinstance(r, RemediationCommand)]
+
+    @property
+    def dead(self) -> list[DeadLetter]:
+        return [r for t, _, r in self.records if isinstance(r, DeadLetter)]
+
+
+def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, policy: str | None = None,
+                    keep: bool = False, workdir: Path | None = None, log=None) -> ReplayResult:
+    say = log or (lambda m: None)
+    settings = Settings(bootstrap=bootstrap, topic_prefix=f"replay-{scenario.name[:40]}-{uuid.uuid4().hex[:8]}.",
+                        partitions=partitions, node="replay")
+    tmp = Path(workdir or tempfile.mkdtemp(prefix="xidstream-replay-"))
+    t0 = time.monotonic()
+    create_topics(settings)
+    worker = WorkerProcess(settings, tmp, policy=policy).start()
+    try:
+        sink = KafkaSink(settings, tmp / "spool")
+        start = scenario.start or datetime.now().astimezone().replace(microsecond=0)
+        say(f"{scenario.name}: feeding {scenario.duration:.0f} s of scenario time through the collectors")
+        ScenarioRunner(scenario, sink, start=start).run()
+        if not sink.flush(60):
+            raise XidstreamError(f"Kafka did not acknowledge the scenario's records: {sink.stats()}")
+        published = sink.stats()["published"]
+        sink.close()
+        say(f"{scenario.name}: {sum(published.values())} records published; waiting for the processor")
+        topics = [settings.topics.name(n) for n in INPUT_TOPICS] + [settings.topics.name("gpu.remediation.results")]
+        topics += list(internal_topics(settings))
+        if not worker.wait_idle(topics, timeout=240):
+            raise XidstreamError(f"the processor did not catch up within 240 s; its log:\n{worker.tail()}")
+    finally:
+        worker.stop()
+    reg = settings.topics
+    out_topics = [reg.name(n) for n in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter")]
+    result = ReplayResult(scenario, start, seconds=0.0, published=published)
+    for m in read_all(settings, out_topics, timeout=20, idle=2):
+        try:
+            rec = decode_any(m.value())
+        except DecodeError as exc:
+            raise XidstreamError(f"undecodable record on {m.topic()}: {exc}") from None
+        result.records.append((m.topic()[len(settings.topic_prefix):], (m.key() or b"").decode(), rec))
+    result.records.sort(key=lambda x: (x[2].ts, 0 if isinstance(x[2], Alert) else 1))
+    result.seconds = time.monotonic() - t0
+    if not keep:
+        delete_topics(settings)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+# -- checking -----------------------------------------------------------------------------------
+def _matches(scenario: Scenario, rec: Any, node: str | None, gpu: Any) -> bool:
+    if node is not None and rec.node != node:
+        return False
+    if gpu is not None:
+        uuid_ = scenario.gpu(node, gpu).uuid if node is not None else gpu
+        return rec.gpu_uuid == uuid_
+    return True
+
+
+def _subsequence(wanted: list, got: list) -> bool:
+    it = iter(got)
+    return all(any(w == g for g in it) for w in wanted)
+
+
+def check_scenario(result: ReplayResult) -> list[str]:
+    """Failures of the scenario's `expect` and `forbid` blocks, as sentences; [] when all hold."""
+    sc, start = result.scenario, result.start
+    failures = []
+    for i, exp in enumerate(sc.expect):
+        where = f"expect[{i}] {exp.classification.value}" + (f" on {exp.node}" if exp.node else "") + \
+            (f" GPU {exp.gpu}" if exp.gpu is not None else "")
+        alerts = [a for a in result.alerts if a.classification == exp.classification and _matches(sc, a, exp.node, exp.gpu)]
+        if not alerts:
+            seen = sorted({a.classification.value for a in result.alerts if _matches(sc, a, exp.node, exp.gpu)})
+            failures.append(f"{where}: no such alert (alerts there: {', '.join(seen) or 'none'})")
+            continue
+        if exp.actions:
+            incidents = {a.incident_id for a in alerts}
+            cmds = [c.action for c in result.commands if _matches(sc, c, exp.node, exp.gpu) and
+                    (c.incident_id in incidents or exp.classification.value == "FLEET_STORM")]
+            if not _subsequence(exp.actions, cmds):
+                failures.append(f"{where}: actions {[a.value for a in exp.actions]} not commanded in that order "
+                                f"(commanded: {[a.value for a in cmds]})")
+        if exp.within is not None:
+            first = (alerts[0].ts - start).total_seconds()
+            lo, hi = exp.after, exp.after + exp.within
+            if not lo <= first <= hi:
+                failures.append(f"{where}: first alert at +{first:.1f} s, expected between +{lo:g} and +{hi:g} s")
+    for i, forb in enumerate(sc.forbid):
+        where = f"forbid[{i}]" + (f" on {forb.node}" if forb.node else "") + (f" GPU {forb.gpu}" if forb.gpu is not None else "")
+        bad = [c for c in result.commands if c.action in forb.actions and not c.requires_approval
+               and _matches(sc, c, forb.node, forb.gpu)]
+        if bad:
+            failures.append(f"{where}: commanded without approval: " +
+                            ", ".join(f"{c.action.value} at +{(c.ts - start).total_seconds():.0f} s" for c in bad))
+        bad_alerts = [a for a in result.alerts if a.classification in forb.classification and _matches(sc, a, forb.node, forb.gpu)]
+        if bad_alerts:
+            failures.append(f"{where}: forbidden classification raised: " +
+                            ", ".join(sorted({a.classification.value for a in bad_alerts})))
+    return failures
+
+
+# -- rendering ----------------------------------------------------------------------------------
+def _rel(result: ReplayResult, ts: datetime) -> str:
+    return f"+{(ts - result.start).total_seconds():7.1f}s"
+
+
+def render_timeline(result: ReplayResult, out: TextIO) -> None:
+    sc = result.scenario
+    w = out.write
+    w(f"\n== {sc.name}: {len(result.alerts)} alert(s), {len(result.commands)} command(s), "
+      f"{len(result.dead)} dead letter(s); {sc.duration:.0f} s of scenario time replayed in {result.seconds:.1f} s\n")
+    if sc.description:
+        w(f"   {sc.description}\n")
+    incidents: dict[str, list] = {}
+    for _, _, rec in result.records:
+        iid = getattr(rec, "incident_id", None)
+        if iid:
+            incidents.setdefault(iid, []).append(rec)
+    if not incidents:
+        w("   no incident: nothing to act on\n")
+    for iid, recs in incidents.items():
+        first = next(r for r in recs if isinstance(r, Alert)) if any(isinstance(r, Alert) for r in recs) else recs[0]
+        gpu = f"GPU {first.evidence.gpu_index} {first.gpu_uuid}" if isinstance(first, Alert) and first.gpu_uuid else "fleet-wide"
+        w(f"\n   incident {iid[:12]}  {gpu}  on {first.node}\n")
+        last_alert = None
+        for rec in recs:
+            if isinstance(rec, Alert):
+                last_alert = rec
+                w(f"   {_rel(result, rec.ts)}  {rec.classification.value} ({rec.severity.value}, {rec.state}): {rec.summary}\n")
+            else:
+                hold = "  [HELD: needs approval]" if rec.requires_approval else ""
+                dry = "  [dry run]" if rec.dry_run else ""
+                pre = f"  (needs: {'; '.join(rec.preconditions)})" if rec.preconditions else ""
+                w(f"   {_rel(result, rec.ts)}    -> step {rec.step}: {rec.action.value}{hold}{dry}{pre}\n")
+        if last_alert is not None:
+            ev = last_alert.evidence
+            xids = ", ".join(f"Xid {k} x{v}" for k, v in ev.xid_counts.items())
+            if xids:
+                w(f"   evidence: {xids}; PIDs {ev.distinct_pids or '-'}; pods {ev.pod_uids or '-'}\n")
+            if ev.sample_stats:
+                st = ev.sample_stats
+                w(f"   samples: pinned {st.get('pinned_seconds')} s, utilization min {st.get('utilization_gpu_pct_min')}%, "
+                  f"memory max {st.get('memory_used_mib_max')} MiB, power avg {st.get('power_w_avg')} W, "
+                  f"{st.get('process_snapshots_without_compute')} process snapshots without a compute app\n")
+            w("   what to do:\n")
+            for n, step in enumerate(last_alert.recommended_steps, 1):
+                w(f"     {n}. {step}\n")
+    for d in result.dead:
+        w(f"   dead letter from {d.source_topic}: {d.error}\n")
+
+
+def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False, check: bool = False,
+               policy: str | None = None, keep: bool = False, partitions: int = 1, out: TextIO = sys.stdout) -> int:
+    scenarios = [load_scenario(p) for p in paths]  # every file is validated before anything starts
+    broker = None
+    if bootstrap is None:
+        from xidstream.localbroker import LocalBroker
+
+        broker = LocalBroker()
+        ours = broker.pid() is None
+        print("xidstream replay: starting the local Kafka broker ...", file=sys.stderr, flush=True)
+        bootstrap = broker.start()
+        if not ours:
+            broker = None
+    failed = 0
+    log = (lambda m: print(f"xidstream replay: {m}", file=sys.stderr, flush=True))
+    try:
+        for sc in scenarios:
+            result = replay_scenario(sc, bootstrap, partitions=partitions, policy=policy, keep=keep, log=log)
+            if as_json:
+                for topic, key, rec in result.records:
+                    out.write(orjson.dumps({"topic": topic, "key": key, "value": to_dict(rec)}).decode() + "\n")
+            else:
+                render_timeline(result, out)
+            if check:
+                failures = check_scenario(result)
+                if failures:
+                    failed += 1
+                    print(f"CHECK FAILED {sc.name}:", file=sys.stderr)
+                    for f in failures:
+                        print(f"  - {f}", file=sys.stderr)
+                else:
+                    print(f"CHECK OK {sc.name}: {len(sc.expect)} expect, {len(sc.forbid)} forbid", file=sys.stderr)
+            out.flush()
+    finally:
+        if broker is not None:
+            broker.stop()
+    if check:
+        print(f"replay --check: {len(scenarios) - failed} passed, {failed} failed", file=sys.stderr)
+    return 1 if failed else 0
