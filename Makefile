@@ -19,8 +19,10 @@ $(VENV)/.installed: pyproject.toml
 jars: venv
 	$(XS) broker fetch
 
+# Replays the motivating incident through collectors -> Kafka -> processor; starts and stops the
+# local broker unless one is running.
 demo: jars
-	$(XS) demo
+	$(XS) replay scenarios/motivating-incident.yaml
 
 # The test session starts the broker once (tests/conftest.py) and stops it at the end.
 test: jars
@@ -35,8 +37,10 @@ broker-stop: venv
 schemas: venv
 	$(XS) schemas generate
 
+# Benchmarks print figures (see README "Performance"); they are not part of `make test`.
 bench: jars
 	$(BIN)/python bench/collector_bench.py
+	$(BIN)/python bench/processor_bench.py
 
 clean:
 	-$(XS) broker stop

@@ -102,6 +102,45 @@ def _scenario(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _simulate(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from collectors.sink import KafkaSink
+    from xidstream.kafka import create_topics
+    from xidstream.simulate import FaultRates, Simulator
+
+    if args.create_topics:
+        create_topics(settings)
+    rates = FaultRates(args.app_fault_rate, args.repeat_rate, args.wedge_rate, args.hardware_rate, args.phantom_rate)
+    sim = Simulator(settings, args.nodes, args.gpus, rate=args.rate, duration=args.duration, rates=rates, seed=args.seed)
+    faults: dict[str, int] = {}
+    for g in sim.gpus:
+        faults[g.fault] = faults.get(g.fault, 0) + 1
+    print(f"simulate: {len(sim.gpus)} GPUs on {args.nodes} nodes, faults {faults}", file=sys.stderr, flush=True)
+    sink = KafkaSink(settings, Path(args.state_dir) / "spool", max_inflight=100_000)
+    sim.run(sink, speed=args.speed)
+    ok = sink.flush(120)
+    sink.close()
+    sim.write_truth(Path(args.truth))
+    print(f"simulate: {sim.published:,} records published{'' if ok else ' (some still spooled)'}; truth in {args.truth}",
+          file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    import orjson
+
+    from xidstream.simulate import evaluate
+
+    if not args.topic_prefix:
+        meta = orjson.loads(Path(args.truth).read_bytes().splitlines()[0])["meta"]
+        settings = settings.with_(topic_prefix=meta["topic_prefix"])
+    report = evaluate(Path(args.truth), settings)
+    return 1 if report["node_actions_on_app_fault_gpus"] else 0
+
+
 def _replay(args: argparse.Namespace, settings: Settings) -> int:
     import os
 
@@ -148,6 +187,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitions", type=int, default=1, help="partitions of the run's topics (default 1: the fleet breaker then sees commands in event-time order)")
     p.add_argument("--keep", action="store_true", help="keep the run's topics")
     p.set_defaults(handler=_replay)
+
+    p = sub.add_parser("simulate", help="publish a simulated fleet with injected faults (and keep the ground truth)")
+    p.add_argument("--nodes", type=int, default=125)
+    p.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--rate", type=float, default=1.0, help="samples per GPU per second (default 1)")
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of fleet time (default 600)")
+    p.add_argument("--speed", type=float, default=1.0, help="x real time; 0: as fast as possible (default 1)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--truth", default="truth.jsonl", help="ground-truth output file (default truth.jsonl)")
+    p.add_argument("--state-dir", default=".xidstream/simulate", help="the sink's spool")
+    for name, default in (("app-fault", 0.04), ("repeat", 0.01), ("wedge", 0.01), ("hardware", 0.01), ("phantom", 0.005)):
+        p.add_argument(f"--{name}-rate", type=float, default=default, help=f"share of GPUs with this fault (default {default})")
+    _add_kafka_args(p)
+    p.add_argument("--create-topics", action="store_true")
+    p.set_defaults(handler=_simulate)
+
+    p = sub.add_parser("evaluate", help="score the processor's output against a simulation's ground truth")
+    p.add_argument("--truth", default="truth.jsonl")
+    _add_kafka_args(p)
+    p.set_defaults(handler=_evaluate)
 
     for register in _EXTRA_COMMANDS:
         register(sub)

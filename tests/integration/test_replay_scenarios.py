@@ -1,0 +1,39 @@
+"""Every scenario of the library through the real path (`xidstream replay --check`): collectors ->
+Kafka -> a real processor worker -> gpu.alerts / gpu.remediation, expect and forbid checked."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import orjson
+
+from xidstream.cli import main as cli
+from xidstream.replay import run_replay
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_library_scenario_passes_check(kafka_bootstrap, capsys):
+    files = sorted(str(p) for p in (ROOT / "scenarios").glob("*.yaml"))
+    rc = cli(["replay", *files, "--check", "--bootstrap", kafka_bootstrap])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert f"replay --check: {len(files)} passed, 0 failed" in err
+
+
+def test_replay_json_lines_and_a_failing_check(kafka_bootstrap, tmp_path, capsys):
+    text = (ROOT / "scenarios" / "lone-xid13.yaml").read_text()
+    # the same incident with an expectation it cannot meet
+    bad = tmp_path / "wrong.yaml"
+    bad.write_text(text.replace("name: lone-xid13", "name: lone-xid13-wrong").replace(
+        "classification: APP_FAULT, actions: [RECORD]", "classification: GPU_WEDGED, actions: [RESET_GPU]"))
+    out = io.StringIO()
+    rc = run_replay([str(bad)], kafka_bootstrap, as_json=True, check=True, out=out)
+    assert rc == 1
+    lines = [orjson.loads(x) for x in out.getvalue().splitlines()]
+    assert {x["topic"] for x in lines} == {"gpu.alerts", "gpu.remediation"}
+    assert all(set(x) == {"topic", "key", "value"} for x in lines)
+    assert lines[0]["value"]["classification"] == "APP_FAULT"
+    err = capsys.readouterr().err
+    assert "CHECK FAILED lone-xid13-wrong" in err and "expect[0] GPU_WEDGED on node-b GPU 0: no such alert" in err

@@ -1,0 +1,279 @@
+"""`xidstream simulate` and `xidstream evaluate`: a fleet with known faults, and how well the
+processor found them.
+
+The simulator publishes what N nodes x G GPUs' collectors would: a sample and a process list per
+GPU per tick, and kernel Xid lines turned into `gpu.xid` records by the collector's own parser
+(`collectors.parse.kernel.parse_line`), through the collector's own `KafkaSink` (spool, murmur2,
+idempotent producer). Each GPU gets at most one fault, drawn with the configured rates; the
+ground truth is written as JSON lines for `evaluate`.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TextIO
+
+import orjson
+
+from collectors.parse.kernel import parse_line
+from collectors.sink import KafkaSink
+from schemas.models import ComputeApp, GpuInventory, GpuProcesses, GpuSample, PmonSample, XidEvent
+from schemas.vocab import NODE_ACTIONS, Classification
+from schemas.xid_catalog import lookup
+from xidstream.settings import Settings
+
+__all__ = ["FaultRates", "Simulator", "evaluate"]
+
+# ground truth fault -> the classification the processor should raise (None: none at all)
+EXPECTED = {
+    "none": None,
+    "app_fault": Classification.APP_FAULT,
+    "repeat": Classification.GPU_SUSPECT,
+    "wedge": Classification.GPU_WEDGED,
+    "hardware": Classification.GPU_HARDWARE_FAULT,
+    "phantom": Classification.PHANTOM_LOAD,
+}
+HARDWARE_XIDS = (79, 48, 119, 95, 64)
+
+
+@dataclass(frozen=True)
+class FaultRates:
+    """Probability that a GPU gets each fault during the run."""
+
+    app_fault: float = 0.04
+    repeat: float = 0.01
+    wedge: float = 0.01
+    hardware: float = 0.01
+    phantom: float = 0.005
+
+
+@dataclass
+class _Gpu:
+    node: str
+    index: int
+    uuid: str
+    pci: str
+    fault: str = "none"
+    onset: float = 0.0  # seconds into the run
+    detail: str = ""
+    pid: int = 0
+    onset_wall: float | None = None
+
+
+def _xid_line(pci: str, code: int, pid: int | None, msg: str) -> str:
+    who = f"pid={pid}, name=python3" if pid else "pid='<unknown>', name=<unknown>"
+    return f"NVRM: Xid (PCI:{pci}): {code}, {who}, {msg}"
+
+
+class Simulator:
+    def __init__(self, settings: Settings, nodes: int, gpus: int, *, rate: float = 1.0, duration: float = 600.0,
+                 rates: FaultRates = FaultRates(), seed: int = 1, start: datetime | None = None) -> None:
+        self.settings = settings
+        self.rate = rate
+        self.duration = duration
+        self.start = start or datetime.now(timezone.utc).replace(microsecond=0)
+        rnd = random.Random(seed)
+        self.rnd = rnd
+        self.gpus: list[_Gpu] = []
+        kinds = [("app_fault", rates.app_fault), ("repeat", rates.repeat), ("wedge", rates.wedge),
+                 ("hardware", rates.hardware), ("phantom", rates.phantom)]
+        for n in range(nodes):
+            for g in range(gpus):
+                gpu = _Gpu(f"sim-node-{n:04d}", g, f"GPU-{uuid.UUID(int=rnd.getrandbits(128))}", f"0000:{0x10 + g * 0x10:02x}:00")
+                r = rnd.random()
+                acc = 0.0
+                for kind, p in kinds:
+                    acc += p
+                    if r < acc:
+                        gpu.fault = kind
+                        # leave time after the onset for the evidence the policy asks for
+                        gpu.onset = round(rnd.uniform(0.1 * duration, max(0.1 * duration + 1, duration - 240)), 1)
+                        gpu.pid = rnd.randint(1000, 4_000_000)
+                        if kind == "hardware":
+                            gpu.detail = str(rnd.choice(HARDWARE_XIDS))
+                        break
+                self.gpus.append(gpu)
+        self.published = 0
+
+    # -- record makers ---------------------------------------------------------------------------
+    def _xid_records(self, gpu: _Gpu, t: float, lines: list[str]) -> list[XidEvent]:
+        out = []
+        for line in lines:
+            for rec in parse_line(line):
+                info = lookup(rec.xid) if rec.xid is not None else None
+                out.append(XidEvent(
+                    ts=self.start + timedelta(seconds=t), node=gpu.node, kind=rec.kind, gpu_uuid=gpu.uuid,
+                    gpu_index=gpu.index, pci_bus_id=rec.pci, resolved=True, xid=rec.xid,
+                    xid_name=info.name if info else None, xid_category=info.category if info else None,
+                    xid_resolution=info.resolution if info else None, pid=rec.pid, process_name=rec.process_name,
+                    message=rec.message, raw=rec.raw, source="kmsg", sources=["kmsg", "nvml"]))
+        return out
+
+    def _events(self, gpu: _Gpu, t: float, dt: float) -> list[str]:
+        """Kernel lines due in [t, t + dt)."""
+        if gpu.fault == "none" or not (t <= gpu.onset < t + dt or gpu.fault == "repeat"):
+            return []
+        o, pci = gpu.onset, gpu.pci
+        if gpu.fault == "app_fault" and t <= o < t + dt:
+            return [_xid_line(pci, 13, gpu.pid, "Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): Out Of Range Address"),
+                    _xid_line(pci, 31, gpu.pid, "MMU Fault: ENGINE GRAPHICS faulted. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE")]
+        if gpu.fault == "repeat":
+            for k, off in enumerate((0, 90, 180)):
+                if t <= o + off < t + dt:
+                    return [_xid_line(pci, 31, gpu.pid + k, "MMU Fault: ENGINE GRAPHICS faulted")]
+            return []
+        if gpu.fault == "wedge" and t <= o < t + dt:
+            return [_xid_line(pci, 13, gpu.pid, "Graphics SM Warp Exception: Out Of Range Address"),
+                    _xid_line(pci, 43, gpu.pid, "Ch 00000018")]
+        if gpu.fault == "hardware" and t <= o < t + dt:
+            code = int(gpu.detail)
+            return [_xid_line(pci, code, None, {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE)",
+                                                 119: "Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+                                                 95: "Uncontained: LTC TAG (0x2,0x0). RST: Yes, D-RST: No",
+                                                 64: "Row Remapper: Failed to remap row"}[code])]
+        return []
+
+    def _telemetry(self, gpu: _Gpu, t: float) -> list:
+        ts = self.start + timedelta(seconds=t)
+        after = gpu.fault in ("wedge", "phantom") and t >= gpu.onset
+        crashed = gpu.fault in ("app_fault", "repeat") and gpu.onset <= t < gpu.onset + 20
+        if after:
+            util, mem, power, apps = 100.0, 0.0, 110.0, []
+        elif crashed:
+            util, mem, power, apps = 0.0, 0.0, 60.0, []
+        else:
+            util = min(100.0, max(0.0, self.rnd.gauss(70, 12)))
+            mem, power = 20000.0 + self.rnd.random() * 2000, 150 + util * 3
+            apps = [gpu.pid or 1000 + gpu.index]
+        sample = GpuSample(ts=ts, node=gpu.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci,
+                           utilization_gpu_pct=round(util, 1), utilization_memory_pct=round(util * 0.6, 1),
+                           memory_used_mib=round(mem, 1), memory_total_mib=81559.0, power_w=round(power, 1),
+                           sm_clock_mhz=1980, mem_clock_mhz=2619, temperature_c=55)
+        procs = GpuProcesses(ts=ts, node=gpu.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci,
+                             compute_apps=[ComputeApp(pid=p, process_name="python3", used_memory_mib=mem) for p in apps],
+                             pmon=[PmonSample(pid=p, sm_util_pct=round(util, 1), mem_util_pct=30.0) for p in apps])
+        return [sample, procs]
+
+    # -- run -------------------------------------------------------------------------------------
+    def run(self, sink: KafkaSink, speed: float = 0.0, progress: TextIO | None = sys.stderr) -> None:
+        dt = 1.0 / self.rate
+        steps = int(self.duration * self.rate)
+        wall0 = time.monotonic()
+        for gpu in self.gpus:
+            sink.publish(GpuInventory(ts=self.start, node=gpu.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index,
+                                      pci_bus_id=gpu.pci, name="NVIDIA H100 80GB HBM3", memory_total_mib=81559,
+                                      driver_version="590.44.01", cuda_version="13.1"))
+        last_report = 0.0
+        for i in range(steps):
+            t = i * dt
+            for gpu in self.gpus:
+                for rec in self._telemetry(gpu, t):
+                    sink.publish(rec)
+                lines = self._events(gpu, t, dt)
+                if lines:
+                    if gpu.onset_wall is None:
+                        gpu.onset_wall = time.time()
+                    for rec in self._xid_records(gpu, t, lines):
+                        sink.publish(rec)
+                if gpu.fault == "phantom" and gpu.onset_wall is None and t >= gpu.onset:
+                    gpu.onset_wall = time.time()
+            self.published += 2 * len(self.gpus)
+            sink.poll()
+            if speed > 0:
+                ahead = wall0 + (t + dt) / speed - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+            if progress is not None and time.monotonic() - last_report >= 10:
+                last_report = time.monotonic()
+                st = sink.stats()
+                print(f"simulate: t={t:.0f}/{self.duration:.0f} s, {self.published:,} records, "
+                      f"spool depth {st['spool_depth']}, {(time.monotonic() - wall0):.0f} s wall", file=progress, flush=True)
+
+    def write_truth(self, path: Path) -> None:
+        with Path(path).open("wb") as fh:
+            meta = {"meta": {"start": self.start.isoformat(), "duration": self.duration, "rate": self.rate,
+                             "gpus": len(self.gpus), "topic_prefix": self.settings.topic_prefix}}
+            fh.write(orjson.dumps(meta) + b"\n")
+            for g in self.gpus:
+                fh.write(orjson.dumps({"gpu_uuid": g.uuid, "node": g.node, "fault": g.fault, "onset": g.onset,
+                                       "detail": g.detail, "onset_wall": g.onset_wall}) + b"\n")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, timeout: float = 60.0) -> dict:
+    """Precision and recall per classification, node actions on app-fault-only GPUs, latencies."""
+    from schemas.codec import decode_any
+    from xidstream.kafka import read_all
+
+    lines = Path(truth_path).read_bytes().splitlines()
+    meta = orjson.loads(lines[0])["meta"]
+    truth = {t["gpu_uuid"]: t for t in (orjson.loads(x) for x in lines[1:])}
+    start = datetime.fromisoformat(meta["start"])
+    reg = settings.topics
+    msgs = read_all(settings, [reg.name("gpu.alerts"), reg.name("gpu.remediation")], timeout=timeout, idle=3)
+    predicted: dict[str, set] = {}
+    first_alert: dict[tuple, tuple[datetime, float]] = {}
+    node_actions: dict[str, list] = {}
+    storms = 0
+    for m in msgs:
+        rec = decode_any(m.value())
+        if rec.SCHEMA == "xidstream.alert/1":
+            if rec.classification == Classification.FLEET_STORM:
+                storms += 1
+                continue
+            if rec.gpu_uuid:
+                predicted.setdefault(rec.gpu_uuid, set()).add(rec.classification)
+                key = (rec.gpu_uuid, rec.classification)
+                if key not in first_alert:
+                    first_alert[key] = (rec.ts, m.timestamp()[1] / 1000.0)
+        elif rec.action in NODE_ACTIONS and not rec.requires_approval and rec.gpu_uuid:
+            node_actions.setdefault(rec.gpu_uuid, []).append(rec.action.value)
+    report: dict = {"classes": {}, "gpus": len(truth), "alerts": len(msgs), "fleet_storms": storms}
+    w = out.write
+    w(f"evaluation of {len(truth)} GPUs ({meta['duration']:.0f} s at {meta['rate']} Hz), prefix {meta['topic_prefix']!r}\n")
+    w(f"{'classification':20} {'truth':>6} {'TP':>5} {'FP':>5} {'FN':>5} {'precision':>10} {'recall':>8}  latency event p50/p95/max s   wall p50/p95 s\n")
+    for cls in (Classification.APP_FAULT, Classification.GPU_SUSPECT, Classification.GPU_WEDGED,
+                Classification.GPU_HARDWARE_FAULT, Classification.PHANTOM_LOAD):
+        want = {u for u, t in truth.items() if EXPECTED[t["fault"]] == cls}
+        got = {u for u, cs in predicted.items() if cls in cs}
+        # an app fault on the way to a suspect/wedge is expected evidence, not a false positive
+        if cls == Classification.APP_FAULT:
+            got_fp = {u for u in got - want if truth.get(u, {}).get("fault") not in ("repeat", "wedge")}
+        else:
+            got_fp = got - want
+        tp, fp, fn = len(want & got), len(got_fp), len(want - got)
+        ev, wall = [], []
+        for u in want & got:
+            ts, wts = first_alert[(u, cls)]
+            onset = start + timedelta(seconds=truth[u]["onset"])
+            ev.append((ts - onset).total_seconds())
+            if truth[u].get("onset_wall"):
+                wall.append(wts - truth[u]["onset_wall"])
+        prec = tp / (tp + fp) if tp + fp else None
+        rec_ = tp / (tp + fn) if tp + fn else None
+        report["classes"][cls.value] = {"truth": len(want), "tp": tp, "fp": fp, "fn": fn, "precision": prec,
+                                        "recall": rec_, "event_latency": [_pct(ev, 50), _pct(ev, 95), max(ev, default=None)],
+                                        "wall_latency": [_pct(wall, 50), _pct(wall, 95)]}
+        f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        w(f"{cls.value:20} {len(want):6} {tp:5} {fp:5} {fn:5} {f(prec):>10} {f(rec_):>8}  "
+          f"{f(_pct(ev, 50)):>6}/{f(_pct(ev, 95)):>6}/{f(max(ev, default=None)):>6}      {f(_pct(wall, 50)):>6}/{f(_pct(wall, 95)):>6}\n")
+    app_only = {u for u, t in truth.items() if t["fault"] in ("app_fault", "none")}
+    bad = {u: node_actions[u] for u in app_only if u in node_actions}
+    report["node_actions_on_app_fault_gpus"] = sum(len(v) for v in bad.values())
+    w(f"node-level actions (not held for approval) on GPUs whose only fault was an application fault or none: "
+      f"{report['node_actions_on_app_fault_gpus']}\n")
+    w(f"fleet storm alerts: {storms}\n")
+    return report
