@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--latency-seconds", type=int, default=60)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--bootstrap", default=None)
+    ap.add_argument("--no-latency", action="store_true", help="only the throughput and memory figures")
     args = ap.parse_args()
     broker = None
     bootstrap = args.bootstrap
@@ -135,6 +136,8 @@ def main() -> int:
     delete_topics(s0)
     delete_topics(s)
 
+    if args.no_latency:
+        return 0
     # 2. latency under load ------------------------------------------------------------------------
     s = Settings(bootstrap=bootstrap, topic_prefix=f"plat-{uuid.uuid4().hex[:6]}.", partitions=args.partitions)
     create_topics(s)

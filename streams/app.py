@@ -169,7 +169,8 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
             return
         cache[key] = state
         if changed:
-            gpu_table[key] = orjson.dumps(state.to_dict())
+            # an exact-size copy: orjson's own result keeps a ~4 KiB buffer, for every GPU
+            gpu_table[key] = bytes(memoryview(orjson.dumps(state.to_dict())))
         for kind, out in outputs:
             if kind == "alert":
                 stats["alerts"] += 1

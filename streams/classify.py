@@ -109,7 +109,7 @@ def _hid(*parts: Any) -> str:
     return hashlib.sha256(":".join(str(p) for p in parts).encode()).hexdigest()[:24]
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuState:
     key: str
     node: str = ""
@@ -139,12 +139,14 @@ class GpuState:
     last_nocompute_ts: float | None = None  # newest process snapshot that had none
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: getattr(self, k) for k in _STATE_FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict) -> "GpuState":
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in _STATE_FIELDS})
+
+
+_STATE_FIELDS = tuple(GpuState.__dataclass_fields__)
 
 
 # -- evidence helpers ---------------------------------------------------------------------------
@@ -359,7 +361,8 @@ def _material(state: GpuState) -> tuple:
     inc = state.incident
     return (
         state.node, state.gpu_uuid, state.pci_bus_id, state.gpu_index, state.memory_total_mib, state.status,
-        state.pinned_since, min(state.pinned_samples, GUARD_MIN_PINNED_SAMPLES), state.last_compute_ts,
+        state.pinned_since, min(state.pinned_samples, GUARD_MIN_PINNED_SAMPLES),
+        state.pinned_since is not None and state.last_compute_ts is not None and state.last_compute_ts >= state.pinned_since,
         state.last_nocompute_ts is not None and state.pinned_since is not None
         and state.last_nocompute_ts > state.pinned_since, len(state.occurrences), len(state.xids), len(state.workload_failures),
         state.healthy_since is None, state.last_xid_ts, state.announced,
@@ -452,11 +455,12 @@ def _check_pinned(state: GpuState, ts: float, policy: Policy, outputs: list) -> 
 def _on_processes(state: GpuState, p: GpuProcesses, ts: float, policy: Policy, outputs: list) -> None:
     # Topics are read in parallel: a snapshot may arrive after samples newer than it. Keep maxima
     # (newest snapshot with and without a compute app), which do not care about arrival order.
-    compute = [a.model_dump() for a in p.compute_apps]
+    compute = p.compute_apps
     if state.last_processes is None or ts >= state.last_processes["ts"]:
+        # Kept small (it is in every GPU's table row): who computes, and how many merely hold the device.
         state.last_processes = {
-            "ts": ts, "compute": compute, "pmon": [x.model_dump() for x in p.pmon],
-            "holders": [h.model_dump() for h in p.device_holders],
+            "ts": ts, "compute": [{"pid": a.pid, "process_name": a.process_name, "pod_uid": a.pod_uid} for a in p.compute_apps],
+            "pmon": len(p.pmon), "holders": len(p.device_holders),
         }
         state.last_compute = bool(compute)
     if compute:

@@ -92,7 +92,15 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
                       datadir=data_dir, fast_rebalance=args.fast_rebalance)
     import faust
 
-    print(f"xidstream process: {proc.app.conf.id} on {settings.bootstrap}, {settings.partitions} partitions, "
+    try:
+        import uvloop
+
+        # faust's per-event cost is mostly asyncio scheduling; libuv's loop cuts it.
+        uvloop.install()
+        loop_name = "uvloop"
+    except ImportError:
+        loop_name = "asyncio"
+    print(f"xidstream process: {loop_name} loop, {proc.app.conf.id} on {settings.bootstrap}, {settings.partitions} partitions, "
           f"topics prefix {settings.topic_prefix!r}, store {store}"
           + (f", web on http://127.0.0.1:{web_port}" if web_port else ""), file=sys.stderr, flush=True)
     worker = faust.Worker(proc.app, loglevel=args.loglevel.upper(), quiet=True, redirect_stdouts=False)

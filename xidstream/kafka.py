@@ -206,7 +206,11 @@ def consumer_lag(settings: Settings, group: str, topics: list[str], timeout: flo
     seen = False
     try:
         for tp in tps:
-            low, high = probe.get_watermark_offsets(tp, timeout=timeout)
+            try:
+                low, high = probe.get_watermark_offsets(tp, timeout=timeout)
+            except KafkaException:
+                return None  # a partition without a leader yet (topic just created): unknown
+
             off = committed.get((tp.topic, tp.partition), -1001)
             if off >= 0:
                 seen = True
