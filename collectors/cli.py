@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 
 from schemas.errors import ConfigError, TopicError
+from xidstream.cliargs import add_kafka_args
 from xidstream.settings import Settings
 
 __all__ = ["register"]
@@ -38,10 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--create-topics", action="store_true", help="create missing topics first")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
-    g = p.add_argument_group("kafka")
-    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP)")
-    g.add_argument("--topic-prefix", help="topic name prefix (env XIDSTREAM_TOPIC_PREFIX)")
-    g.add_argument("--partitions", type=int, help="partitions, with --create-topics")
+    add_kafka_args(p)
     p.set_defaults(handler=_collect)
 
     p = sub.add_parser("parse", help="kernel log text -> one JSON line per Xid or related record")

@@ -439,6 +439,13 @@ def _check_pinned(state: GpuState, ts: float, policy: Policy, outputs: list) -> 
     if x43:
         if policy.wedged_requires_workload_failure and not failures:
             return
+        inc = state.incident
+        if inc is not None and inc.get("reboot_ok_at") is not None and start > inc["reboot_ok_at"]:
+            _climb(state, inc, ts, Action.REPLACE_NODE, f"GPU {state.gpu_index} wedged again after the node reboot", policy, outputs)
+            return
+        if inc is not None and inc.get("reset_ok_at") is not None and start > inc["reset_ok_at"]:
+            _climb(state, inc, ts, Action.REBOOT_NODE, f"GPU {state.gpu_index} wedged again after the GPU reset", policy, outputs)
+            return
         summary = (f"{base} after Xid 43 at {_dt(x43[-1]['ts']).strftime('%H:%M:%S')}Z: GPU context wedged"
                    + (f"; {len(failures)} later workload failure(s)" if failures else ""))
         _raise(state, Classification.GPU_WEDGED, ts, summary, RESET, policy, outputs,
@@ -520,8 +527,9 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
                    xid=x.xid, name=x.xid_name, pid=x.pid, process_name=x.process_name, pod_uid=pod,
                    raw=x.raw, sources=[s.value for s in x.sources] or [x.source.value])
     inc = state.incident
-    if inc is not None and inc.get("reboot_ok_at") is not None and ts > inc["reboot_ok_at"]:
-        # Xids persisting after the reboot: the last rung.
+    if inc is not None and not app and inc.get("reboot_ok_at") is not None and ts > inc["reboot_ok_at"]:
+        # A GPU-level Xid persisting after the reboot: the last rung. (An application's Xid after
+        # the reboot is that application's, and goes the usual way.)
         _note(state, entry, policy)
         _climb(state, inc, ts, Action.REPLACE_NODE, f"Xid {x.xid} on GPU {state.gpu_index} after the node was rebooted", policy, outputs)
         return

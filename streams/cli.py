@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from schemas.errors import ConfigError, TopicError
+from xidstream.cliargs import add_kafka_args
 from xidstream.settings import Settings
 
 __all__ = ["register"]
@@ -30,32 +31,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--node", help="name of this worker's host on dead-letter records")
     p.add_argument("--loglevel", default="warning", help="worker log level (default warning)")
     p.add_argument("--fast-rebalance", action="store_true", help="short session timeouts, for a one-broker test setup")
-    g = p.add_argument_group("kafka")
-    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP)")
-    g.add_argument("--topic-prefix", help="topic name prefix (env XIDSTREAM_TOPIC_PREFIX)")
-    g.add_argument("--partitions", type=int, help="partitions of the input topics (env XIDSTREAM_PARTITIONS; default 8)")
+    add_kafka_args(p)
     p.set_defaults(handler=_process)
 
     p = sub.add_parser("breaker", help="the fleet circuit breaker")
     p.add_argument("action", choices=["reset"])
     p.add_argument("--by", default=None, help="who resets it (default: the login name)")
-    g = p.add_argument_group("kafka")
-    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP)")
-    g.add_argument("--topic-prefix", help="topic name prefix (env XIDSTREAM_TOPIC_PREFIX)")
+    add_kafka_args(p, partitions=False)
     p.set_defaults(handler=_breaker)
 
 
 def _load_config(path: str | None) -> dict:
     if not path:
         return {}
-    import yaml
+    from streams.policy import read_yaml
 
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
     known = {"bootstrap", "topic_prefix", "partitions", "node", "store", "data_dir", "web_port", "policy", "app_id"}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -67,13 +60,13 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     from streams.policy import load_policy
 
     conf = _load_config(args.config)
-    # file < environment (already in `settings`) < flags
-    base = Settings.from_env()
-    file_settings = {k: conf[k] for k in ("bootstrap", "topic_prefix", "partitions", "node") if k in conf}
-    env_or_file = Settings(**{**{k: getattr(base, k) for k in ("bootstrap", "topic_prefix", "partitions", "node")},
-                              **{k: v for k, v in file_settings.items() if getattr(base, k) == getattr(Settings(), k)}})
-    settings = env_or_file.with_(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix,
-                                 partitions=args.partitions, node=args.node)
+    # file < environment < flags: the file's values stand in for unset XIDSTREAM_* variables
+    import os
+
+    from_file = {f"XIDSTREAM_{k.upper()}": str(conf[k]) for k in ("bootstrap", "topic_prefix", "partitions", "node")
+                 if k in conf}
+    settings = Settings.from_env({**from_file, **os.environ}).with_(
+        bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions, node=args.node)
     settings.validate()
     policy = load_policy(args.policy or conf.get("policy"))
     from streams.app import create_app, internal_topics

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from schemas.errors import ConfigError
 from schemas.xid_catalog import lookup
 
-__all__ = ["Policy", "load_policy"]
+__all__ = ["Policy", "load_policy", "read_yaml"]
 
 
 @dataclass(frozen=True)
@@ -61,21 +61,26 @@ class Policy:
 _SETS = {"app_class_xids", "app_class_resolutions", "hardware_xids"}
 
 
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content ({} when empty); `ConfigError` naming the file when it cannot be read."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
 def load_policy(source: str | Path | Mapping[str, Any] | None) -> Policy:
     """A policy from a YAML file or a mapping; unknown keys and bad values are `ConfigError`s."""
     if source is None:
         return Policy()
     where = "policy"
     if not isinstance(source, Mapping):
-        import yaml
-
         where = str(source)
-        try:
-            data = yaml.safe_load(Path(source).read_text()) or {}
-        except OSError as exc:
-            raise ConfigError(f"cannot read policy {source}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        data = read_yaml(source)
     else:
         data = dict(source)
     if not isinstance(data, Mapping):

@@ -12,18 +12,12 @@ import sys
 from typing import Callable
 
 from schemas.errors import XidstreamError
+from xidstream.cliargs import add_kafka_args as _add_kafka_args
 from xidstream.settings import Settings
 
 __all__ = ["main", "build_parser"]
 
 Handler = Callable[[argparse.Namespace, Settings], int]
-
-
-def _add_kafka_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("kafka")
-    g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP; default: the local broker 127.0.0.1:19092)")
-    g.add_argument("--topic-prefix", help="prefix for every topic name (env XIDSTREAM_TOPIC_PREFIX)")
-    g.add_argument("--partitions", type=int, help="partitions of every topic (env XIDSTREAM_PARTITIONS; default 8)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:

@@ -127,3 +127,34 @@ def test_worker_killed_mid_incident_resumes_it_without_losing_a_command(kafka_se
         [Action.RECORD, Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU], key=lambda a: a.value)
     # a re-emitted command (at-least-once) carries the same id, so nothing is ambiguous
     assert len(commands) >= 4 and all(ids[c.command_id] == c.action for c in commands)
+
+
+def test_fleet_storm_then_breaker_reset_on_a_real_worker(kafka_settings, tmp_path, capsys):
+    from tests.streams.builders import inventory, sample, xid
+    from xidstream.cli import main as cli
+
+    s = kafka_settings
+    recs = []
+    for i in range(10):
+        g = f"GPU-{i:08d}-0000-0000-0000-000000000000"
+        recs += [inventory(0, gpu=g, node=f"node-{i}"), sample(0, gpu=g, node=f"node-{i}")]
+    storm = [xid(100 + 10 * i, 79, pid=None, gpu=f"GPU-{i:08d}-0000-0000-0000-000000000000", node=f"node-{i}")
+             for i in range(4)]
+    produce(s, recs)
+    worker = start_worker(s, tmp_path)
+    try:
+        time.sleep(2)
+        produce(s, storm)
+        got = wait_for(s, lambda g: any(t == "gpu.alerts" and r.classification == Classification.FLEET_STORM for t, r in g)
+                       and sum(1 for t, r in g if t == "gpu.remediation") >= 12)
+        assert cli(["breaker", "reset", "--bootstrap", s.bootstrap, "--topic-prefix", s.topic_prefix, "--by", "test"]) == 0
+        produce(s, [xid(400, 79, pid=None, gpu="GPU-00000009-0000-0000-0000-000000000000", node="node-9")])
+        got = wait_for(s, lambda g: any(t == "gpu.remediation" and r.node == "node-9" for t, r in g))
+    finally:
+        stop_worker(worker)
+    node_cmds = [(r.node, r.action, r.requires_approval) for t, r in got if t == "gpu.remediation" and r.action in (
+        Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE)]
+    held = {n for n, a, h in node_cmds if h}
+    assert held and "node-9" not in held  # held during the storm, free again after the reset
+    assert ("node-9", Action.CORDON_NODE, False) in node_cmds
+    assert "breaker reset sent" in capsys.readouterr().out

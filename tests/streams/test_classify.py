@@ -135,10 +135,22 @@ def test_failed_reset_climbs_to_reboot_then_replace():
     assert len({c.incident_id for c in e.commands}) == 1
 
 
-def test_xids_persisting_after_a_reboot_mean_replace():
+def test_gpu_xids_persisting_after_a_reboot_mean_replace():
     e = Engine().run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(600, Action.REBOOT_NODE, "succeeded"),
-                                xid(700, 43, pid=9)])
+                                xid(700, 119, pid=None)])
     assert actions(e)[-2:] == [Action.REBOOT_NODE, Action.REPLACE_NODE]
+
+
+def test_an_application_xid_after_the_reboot_is_not_a_reason_to_replace():
+    e = Engine().run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(600, Action.REBOOT_NODE, "succeeded"),
+                                sample(610), procs(610, 77), xid(700, 13, pid=77)])
+    assert Action.REPLACE_NODE not in actions(e)
+
+
+def test_wedged_again_after_a_successful_reset_climbs_to_reboot():
+    again = [r for t in range(400, 500, 5) for r in (sample(t, util=100, mem=0), procs(t))]
+    e = Engine().run(wedge() + [result(310, Action.RESET_GPU, "succeeded"), sample(320, util=0, mem=0)] + again)
+    assert actions(e)[-1] == Action.REBOOT_NODE
 
 
 @pytest.mark.parametrize("outcome", ["refused", "expired"])
