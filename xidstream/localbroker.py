@@ -232,12 +232,18 @@ class LocalBroker:
         self.fetch()
         try:
             with socket.create_connection((self.host, self.port), timeout=0.5):
-                raise BrokerError(
-                    f"port {self.bootstrap} is in use by another process; stop it or choose "
-                    f"another port (--port)"
-                )
+                in_use = True
         except OSError:
-            pass
+            in_use = False
+        if in_use:
+            if self.answers(timeout=3.0):
+                # A Kafka of someone else's (another checkout's local broker): use it, never stop it.
+                self._log(f"a Kafka broker already answers on {self.bootstrap}; using it")
+                return self.bootstrap
+            raise BrokerError(
+                f"port {self.bootstrap} is in use by another process that is not a Kafka broker; "
+                f"stop it or choose another port (--port)"
+            )
         props = self._write_config()
         self._format(java, props)
         self._log(f"starting Kafka on {self.bootstrap}")

@@ -276,4 +276,15 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, tim
     w(f"node-level actions (not held for approval) on GPUs whose only fault was an application fault or none: "
       f"{report['node_actions_on_app_fault_gpus']}\n")
     w(f"fleet storm alerts: {storms}\n")
+    try:
+        from schemas.topics import INPUT_TOPICS
+        from xidstream.kafka import consumer_lag
+
+        lag = consumer_lag(settings, f"{settings.topic_prefix}xidstream-processor",
+                           [reg.name(n) for n in INPUT_TOPICS])
+    except Exception:  # noqa: BLE001 - the report stands without it
+        lag = None
+    report["processor_lag"] = lag
+    w(f"processor lag now (records not yet committed by {settings.topic_prefix}xidstream-processor): "
+      f"{'unknown (no commit yet)' if lag is None else f'{lag:,}'}\n")
     return report

@@ -104,3 +104,31 @@ def test_open_kernel_source_rejects_unknown_specs(tmp_path):
 
     with pytest.raises(ValueError, match="use kmsg, journal, file:PATH or -"):
         open_kernel_source("syslog", tmp_path)
+
+
+def test_journal_source_follows_journalctl_with_its_cursor(tmp_path):
+    import json
+    import time
+
+    from collectors.sources.kernel import JournalSource
+
+    args_file = tmp_path / "args"
+    fake = tmp_path / "journalctl"
+    rec = {"MESSAGE": XID, "__CURSOR": "s=1;i=42", "__REALTIME_TIMESTAMP": "1764298922500000"}
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {args_file}\necho '{json.dumps(rec)}'\nsleep 5\n")
+    fake.chmod(0o755)
+    src = JournalSource(cursor_file=tmp_path / "cur", journalctl=str(fake))
+    lines = []
+    for _ in range(50):
+        lines += src.read()
+        if lines:
+            break
+        time.sleep(0.05)
+    src.close()
+    assert [(ln.cursor, ln.source) for ln in lines] == [("s=1;i=42", "journal")]
+    assert "-k -o json --no-pager -f -b" in args_file.read_text()
+    src.commit("s=1;i=42")
+    again = JournalSource(cursor_file=tmp_path / "cur", journalctl=str(fake))
+    time.sleep(0.3)
+    again.close()
+    assert "--after-cursor=s=1;i=42" in args_file.read_text()

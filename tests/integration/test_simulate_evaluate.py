@@ -35,4 +35,5 @@ def test_simulated_fleet_is_found_with_no_node_action_on_app_faults(kafka_settin
         assert tp + fn == truth_n
         if truth_n:
             assert tp == truth_n, out  # every injected fault found
+    assert "processor lag now (records not yet committed by" in out and "xidstream-processor): 0" in out
     assert Path(truth).read_bytes().count(b"\n") == 6 * 4 + 1
