@@ -230,9 +230,14 @@ class KafkaSink:
         return False
 
     def close(self) -> None:
+        if self.producer is None:
+            return
         self.flush(5.0)
         for lane in self.lanes.values():
             lane.spool.close()
+        # The producer holds our error callback: drop it now, so that its threads end here and
+        # not whenever the garbage collector breaks the cycle (maybe after the broker is gone).
+        self.producer = None
 
     def stats(self) -> dict:
         return {

@@ -104,8 +104,19 @@ def create_topics(settings: Settings, names: Iterable[str] | None = None, timeou
                     result[name] = "exists"
                 else:
                     raise TopicError(f"cannot create topic {name}: {err}") from None
+    # Wait until the broker's metadata shows them (a fresh KRaft broker lags the controller by a
+    # moment, and the next client to ask must not be told they are missing).
+    import time
+
+    deadline = time.monotonic() + timeout
+    wanted_names = {reg.name(n) for n in wanted}
+    while True:
+        existing = _describe(client, timeout)
+        if wanted_names <= set(existing) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     # A topic created concurrently by someone else may still have the wrong count.
-    check_copartitioning(settings, _describe(client, timeout))
+    check_copartitioning(settings, existing)
     return dict(sorted(result.items()))
 
 
@@ -163,10 +174,17 @@ def read_all(settings: Settings, topics: list[str], *, timeout: float = 10.0, id
 
 def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeout: float = 30.0) -> None:
     """Check the processor's inputs (they must exist, co-partitioned) and create its internal topics."""
+    import time
+
     client = admin(settings)
-    existing = _describe(client, timeout)
     reg = settings.topics
-    missing = [reg.name(n) for n, s in TOPICS.items() if reg.name(n) not in existing]
+    deadline = time.monotonic() + 10.0
+    while True:  # topics created a moment ago may not be in the metadata yet
+        existing = _describe(client, timeout)
+        missing = [reg.name(n) for n, s in TOPICS.items() if reg.name(n) not in existing]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if missing:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; run `xidstream topics create` "
                          f"with the same --topic-prefix and --partitions")

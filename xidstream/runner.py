@@ -73,7 +73,9 @@ class WorkerProcess:
         quiet_since = None
         while time.monotonic() < deadline:
             if not self.alive():
-                raise RuntimeError(f"the processor exited (code {self.proc.returncode}):\n{self.tail()}")
+                from schemas.errors import XidstreamError
+
+                raise XidstreamError(f"the processor exited (code {self.proc.returncode}):\n{self.tail()}")
             lag = consumer_lag(self.settings, self.group, topics)
             if lag == 0:
                 quiet_since = quiet_since or time.monotonic()
