@@ -51,3 +51,14 @@ def test_dependency_direction(package, forbidden):
             if len(words) >= 2 and words[0] in ("import", "from") and words[1].split(".")[0] in forbidden:
                 offenders.append(f"{path.relative_to(root.parent)}: {line.strip()}")
     assert not offenders
+
+
+def test_public_surface_of_schemas():
+    import schemas
+
+    assert sorted(schemas.__all__) == sorted(set(schemas.__all__))
+    missing = [name for name in schemas.__all__ if not hasattr(schemas, name)]
+    assert not missing
+    # what consumers of the topics need, by name
+    for name in ("decode_any", "encode", "TopicRegistry", "TOPICS", "Alert", "RemediationCommand", "DecodeError"):
+        assert name in schemas.__all__
