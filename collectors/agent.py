@@ -256,6 +256,10 @@ class Collector:
         if self._nvml_thread is not None:
             self._nvml_thread.join(2)
         self._emit(self.merger.due(self._clock(), flush_all=True), datetime.now(timezone.utc))
+        # Deliver what the merger held and save the kernel cursor past it, so that the next start
+        # neither re-sends nor loses these lines.
+        self.sink.flush(10.0)
+        self._commit_kernel()
         if self.kernel is not None:
             self.kernel.close()
         if self.nvml is not None:
