@@ -36,7 +36,7 @@ from collectors.sink import KafkaSink  # noqa: E402
 from schemas import INPUT_TOPICS, XidEvent, encode  # noqa: E402
 from schemas.xid_catalog import lookup  # noqa: E402
 from streams.app import internal_topics  # noqa: E402
-from xidstream.kafka import consumer_config, consumer_lag, create_topics, delete_topics, producer_config  # noqa: E402
+from xidstream.kafka import LagProbe, consumer_config, consumer_lag, create_topics, delete_topics, producer_config  # noqa: E402
 from xidstream.runner import WorkerProcess  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 from xidstream.simulate import FaultRates, Simulator  # noqa: E402
@@ -106,8 +106,9 @@ def main() -> int:
     lag_topics = topics + list(internal_topics(s))
     # time from the first commit to lag 0 excludes the worker's start-up and first rebalance
     first = None
+    probe = LagProbe(s, worker.group, topics)
     while True:
-        lag = consumer_lag(s, worker.group, topics)
+        lag = probe.lag()
         if lag is not None and first is None:
             first = (time.perf_counter(), lag)
         if lag == 0:
@@ -115,8 +116,9 @@ def main() -> int:
         if not worker.alive():
             print(worker.tail())
             return 1
-        time.sleep(0.25)
+        time.sleep(1.0)
     t_end = time.perf_counter()
+    probe.close()
     done = first[1]
     rate = (events - 0) / (t_end - first[0]) if done == events else done / (t_end - first[0])
     print(f"processor, one worker: {done:,} events in {t_end - first[0]:.1f} s after its first commit = {rate:,.0f} events/s "

@@ -205,34 +205,60 @@ def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeou
                 raise TopicError(f"cannot create {name}: {exc.args[0]}") from None
 
 
-def consumer_lag(settings: Settings, group: str, topics: list[str], timeout: float = 10.0) -> int | None:
-    """Messages in `topics` that `group` has not committed yet; None when it has committed nothing."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+class LagProbe:
+    """Messages in `topics` that consumer group `group` has not committed; reuses its clients, so
+    it can be asked every second without loading a small machine."""
 
-    client = admin(settings)
-    md = client.list_topics(timeout=timeout)
-    tps = [TopicPartition(t, p) for t in topics if t in md.topics for p in md.topics[t].partitions]
-    if not tps:
-        return 0
-    fut = client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)])[group]
-    try:
-        committed = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
-    except KafkaException:
-        return None
-    probe = Consumer(consumer_config(settings, f"{group}-lag-probe"))
-    lag = 0
-    seen = False
-    try:
+    def __init__(self, settings: Settings, group: str, topics: list[str], timeout: float = 10.0) -> None:
+        from confluent_kafka import Consumer
+
+        self.settings, self.group, self.topics, self.timeout = settings, group, topics, timeout
+        self.admin = admin(settings)
+        self.probe = Consumer(consumer_config(settings, f"{group}-lag-probe"))
+        self._tps: list | None = None
+
+    def _partitions(self) -> list:
+        from confluent_kafka import TopicPartition
+
+        if self._tps is not None:
+            return self._tps
+        md = self.admin.list_topics(timeout=self.timeout)
+        tps = [TopicPartition(t, p) for t in self.topics if t in md.topics for p in md.topics[t].partitions]
+        if all(t in md.topics for t in self.topics):
+            self._tps = tps  # kept once every topic exists (a worker creates its internal ones)
+        return tps
+
+    def lag(self) -> int | None:
+        """None while the group has committed nothing (or a partition has no leader yet)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        tps = self._partitions()
+        if not tps:
+            return 0
+        fut = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(self.group, tps)])[self.group]
+        try:
+            committed = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
+        except KafkaException:
+            return None
+        lag, seen = 0, False
         for tp in tps:
             try:
-                low, high = probe.get_watermark_offsets(tp, timeout=timeout)
+                low, high = self.probe.get_watermark_offsets(tp, timeout=self.timeout, cached=False)
             except KafkaException:
-                return None  # a partition without a leader yet (topic just created): unknown
-
+                return None
             off = committed.get((tp.topic, tp.partition), -1001)
-            if off >= 0:
-                seen = True
+            seen = seen or off >= 0
             lag += max(0, high - (off if off >= 0 else low))
+        return lag if seen or lag == 0 else None
+
+    def close(self) -> None:
+        self.probe.close()
+
+
+def consumer_lag(settings: Settings, group: str, topics: list[str], timeout: float = 10.0) -> int | None:
+    """One-off `LagProbe.lag()`."""
+    probe = LagProbe(settings, group, topics, timeout)
+    try:
+        return probe.lag()
     finally:
         probe.close()
-    return lag if seen or lag == 0 else None

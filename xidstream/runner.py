@@ -67,21 +67,25 @@ class WorkerProcess:
 
     def wait_idle(self, topics: list[str], timeout: float = 180.0, settle: float = 3.0) -> bool:
         """Until the worker has committed every message of `topics`, and stayed so for `settle` s."""
-        from xidstream.kafka import consumer_lag
+        from xidstream.kafka import LagProbe
 
+        probe = LagProbe(self.settings, self.group, topics)
         deadline = time.monotonic() + timeout
         quiet_since = None
-        while time.monotonic() < deadline:
-            if not self.alive():
-                from schemas.errors import XidstreamError
+        try:
+            while time.monotonic() < deadline:
+                if not self.alive():
+                    from schemas.errors import XidstreamError
 
-                raise XidstreamError(f"the processor exited (code {self.proc.returncode}):\n{self.tail()}")
-            lag = consumer_lag(self.settings, self.group, topics)
-            if lag == 0:
-                quiet_since = quiet_since or time.monotonic()
-                if time.monotonic() - quiet_since >= settle:
-                    return True
-            else:
-                quiet_since = None
-            time.sleep(0.5)
-        return False
+                    raise XidstreamError(f"the processor exited (code {self.proc.returncode}):\n{self.tail()}")
+                lag = probe.lag()
+                if lag == 0:
+                    quiet_since = quiet_since or time.monotonic()
+                    if time.monotonic() - quiet_since >= settle:
+                        return True
+                else:
+                    quiet_since = None
+                time.sleep(0.5)
+            return False
+        finally:
+            probe.close()
