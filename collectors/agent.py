@@ -34,7 +34,7 @@ from schemas.models import (
 from schemas.vocab import XidSource
 from schemas.xid_catalog import lookup
 
-__all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource"]
+__all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "xid_fields"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,23 @@ class ProcessInfo(Protocol):
 
 class WorkloadSource(Protocol):
     def read(self) -> list[dict]: ...
+
+
+def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | None, gpu_index: int | None,
+               pci_bus_id: str | None) -> dict:
+    """The `gpu.xid` fields of one parsed kernel record, with NVIDIA's catalog entry for an Xid.
+    The caller says where the GPU identity and the time come from, and adds the sources."""
+    uuid = rec.gpu_uuid or gpu_uuid  # an identity line names its own GPU
+    fields = dict(
+        ts=ts, node=node, kind=rec.kind, gpu_uuid=uuid, gpu_index=gpu_index, pci_bus_id=pci_bus_id,
+        resolved=uuid is not None, xid=rec.xid, pid=rec.pid, process_name=rec.process_name,
+        gpu_instance=rec.gpu_instance, compute_instance=rec.compute_instance, message=rec.message,
+        raw=rec.raw, kernel_ts=rec.kernel_ts,
+    )
+    if rec.kind == "xid" and rec.xid is not None:
+        info = lookup(rec.xid)
+        fields.update(xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution)
+    return fields
 
 
 @dataclass(frozen=True)
@@ -312,22 +329,13 @@ class Collector:
         if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
             self.identity.learn_identity(rec.pci, rec.gpu_uuid)
         uuid, index, pci = self.identity.resolve(rec.pci, rec.gpu_ref)
-        if rec.kind == "gpu_identity":
-            uuid = rec.gpu_uuid
         ts = now
         if rec.wall_ts is not None:
             ts = rec.wall_ts
         elif source == "kmsg" and rec.mono_us is not None and self.config.kmsg_wall_clock:
             ts = self._boot_wall + timedelta(microseconds=rec.mono_us)
-        fields = dict(
-            ts=ts, node=self.config.node, kind=rec.kind, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci,
-            resolved=uuid is not None, xid=rec.xid, pid=rec.pid, process_name=rec.process_name,
-            gpu_instance=rec.gpu_instance, compute_instance=rec.compute_instance, message=rec.message,
-            raw=rec.raw, kernel_ts=rec.kernel_ts, _mono_us=rec.mono_us,
-        )
-        if rec.kind == "xid" and rec.xid is not None:
-            info = lookup(rec.xid)
-            fields.update(xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution)
+        fields = xid_fields(rec, node=self.config.node, ts=ts, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci)
+        fields["_mono_us"] = rec.mono_us
         return fields
 
     def _read_nvml_events(self, mono: float) -> None:

@@ -64,11 +64,10 @@ def _open_text(path: str):
 
 
 def _parse(args: argparse.Namespace, settings: Settings) -> int:
-    from collectors.agent import IdentityMap
+    from collectors.agent import IdentityMap, xid_fields
     from collectors.parse.kernel import merge_sxid, parse_line, sxid_continues
     from schemas.models import XidEvent
     from schemas.codec import to_dict
-    from schemas.xid_catalog import lookup
 
     node = args.node or socket.gethostname()
     ident = IdentityMap()
@@ -80,17 +79,8 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
     def emit(rec) -> None:
         nonlocal found
         uuid, index, pci = ident.resolve(rec.pci, rec.gpu_ref)
-        info = lookup(rec.xid) if rec.kind == "xid" and rec.xid is not None else None
-        event = XidEvent(
-            ts=rec.wall_ts or datetime.now(timezone.utc), node=node, kind=rec.kind,
-            gpu_uuid=rec.gpu_uuid or uuid, gpu_index=index, pci_bus_id=pci,
-            resolved=(rec.gpu_uuid or uuid) is not None, xid=rec.xid,
-            xid_name=info.name if info else None, xid_category=info.category if info else None,
-            xid_resolution=info.resolution if info else None, pid=rec.pid,
-            process_name=rec.process_name, gpu_instance=rec.gpu_instance,
-            compute_instance=rec.compute_instance, message=rec.message, raw=rec.raw,
-            source="file", sources=["file"], kernel_ts=rec.kernel_ts,
-        )
+        event = XidEvent(**xid_fields(rec, node=node, ts=rec.wall_ts or datetime.now(timezone.utc), gpu_uuid=uuid,
+                                      gpu_index=index, pci_bus_id=pci), source="file", sources=["file"])
         out.write(orjson.dumps(to_dict(event)).decode() + "\n")
         found += 1
         kinds[rec.kind] = kinds.get(rec.kind, 0) + 1

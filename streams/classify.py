@@ -123,7 +123,6 @@ class GpuState:
     pinned_last: float | None = None
     pin_stats: dict = field(default_factory=dict)
     proc_snapshots: int = 0  # snapshots since pinned_since
-    last_compute: bool = False
     last_processes: dict | None = None
     occurrences: list = field(default_factory=list)
     xids: list = field(default_factory=list)
@@ -469,7 +468,6 @@ def _on_processes(state: GpuState, p: GpuProcesses, ts: float, policy: Policy, o
             "ts": ts, "compute": [{"pid": a.pid, "process_name": a.process_name, "pod_uid": a.pod_uid} for a in p.compute_apps],
             "pmon": len(p.pmon), "holders": len(p.device_holders),
         }
-        state.last_compute = bool(compute)
     if compute:
         # A process NVML registered as compute: it is probably really running (incident.md).
         state.last_compute_ts = max(ts, state.last_compute_ts or ts)

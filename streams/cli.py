@@ -7,7 +7,6 @@ import getpass
 import logging
 import sys
 import time
-from pathlib import Path
 
 from schemas.errors import ConfigError, TopicError
 from xidstream.cliargs import add_kafka_args

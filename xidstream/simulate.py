@@ -11,7 +11,6 @@ ground truth is written as JSON lines for `evaluate`.
 from __future__ import annotations
 
 import random
-import statistics
 import sys
 import time
 import uuid
@@ -22,11 +21,11 @@ from typing import TextIO
 
 import orjson
 
+from collectors.agent import xid_fields
 from collectors.parse.kernel import parse_line
 from collectors.sink import KafkaSink
 from schemas.models import ComputeApp, GpuInventory, GpuProcesses, GpuSample, PmonSample, XidEvent
 from schemas.vocab import NODE_ACTIONS, Classification
-from schemas.xid_catalog import lookup
 from xidstream.settings import Settings
 
 __all__ = ["FaultRates", "Simulator", "evaluate"]
@@ -107,13 +106,9 @@ class Simulator:
         out = []
         for line in lines:
             for rec in parse_line(line):
-                info = lookup(rec.xid) if rec.xid is not None else None
-                out.append(XidEvent(
-                    ts=self.start + timedelta(seconds=t), node=gpu.node, kind=rec.kind, gpu_uuid=gpu.uuid,
-                    gpu_index=gpu.index, pci_bus_id=rec.pci, resolved=True, xid=rec.xid,
-                    xid_name=info.name if info else None, xid_category=info.category if info else None,
-                    xid_resolution=info.resolution if info else None, pid=rec.pid, process_name=rec.process_name,
-                    message=rec.message, raw=rec.raw, source="kmsg", sources=["kmsg", "nvml"]))
+                out.append(XidEvent(**xid_fields(rec, node=gpu.node, ts=self.start + timedelta(seconds=t),
+                                                 gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=rec.pci),
+                                    source="kmsg", sources=["kmsg", "nvml"]))
         return out
 
     def _events(self, gpu: _Gpu, t: float, dt: float) -> list[str]:
