@@ -13,7 +13,7 @@ from collectors.nvml import NvmlReader
 from collectors.scenario import ScenarioRunner
 from collectors.sink import MemorySink
 from collectors.sources.kernel import MemoryKernelSource
-from schemas import GpuProcesses, GpuSample, XidEvent, load_scenario
+from schemas import GpuInventory, GpuProcesses, GpuSample, XidEvent, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)
@@ -151,16 +151,16 @@ def test_bad_lines_do_not_stop_the_collector(line):
 def test_inventory_is_published_at_start_and_when_it_changes():
     sink = MemorySink()
     c, fake, _, clock = _rig(sink)
-    inv = [r for r in sink.records if r.SCHEMA == "xidstream.gpu_inventory/1"]
+    inv = [r for r in sink.records if isinstance(r, GpuInventory)]
     assert [(r.gpu_index, r.gpu_uuid, r.pci_bus_id, r.driver_version, r.cuda_version) for r in inv] == [
         (0, "GPU-aaaa", "0000:01:00", "590.44.01", "13.1"), (1, "GPU-bbbb", "0000:02:00", "590.44.01", "13.1")]
     clock[0] = 61
     c.tick(T0)
-    assert len([r for r in sink.records if r.SCHEMA == "xidstream.gpu_inventory/1"]) == 2  # unchanged
+    assert len([r for r in sink.records if isinstance(r, GpuInventory)]) == 2  # unchanged
     fake.driver_version = "590.48.01"
     clock[0] = 122
     c.tick(T0)
-    assert len([r for r in sink.records if r.SCHEMA == "xidstream.gpu_inventory/1"]) == 4
+    assert len([r for r in sink.records if isinstance(r, GpuInventory)]) == 4
 
 
 def test_no_nvml_means_kernel_records_only():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import orjson
 
+from schemas.models import XidEvent
 from xidstream.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kernel-log-lines.tsv"
@@ -27,7 +28,7 @@ def test_parse_turns_every_xid_line_into_the_expected_fields_and_nothing_else(tm
         assert rec["raw"] == row[0].rstrip("\r\n")
         assert (rec["xid"], rec["pci_bus_id"], rec["pid"], rec["process_name"]) == (
             int(row[1]), row[2], int(row[3]) if row[3] else None, row[4] or None)
-        assert rec["node"] == "n1" and rec["schema"] == "xidstream.xid/1" and rec["xid_name"]
+        assert rec["node"] == "n1" and rec["schema"] == XidEvent.SCHEMA and rec["xid_name"]
     # Xid 119 on 0000:9b:00 follows the driver's identity line: resolved to its UUID.
     x119 = [r for r in xids if r["xid"] == 119 and r["pci_bus_id"] == "0000:9b:00"]
     assert x119[0]["gpu_uuid"] == "GPU-509665ad-b600-ac93-3616-d754b23d636d" and x119[0]["resolved"]
