@@ -11,13 +11,18 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Protocol
 
+import os
+from pathlib import Path
+
+import orjson
+
 from collectors.metrics import CollectorMetrics
-from collectors.nvml import GpuIdentity, NvmlReader, NvmlUnavailable, XidNotice
+from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlUnavailable, XidNotice
 from collectors.parse.kernel import KernelRecord, parse_line, sxid_continues
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
@@ -31,7 +36,7 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.vocab import XidSource
+from schemas.vocab import TsSource, XidSource
 from schemas.xid_catalog import lookup
 
 __all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "xid_fields"]
@@ -80,6 +85,10 @@ class CollectorConfig:
     holders_interval: float = 10.0  # /proc/*/fd scans are the collector's costliest read
     dev_prefix: str = "/dev/nvidia"
     kmsg_wall_clock: bool = True  # turn kmsg monotonic stamps into wall time (live mode)
+    # When NVML's event wait fails at once (a registered GPU is lost, an unknown error), wait this
+    # long before re-creating the event set, doubling up to the second figure (issue 9, defect 6:
+    # without it the event thread took a full core).
+    event_backoff: tuple[float, float] = (1.0, 60.0)
 
 
 class IdentityMap:
@@ -179,27 +188,51 @@ class XidMerger:
         return out
 
 
-@dataclass
 class _KernelCursors:
     """Commits a kernel source's cursor only when every event from it and the lines before it
-    was acknowledged by the sink."""
+    was acknowledged by the sink.
 
-    lines: deque = field(default_factory=deque)  # (line_no, cursor)
-    outstanding: Counter = field(default_factory=Counter)  # line_no -> events not yet acked
-    next_no: int = 0
+    Keeps only what a restart needs (issue 9, defect 11): the newest cursor, and for each line
+    whose events are not acknowledged yet, the cursor of the line before it. While Kafka is down
+    that is one entry per unacknowledged Xid line (those are on disk in the spool anyway), not one
+    per kernel line read (about 9 MiB an hour at 20 lines/s before)."""
+
+    def __init__(self) -> None:
+        self.next_no = 0
+        self.outstanding: dict[int, int] = {}  # line_no -> events not yet acked
+        self.before: dict[int, Any] = {}  # line_no (with events outstanding) -> cursor of the line before
+        self._latest: Any = None  # cursor of the newest line read
+        self._prev: Any = None  # cursor before the newest line
+        self._committed: Any = None
 
     def add_line(self, cursor: Any) -> int:
         self.next_no += 1
-        self.lines.append((self.next_no, cursor))
+        self._prev = self._latest
+        if cursor is not None:
+            self._latest = cursor
         return self.next_no
 
+    def hold(self, line_no: int) -> None:
+        """One more event of the newest line (`line_no`) waits for its acknowledgement."""
+        if line_no not in self.outstanding:
+            self.outstanding[line_no] = 0
+            self.before[line_no] = self._prev if line_no == self.next_no else None
+        self.outstanding[line_no] += 1
+
+    def ack(self, line_no: int) -> None:
+        left = self.outstanding.get(line_no, 0) - 1
+        if left <= 0:
+            self.outstanding.pop(line_no, None)
+            self.before.pop(line_no, None)
+        else:
+            self.outstanding[line_no] = left
+
     def committable(self) -> Any:
-        low = min((n for n, c in self.outstanding.items() if c > 0), default=None)
-        cursor = None
-        while self.lines and (low is None or self.lines[0][0] < low):
-            _, c = self.lines.popleft()
-            if c is not None:
-                cursor = c
+        """The cursor to save now, or None when it has not moved since the last one."""
+        cursor = self.before[min(self.outstanding)] if self.outstanding else self._latest
+        if cursor is None or cursor == self._committed:
+            return None
+        self._committed = cursor
         return cursor
 
 
@@ -216,6 +249,7 @@ class Collector:
         metrics: CollectorMetrics | None = None,
         nvml_events_thread: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        state_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
@@ -240,6 +274,14 @@ class Collector:
         self._clock = clock
         self._boot_wall = datetime.now(timezone.utc) - timedelta(seconds=time.monotonic())
         self.ticks = 0
+        # GPUs of the saved inventory that NVML no longer gives a handle for (issue 9, defect 2).
+        self._inventory_file = Path(state_dir) / "inventory.json" if state_dir is not None else None
+        self._saved: dict[str, GpuIdentity] = self._load_inventory()
+        self.lost: list[GpuIdentity] = []
+        self._lost_why: dict[str, str] = {}
+        self._events_stale = False  # set when a GPU returns: the event set must be re-created
+        self._event_delay = 0.0
+        self._event_retry_at = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, now: datetime) -> None:
@@ -250,7 +292,8 @@ class Collector:
                 log.error("%s; collecting kernel Xid records only", exc)
                 self.nvml = None
         if self.nvml is not None:
-            self.identity.learn_nvml(self.gpus)
+            self._merge_saved_inventory()
+            self.identity.learn_nvml(self.gpus + self.lost)
             self._publish_inventory(now)
             self._last_inventory = self._clock()
             if self.nvml.register_xid_events() and self._use_thread:
@@ -258,13 +301,30 @@ class Collector:
                 self._nvml_thread.start()
 
     def _watch_nvml(self) -> None:
+        lo, hi = self.config.event_backoff
+        delay = 0.0
         while not self._stop.is_set():
+            if self._events_stale and self.nvml is not None:
+                self._events_stale = False
+                self.nvml.register_xid_events()
             try:
                 notice = self.nvml.wait_xid(500) if self.nvml else None
+            except EventWaitFailed as exc:
+                # Answered at once (a registered GPU is lost, an unknown error): back off, then
+                # re-create the set; GPUs that refuse registration are left out until they return.
+                delay = min(hi, max(lo, delay * 2))
+                self.metrics.nvml_event_failures.set(self.nvml.event_wait_failures)
+                if delay == lo:
+                    log.warning("NVML event wait failed (%s); retrying with a new event set in %.1f s, backing "
+                                "off to %.0f s while it fails", exc, delay, hi)
+                self._stop.wait(delay)
+                self._events_stale = True
+                continue
             except Exception:  # noqa: BLE001 - never let the event thread die
                 log.exception("NVML event wait failed")
-                time.sleep(1)
+                self._stop.wait(max(1.0, lo))
                 continue
+            delay = 0.0
             if notice is not None:
                 self._nvml_q.put(notice)
 
@@ -287,7 +347,7 @@ class Collector:
         started = time.perf_counter()
         mono = self._clock()
         self._read_kernel(now, mono)
-        self._read_nvml_events(mono)
+        self._read_nvml_events(now, mono)
         self._emit(self.merger.due(mono), now)
         if self.nvml is not None:
             if mono - self._last_inventory >= self.config.inventory_interval:
@@ -298,6 +358,8 @@ class Collector:
                 self._last_holders = mono
             for gpu in self.gpus:
                 self._sample(gpu, now)
+            for gpu in self.lost:
+                self._sample_lost(gpu, now)
         if self.workloads is not None:
             self._read_workloads(now)
         self.sink.poll()
@@ -307,6 +369,7 @@ class Collector:
         m.update_sink(self.sink.stats())
         if self.nvml is not None:
             m.nvml_errors.set(self.nvml.error_count)
+            m.nvml_event_failures.set(self.nvml.event_wait_failures)
         if self.kernel is not None:
             m.kmsg_lost.set(self.kernel.lost)
         m.loop_seconds.observe(time.perf_counter() - started)
@@ -323,7 +386,7 @@ class Collector:
                 self.metrics.kernel_records.labels(rec.kind).inc()
                 fields = self._fields_from_kernel(rec, now, line.source)
                 if self.merger.add(mono, fields, line.source, line_no, rec):
-                    self.cursors.outstanding[line_no] += 1
+                    self.cursors.hold(line_no)
 
     def _fields_from_kernel(self, rec: KernelRecord, now: datetime, source: str) -> dict:
         if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
@@ -338,20 +401,40 @@ class Collector:
         fields["_mono_us"] = rec.mono_us
         return fields
 
-    def _read_nvml_events(self, mono: float) -> None:
+    def _read_nvml_events(self, now: datetime, mono: float) -> None:
         if self.nvml is None:
             return
         if not self._use_thread:
-            while True:
-                notice = self.nvml.wait_xid(0)
-                if notice is None:
+            # Same backoff as the thread, in the loop's own (maybe scenario) time.
+            if self._events_stale and mono >= self._event_retry_at:
+                self._events_stale = False
+                self.nvml.register_xid_events()
+            while not self._events_stale:
+                try:
+                    notice = self.nvml.wait_xid(0)
+                except EventWaitFailed as exc:
+                    lo, hi = self.config.event_backoff
+                    self._event_delay = min(hi, max(lo, self._event_delay * 2))
+                    self._event_retry_at = mono + self._event_delay
+                    self._events_stale = True
+                    self.metrics.nvml_event_failures.set(self.nvml.event_wait_failures)
+                    log.warning("NVML event wait failed (%s); new event set in %.1f s", exc, self._event_delay)
                     break
-                self._nvml_q.put(notice)
+                if notice is None:
+                    self._event_delay = 0.0
+                    break
+                # the loop's clock is the time of arrival here (scenario replays run in their own time)
+                self._nvml_q.put(XidNotice(**{**notice.__dict__, "received": now}))
         while True:
             try:
                 n = self._nvml_q.get_nowait()
             except queue.Empty:
                 return
+            if n.xid is None:
+                if n.recovery_action is not None:
+                    # Carried by the GPU's next sample (`recovery_action`); said here as it happens.
+                    log.warning("GPU %s: NVML recovery action event: %d", n.uuid or n.pci_bus_id, n.recovery_action)
+                continue
             info = lookup(n.xid)
             fields = dict(
                 node=self.config.node, kind="xid", gpu_uuid=n.uuid, pci_bus_id=n.pci_bus_id,
@@ -359,6 +442,8 @@ class Collector:
                 xid=n.xid, xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution,
                 gpu_instance=n.gpu_instance, compute_instance=n.compute_instance,
                 message="(from NVML event; no kernel log line seen)", raw="",
+                # When the event arrived, not when the merge window let it out (issue 9, defect 3).
+                ts=n.received or now, ts_source=TsSource.nvml,
             )
             self.merger.add(mono, fields, "nvml", None)
 
@@ -377,9 +462,7 @@ class Collector:
 
     def _ack_line(self, line_no: int | None) -> None:
         if line_no is not None:
-            self.cursors.outstanding[line_no] -= 1
-            if self.cursors.outstanding[line_no] <= 0:
-                del self.cursors.outstanding[line_no]
+            self.cursors.ack(line_no)
 
     def _commit_kernel(self) -> None:
         if self.kernel is None:
@@ -392,15 +475,98 @@ class Collector:
                 log.warning("cannot save the kernel log cursor: %s", exc)
 
     # -- NVML ------------------------------------------------------------------------------
+    def _load_inventory(self) -> dict[str, GpuIdentity]:
+        if self._inventory_file is None:
+            return {}
+        try:
+            data = orjson.loads(self._inventory_file.read_bytes())
+            gpus = {}
+            for d in data.get("gpus", []):
+                d["notes"] = tuple(d.get("notes") or ())
+                d["status"] = "ok"
+                g = GpuIdentity(**d)
+                gpus[g.uuid] = g
+            return gpus
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("cannot read the saved GPU inventory %s: %s; starting from NVML's", self._inventory_file, exc)
+            return {}
+
+    def _save_inventory(self) -> None:
+        """Write-rename-fsync, so a power loss leaves the old or the new file, never an empty one."""
+        if self._inventory_file is None:
+            return
+        data = {"gpus": [{**g.__dict__, "notes": list(g.notes), "status": "ok"} for g in self._saved.values()]}
+        path = self._inventory_file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            with tmp.open("wb") as fh:
+                fh.write(orjson.dumps(data))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            log.warning("cannot save the GPU inventory to %s: %s", path, exc)
+
+    def forget_gpu(self, uuid: str) -> bool:
+        """An operator removed this GPU: stop publishing it as lost (`xidstream collect --forget-gpu`)."""
+        found = self._saved.pop(uuid, None) is not None
+        self.lost = [g for g in self.lost if g.uuid != uuid]
+        if found:
+            log.warning("GPU %s removed from the saved inventory by the operator", uuid)
+            self._save_inventory()
+        return found
+
+    def _merge_saved_inventory(self) -> None:
+        """Live GPUs replace their saved entries; a saved GPU that NVML no longer gives a handle for
+        stays, as lost (issue 9, defect 2: after Xid 79 and a collector restart, real NVML refuses
+        the GPU's handle, and the GPU would vanish from every topic). A different GPU at the same
+        PCI address means it was replaced: the old entry goes."""
+        live = {g.uuid for g in self.gpus}
+        live_pci = {g.pci_bus_id for g in self.gpus}
+        refused = self.nvml.refused if self.nvml is not None else {}
+        lost, why = [], {}
+        for uuid, g in list(self._saved.items()):
+            if uuid in live:
+                continue
+            if g.pci_bus_id in live_pci:
+                log.warning("GPU %s at %s was replaced; forgetting it", uuid, g.pci_bus_id)
+                del self._saved[uuid]
+                continue
+            lost.append(GpuIdentity(**{**g.__dict__, "status": "lost"}))
+            why[uuid] = refused.get(g.index) or "not listed by NVML"
+        returned = {g.uuid for g in self.lost} - {g.uuid for g in lost}
+        for g in lost:
+            if g.uuid not in {x.uuid for x in self.lost}:
+                log.error("GPU %d (%s, %s) from the saved inventory: NVML refuses it (%s); published as lost until "
+                          "it returns or `--forget-gpu %s`", g.index, g.uuid, g.pci_bus_id, why[g.uuid], g.uuid)
+        if returned:
+            log.warning("GPU(s) %s are back", ", ".join(sorted(returned)))
+            self._events_stale = True
+        self.lost, self._lost_why = lost, why
+        before = dict(self._saved)
+        for g in self.gpus:
+            self._saved[g.uuid] = g
+        if before != self._saved or not (self._inventory_file and self._inventory_file.exists()):
+            self._save_inventory()
+
     def _inventory_record(self, gpu: GpuIdentity, now: datetime) -> GpuInventory:
         return GpuInventory(
             ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
             name=gpu.name, serial=gpu.serial, memory_total_mib=gpu.memory_total_mib,
-            driver_version=gpu.driver_version, cuda_version=gpu.cuda_version,
+            driver_version=gpu.driver_version, cuda_version=gpu.cuda_version, status=gpu.status,
+            memory_info_version=gpu.memory_info_version, notes=list(gpu.notes),
         )
 
     def _publish_inventory(self, now: datetime) -> None:
-        for gpu in self.gpus:
+        for gpu in self.gpus + self.lost:
             rec = self._inventory_record(gpu, now)
             prev = self._inventory_sent.get(gpu.uuid)
             same = prev is not None and prev.model_dump(exclude={"event_id", "ts"}) == rec.model_dump(exclude={"event_id", "ts"})
@@ -410,42 +576,68 @@ class Collector:
 
     def _refresh_inventory(self, now: datetime) -> None:
         try:
-            self.gpus = self.nvml.refresh_inventory()
+            gpus = self.nvml.refresh_inventory()
         except NvmlUnavailable as exc:
             log.warning("inventory refresh failed: %s", exc)
             return
-        self.identity.learn_nvml(self.gpus)
+        if {g.uuid for g in gpus} - {g.uuid for g in self.gpus}:
+            self._events_stale = True  # a GPU appeared or came back: register it for events
+        self.gpus = gpus
+        self._merge_saved_inventory()
+        self.identity.learn_nvml(self.gpus + self.lost)
         self._publish_inventory(now)
+
+    def _set_status(self, gpu: GpuIdentity, status: str, error: str | None) -> None:
+        old = self._status.get(gpu.uuid, "ok")
+        if old != status:
+            level = logging.ERROR if status != "ok" else logging.WARNING
+            log.log(level, "GPU %s (%s) NVML status: %s -> %s %s", gpu.index, gpu.uuid, old, status, error or "")
+            self.metrics.gpu_status.labels(gpu.uuid, old).set(0)
+            self._status[gpu.uuid] = status
+            if status == "ok":
+                self._events_stale = True  # it is back: the event set must include it again
+        self.metrics.gpu_status.labels(gpu.uuid, status).set(1)
+
+    def _holders_of(self, gpu: GpuIdentity) -> list[DeviceHolder]:
+        minor = gpu.minor if gpu.minor is not None else gpu.index
+        holder_pids = self._holders.get(f"{self.config.dev_prefix}{minor}", [])
+        return [DeviceHolder(pid=p, process_name=self.procfs.comm(p) if self.procfs else None) for p in holder_pids]
+
+    def _sample_lost(self, gpu: GpuIdentity, now: datetime) -> None:
+        """A GPU of the saved inventory that NVML refuses: lost, with nothing else known."""
+        error = f"NVML refuses this GPU ({self._lost_why.get(gpu.uuid, 'no handle')}); from the saved inventory"
+        self._set_status(gpu, "lost", error)
+        common = dict(ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id)
+        self.sink.publish(GpuSample(**common, status="lost", error=error))
+        self.sink.publish(GpuProcesses(**common, compute_apps=None, error=error, device_holders=self._holders_of(gpu)))
 
     def _sample(self, gpu: GpuIdentity, now: datetime) -> None:
         reading = self.nvml.sample(gpu)
-        if self._status.get(gpu.uuid, "ok") != reading.status:
-            level = logging.ERROR if reading.status != "ok" else logging.WARNING
-            log.log(level, "GPU %s (%s) NVML status: %s -> %s %s", gpu.index, gpu.uuid,
-                    self._status.get(gpu.uuid, "ok"), reading.status, reading.error or "")
-            self.metrics.gpu_status.labels(gpu.uuid, self._status.get(gpu.uuid, "ok")).set(0)
-            self._status[gpu.uuid] = reading.status
-        self.metrics.gpu_status.labels(gpu.uuid, reading.status).set(1)
+        self._set_status(gpu, reading.status, reading.error)
         self.sink.publish(GpuSample(
             ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
             status=reading.status, error=reading.error, **reading.values,
         ))
-        apps = self.nvml.compute_apps(gpu)
-        if apps is None and reading.status != "ok":
-            apps = []
-        compute = []
-        for pid, used in apps or []:
-            ref = self.procfs.pod_of(pid) if self.procfs is not None else None
-            name = self.nvml.process_name(pid) or (self.procfs.comm(pid) if self.procfs else None)
-            compute.append(ComputeApp(pid=pid, process_name=name, used_memory_mib=used,
-                                      pod_uid=getattr(ref, "pod_uid", None), container_id=getattr(ref, "container_id", None)))
-        pmon = [PmonSample(pid=p, sm_util_pct=sm, mem_util_pct=mem) for p, sm, mem in self.nvml.pmon(gpu)]
-        minor = gpu.minor if gpu.minor is not None else gpu.index
-        holder_pids = self._holders.get(f"{self.config.dev_prefix}{minor}", [])
-        holders = [DeviceHolder(pid=p, process_name=self.procfs.comm(p) if self.procfs else None) for p in holder_pids]
+        # A list NVML could not read is unknown (null), never "no compute process": the wedge and
+        # phantom rules would take [] as evidence (issue 9, defect 7).
+        if reading.status != "ok":
+            apps, error = None, f"GPU {reading.status}: {reading.error}"
+        else:
+            apps = self.nvml.compute_apps(gpu)
+            error = None if apps is not None else f"compute processes not readable: {self.nvml.last_error}"
+        compute = None
+        if apps is not None:
+            compute = []
+            for pid, used in apps:
+                ref = self.procfs.pod_of(pid) if self.procfs is not None else None
+                name = self.nvml.process_name(pid) or (self.procfs.comm(pid) if self.procfs else None)
+                compute.append(ComputeApp(pid=pid, process_name=name, used_memory_mib=used,
+                                          pod_uid=getattr(ref, "pod_uid", None), container_id=getattr(ref, "container_id", None)))
+        pmon = [PmonSample(pid=p, sm_util_pct=sm, mem_util_pct=mem) for p, sm, mem in self.nvml.pmon(gpu)] \
+            if reading.status == "ok" else []
         self.sink.publish(GpuProcesses(
             ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
-            compute_apps=compute, pmon=pmon, device_holders=holders,
+            compute_apps=compute, error=error, pmon=pmon, device_holders=self._holders_of(gpu),
         ))
 
     # -- workloads -------------------------------------------------------------------------

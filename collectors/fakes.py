@@ -4,7 +4,16 @@
 the same function names and arguments, return objects with the same attributes, and `NVMLError`
 with per-code subclasses (`NVMLError_GpuIsLost`, ...) whose `.value` is the NVML return code. A GPU
 whose status is `lost` or `reset_required` raises those from every per-device read, as a real
-one does. Xid events are queued for `nvmlEventSetWait_v2`.
+one does; a `lost` GPU also refuses a handle (`nvmlDeviceGetHandleByIndex`), as real NVML does for
+a GPU that fell off the bus. Xid and recovery-action events are queued for `nvmlEventSetWait_v2`;
+an event set with a lost GPU registered answers GpuIsLost at once and stays broken (Unknown) until
+it is freed and created again, so a caller that does not back off spins (issue 9, defect 6).
+
+Issue 9 knobs per GPU: `memory_reserved_mib` (v2 reports it apart; v1's `used` includes it),
+`memory_v2=False` (a driver without nvmlDeviceGetMemoryInfo_v2: FunctionNotFound),
+`recovery_action` / `remapped_rows` / `ecc_dbe_volatile` (None: NotSupported), `errors`
+(function name -> NVML return code it raises), `lose_on_call` ((function, n): the GPU falls off the
+bus at the n-th call of that function).
 """
 
 from __future__ import annotations
@@ -38,12 +47,13 @@ class _NVMLError(Exception):
 
 _NAMES = {
     1: "Uninitialized", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
-    10: "Timeout", 12: "NVML Shared Library Not Found", 15: "GPU is lost", 16: "GPU requires restart",
-    999: "Unknown Error",
+    10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found", 15: "GPU is lost",
+    16: "GPU requires restart", 21: "No data", 25: "Argument version mismatch", 999: "Unknown Error",
 }
 _CLASS_NAMES = {
     1: "Uninitialized", 3: "NotSupported", 4: "NoPermission", 6: "NotFound", 10: "Timeout",
-    12: "LibraryNotFound", 15: "GpuIsLost", 16: "ResetRequired", 999: "Unknown",
+    12: "LibraryNotFound", 13: "FunctionNotFound", 15: "GpuIsLost", 16: "ResetRequired", 21: "NoData",
+    25: "ArgumentVersionMismatch", 999: "Unknown",
 }
 _ERROR_CLASSES = {}
 for _code, _name in _CLASS_NAMES.items():
@@ -78,6 +88,19 @@ class FakeGpu:
     temperature_c: int = 35
     processes: list[FakeProcess] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)  # function names that raise NotSupported
+    memory_reserved_mib: float = 0.0  # driver/firmware reserved; inside v1's `used`
+    memory_v2: bool = True  # the driver has nvmlDeviceGetMemoryInfo_v2
+    recovery_action: int | None = 0  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; None: NotSupported
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failure
+    ecc_dbe_volatile: int | None = 0  # None: no ECC on this board (NotSupported)
+    errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML code it raises
+    lose_on_call: tuple[str, int] | None = None  # (function, n): lost from its n-th call on
+
+
+class _FakeEventSet:
+    def __init__(self) -> None:
+        self.gpus: dict[int, FakeGpu] = {}
+        self.broken = False
 
 
 class FakePynvml:
@@ -92,13 +115,20 @@ class FakePynvml:
     NVML_CLOCK_SM = 1
     NVML_CLOCK_MEM = 2
     NVML_TEMPERATURE_GPU = 0
+    NVML_SUCCESS = 0
+    NVML_VOLATILE_ECC = 0
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     nvmlEventTypeXidCriticalError = 0x8
     nvmlMemory_v2 = 0x02000028
 
     def __init__(self, gpus: list[FakeGpu], driver_version: str = "590.44.01", cuda_version: str = "13.1",
-                 available: bool = True) -> None:
+                 available: bool = True, recovery_events: bool = True) -> None:
         for name, cls in _ERROR_CLASSES.items():
             setattr(self, name, cls)
+        # Instance attributes, so a test can delete them like an older nvidia-ml-py lacks them.
+        self.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+        self.nvmlEventTypeGpuRecoveryAction = 0x8000
+        self.recovery_events = recovery_events  # the driver delivers recovery-action events
         self.gpus = list(gpus)
         self.driver_version = driver_version
         major, minor = (cuda_version.split(".") + ["0"])[:2]
@@ -120,7 +150,16 @@ class FakePynvml:
     def inject_xid(self, ref: int | str, xid: int) -> None:
         """Queue an Xid event as the driver would deliver it to a registered event set."""
         with self._cv:
-            self._events.append((self.gpu(ref), xid))
+            self._events.append((self.gpu(ref), self.nvmlEventTypeXidCriticalError, xid))
+            self._cv.notify_all()
+
+    def inject_recovery_action(self, ref: int | str, action: int) -> None:
+        """The driver decided a recovery action: the field changes and an event is queued."""
+        gpu = self.gpu(ref)
+        if gpu.recovery_action is not None:
+            gpu.recovery_action = action
+        with self._cv:
+            self._events.append((gpu, 0x8000, action))
             self._cv.notify_all()
 
     # -- internals -------------------------------------------------------------------------
@@ -131,6 +170,13 @@ class FakePynvml:
         if not self.initialized:
             raise _NVMLError(1)
         if gpu is not None:
+            if gpu.lose_on_call is not None and gpu.lose_on_call[0] == fn:
+                left = gpu.lose_on_call[1] - 1
+                gpu.lose_on_call = (fn, left)
+                if left <= 0:
+                    gpu.status, gpu.lose_on_call = "lost", None
+            if fn in gpu.errors:
+                raise _NVMLError(gpu.errors[fn])
             if gpu.status == "lost":
                 raise _NVMLError(15)
             if gpu.status == "reset_required":
@@ -170,6 +216,8 @@ class FakePynvml:
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         self._check("nvmlDeviceGetHandleByIndex")
+        if self.gpus[index].status == "lost":
+            raise _NVMLError(15)  # real NVML refuses a handle for a GPU that fell off the bus
         return self.gpus[index]
 
     def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
@@ -196,10 +244,38 @@ class FakePynvml:
         return h.serial
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> Any:
-        self._check("nvmlDeviceGetMemoryInfo", h)
         mib = 1024 * 1024
-        return SimpleNamespace(total=h.memory_total_mib * mib, used=int(h.memory_used_mib * mib),
-                               free=int((h.memory_total_mib - h.memory_used_mib) * mib))
+        total, used, reserved = h.memory_total_mib * mib, int(h.memory_used_mib * mib), int(h.memory_reserved_mib * mib)
+        if version:  # pynvml calls nvmlDeviceGetMemoryInfo_v2, which an old driver does not have
+            self._check("nvmlDeviceGetMemoryInfo_v2", h)
+            if not h.memory_v2:
+                raise _NVMLError(13)
+            return SimpleNamespace(version=version, total=total, reserved=reserved, used=used,
+                                   free=total - used - reserved)
+        self._check("nvmlDeviceGetMemoryInfo", h)
+        return SimpleNamespace(total=total, used=used + reserved, free=total - used - reserved)
+
+    def nvmlDeviceGetFieldValues(self, h: FakeGpu, field_ids: list) -> list:
+        self._check("nvmlDeviceGetFieldValues", h)
+        out = []
+        for fid in field_ids:
+            value = h.recovery_action if fid == 230 else None
+            out.append(SimpleNamespace(
+                fieldId=fid, scopeId=0, timestamp=0, latencyUsec=0, valueType=1,  # NVML_VALUE_TYPE_UNSIGNED_INT
+                nvmlReturn=3 if value is None else 0, value=SimpleNamespace(uiVal=value or 0)))
+        return out
+
+    def nvmlDeviceGetRemappedRows(self, h: FakeGpu) -> tuple:
+        self._check("nvmlDeviceGetRemappedRows", h)
+        if h.remapped_rows is None:
+            raise _NVMLError(3)
+        return tuple(h.remapped_rows)
+
+    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, error_type: int, counter_type: int) -> int:
+        self._check("nvmlDeviceGetTotalEccErrors", h)
+        if h.ecc_dbe_volatile is None:
+            raise _NVMLError(3)
+        return h.ecc_dbe_volatile if (error_type, counter_type) == (1, 0) else 0
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
         self._check("nvmlDeviceGetUtilizationRates", h)
@@ -235,23 +311,31 @@ class FakePynvml:
             raise _NVMLError(6)  # NVML_ERROR_NOT_FOUND: nothing newer than the cursor
         return samples
 
-    def nvmlEventSetCreate(self) -> object:
+    def nvmlEventSetCreate(self) -> _FakeEventSet:
         self._check("nvmlEventSetCreate")
-        return object()
+        return _FakeEventSet()
 
-    def nvmlDeviceRegisterEvents(self, h: FakeGpu, types: int, event_set: object) -> None:
+    def nvmlDeviceRegisterEvents(self, h: FakeGpu, types: int, event_set: _FakeEventSet) -> None:
         self._check("nvmlDeviceRegisterEvents", h)
+        if types & 0x8000 and not self.recovery_events:
+            raise _NVMLError(3)  # a driver without recovery-action events refuses the whole mask
+        event_set.gpus[id(h)] = h
 
-    def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> Any:
+    def nvmlEventSetWait_v2(self, event_set: _FakeEventSet, timeout_ms: int) -> Any:
         self._check("nvmlEventSetWait_v2")
+        if event_set.broken:
+            raise _NVMLError(999)
+        if any(g.status == "lost" for g in event_set.gpus.values()):
+            event_set.broken = True
+            raise _NVMLError(15)  # answered at once, whatever the timeout
         with self._cv:
             if not self._events:
                 self._cv.wait(timeout_ms / 1000.0)
             if not self._events:
                 raise _NVMLError(10)
-            gpu, xid = self._events.popleft()
-        return SimpleNamespace(device=gpu, eventType=self.nvmlEventTypeXidCriticalError, eventData=xid,
+            gpu, kind, data = self._events.popleft()
+        return SimpleNamespace(device=gpu, eventType=kind, eventData=data,
                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
 
-    def nvmlEventSetFree(self, event_set: object) -> None:
-        pass
+    def nvmlEventSetFree(self, event_set: _FakeEventSet) -> None:
+        event_set.gpus.clear()

@@ -1,9 +1,13 @@
 """`xidstream gpu-check`: read every field through the real `pynvml` and print what came back.
 
 Run it on a machine with an NVIDIA GPU and driver to check the real NVML path of the collector
-(the tests use the pynvml look-alike). It prints, per GPU, the identity, one sample with every
-contract field, compute apps, pmon samples and whether Xid events can be registered, then what the
-collector would publish. Exit code: 0 all read, 1 NVML unavailable, 3 some reads failed.
+(the tests use the pynvml look-alike). It prints, per GPU, the identity (with the memory call's
+version and any notes), one sample with every contract field (memory reserved, recovery action,
+remapped rows, volatile DBE included), compute apps, pmon samples and whether Xid and
+recovery-action events can be registered. A GPU that NVML refuses a handle for, or that is lost
+during the check, is printed as lost, never as a traceback (issue 9, defect 1).
+
+Exit code: 0 all read, 1 NVML unavailable, 3 faults found (a lost GPU, or reads that failed).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ __all__ = ["run_gpu_check"]
 
 
 def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -> int:
-    from collectors.nvml import NvmlReader, NvmlUnavailable
+    from collectors.nvml import EventWaitFailed, NvmlReader, NvmlUnavailable
 
     out = out or sys.stdout
     if nvml_module is None:
@@ -33,35 +37,56 @@ def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -
     except NvmlUnavailable as exc:
         say(f"NVML unavailable: {exc}")
         return 1
-    say(f"nvmlInit + inventory: {1000 * (time.perf_counter() - t0):.1f} ms, {len(gpus)} GPU(s)")
-    failures = 0
+    say(f"nvmlInit + inventory: {1000 * (time.perf_counter() - t0):.1f} ms, {len(gpus)} GPU(s)"
+        + (f", {len(reader.refused)} refused" if reader.refused else ""))
+    faults = 0
+    for index, why in sorted(reader.refused.items()):
+        say(f"\nGPU {index}: lost (NVML refuses a handle or identity: {why})")
+        faults += 1
     for gpu in gpus:
         say(f"\nGPU {gpu.index}: {gpu.uuid}")
         for key, value in gpu.__dict__.items():
             say(f"  {key:22} {value!r}")
-        raw = nvml_module.nvmlDeviceGetPciInfo_v3(nvml_module.nvmlDeviceGetHandleByIndex(gpu.index)).busId
-        say(f"  {'raw busId':22} {raw!r} ({type(raw).__name__})")
+        try:
+            raw = nvml_module.nvmlDeviceGetPciInfo_v3(nvml_module.nvmlDeviceGetHandleByIndex(gpu.index)).busId
+            say(f"  {'raw busId':22} {raw!r} ({type(raw).__name__})")
+        except nvml_module.NVMLError as exc:
+            say(f"  {'raw busId':22} not readable: {exc}")
         t0 = time.perf_counter()
         sample = reader.sample(gpu)
         took = 1000 * (time.perf_counter() - t0)
         say(f"  sample ({took:.2f} ms): status={sample.status} error={sample.error}")
         for key, value in sample.values.items():
-            say(f"    {key:22} {value!r}")
+            say(f"    {key:28} {value!r}")
         missing = [k for k, v in sample.values.items() if v is None]
         if missing:
-            say(f"    (null: {', '.join(missing)}; NotSupported on this board, or an error)")
-        failures += sample.errors
+            say(f"    (null: {', '.join(missing)}; not supported on this board, or an error)")
+        if sample.status != "ok":
+            faults += 1
+            continue
+        faults += sample.errors
         t0 = time.perf_counter()
         apps = reader.compute_apps(gpu)
-        say(f"  compute apps ({1000 * (time.perf_counter() - t0):.2f} ms): {apps!r}")
+        took = 1000 * (time.perf_counter() - t0)
+        if apps is None:
+            say(f"  compute apps ({took:.2f} ms): unknown ({reader.last_error})")
+        else:
+            say(f"  compute apps ({took:.2f} ms): {apps!r}")
         for pid, _ in apps or []:
             say(f"    pid {pid}: name {reader.process_name(pid)!r}")
         say(f"  pmon: {reader.pmon(gpu)!r}")
     registered = reader.register_xid_events()
+    recovery = getattr(nvml_module, "nvmlEventTypeGpuRecoveryAction", None)
     say(f"\nXid event registration: {'ok' if registered else 'not available'}")
+    say(f"recovery action events: {'asked for' if recovery is not None else 'not in this pynvml'}"
+        + ("" if registered else " (no event set)"))
     if registered:
-        notice = reader.wait_xid(int(wait_events * 1000))
-        say(f"waited {wait_events:.1f} s for an Xid event: {notice!r}")
-    say(f"NVML errors other than NotSupported: {reader.error_count}")
+        try:
+            notice = reader.wait_xid(int(wait_events * 1000))
+            say(f"waited {wait_events:.1f} s for an event: {notice!r}")
+        except EventWaitFailed as exc:
+            say(f"event wait failed: {exc}")
+            faults += 1
+    say(f"NVML errors other than NotSupported/NotFound/NoData: {reader.error_count}")
     reader.shutdown()
-    return 3 if failures or reader.error_count else 0
+    return 3 if faults or reader.error_count else 0

@@ -14,7 +14,9 @@ class CollectorMetrics:
         self.published = Gauge("xidstream_collector_records_published", "Records acknowledged by Kafka (or printed), per topic", ["topic"], registry=r)
         self.spool_depth = Gauge("xidstream_collector_spool_depth", "Records spooled on disk and not yet acknowledged", ["lane"], registry=r)
         self.dropped = Gauge("xidstream_collector_records_dropped", "Records dropped: spool over its bound, or refused by Kafka", registry=r)
-        self.nvml_errors = Gauge("xidstream_collector_nvml_errors", "NVML reads that failed (not counting NotSupported)", registry=r)
+        self.nvml_errors = Gauge("xidstream_collector_nvml_errors", "NVML reads that failed (not counting NotSupported, NotFound, NoData)", registry=r)
+        self.nvml_event_failures = Gauge("xidstream_collector_nvml_event_wait_failures",
+                                         "NVML event waits that failed (not Timeout); the event set is re-created after a back-off", registry=r)
         self.kernel_lines = Counter("xidstream_collector_kernel_lines", "Kernel log lines read", registry=r)
         self.kernel_records = Counter("xidstream_collector_kernel_records", "Xid and related records found", ["kind"], registry=r)
         self.kmsg_lost = Gauge("xidstream_collector_kmsg_overwritten", "Times the kernel ring buffer overwrote unread records", registry=r)

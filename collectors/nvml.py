@@ -5,7 +5,11 @@ The real module is `pynvml` from NVIDIA's `nvidia-ml-py`; tests, the demo and re
 `NVMLError_*` classes), so both run this same code.
 
 Every read is wrapped (runtime-notes section 4; gpud treats lost/reset as health, not crashes):
-- NotSupported / NoPermission -> the field is null;
+- NotSupported, NoPermission, NotFound, NoData, FunctionNotFound -> the field is null and nothing
+  is counted: on a healthy board these are normal answers (an idle GPU has no process sample, a
+  GeForce has no ECC or row remapper, an old driver lacks the function), and counting them made the
+  error metric rise on healthy nodes (issue 9, defect 5). A field found unsupported is not asked
+  again until the next inventory refresh;
 - GpuIsLost / ResetRequired -> the sample's `status` says so and the collector publishes it;
 - anything else -> the field is null and the error is counted; never an exception out of here.
 """
@@ -13,19 +17,32 @@ Every read is wrapped (runtime-notes section 4; gpud treats lost/reset as health
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from schemas.base import normalize_pci
 
-__all__ = ["NvmlReader", "NvmlUnavailable", "GpuIdentity", "SampleReading", "XidNotice"]
+__all__ = ["NvmlReader", "NvmlUnavailable", "EventWaitFailed", "GpuIdentity", "SampleReading", "XidNotice"]
 
 log = logging.getLogger(__name__)
 
 # NVML return codes (nvml.h); pynvml exposes them as NVML_ERROR_* too.
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, TIMEOUT, GPU_IS_LOST, RESET_REQUIRED = 3, 4, 6, 10, 15, 16
-_NULL_FIELD = {NOT_SUPPORTED, NO_PERMISSION}
+FUNCTION_NOT_FOUND, NO_DATA, ARGUMENT_VERSION_MISMATCH, UNKNOWN = 13, 21, 25, 999
+# Answers that mean "this board/driver has no such value (now)": null, never an error count.
+_ABSENT = frozenset({NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, NO_DATA, FUNCTION_NOT_FOUND})
+# Absent for good on this board and driver: not asked again until the next inventory refresh.
+_UNSUPPORTED = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
 _HEALTH = {GPU_IS_LOST: "lost", RESET_REQUIRED: "reset_required"}
+# nvmlFieldValue_t.valueType -> the c_nvmlValue_t member that holds it (nvml.h nvmlValueType_t).
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_MIB = 1024 * 1024
+# Sample fields the reader adds for issue 9 (all null when the board cannot say).
+NEW_SAMPLE_FIELDS = ("memory_reserved_mib", "recovery_action", "remapped_rows_correctable",
+                     "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure",
+                     "ecc_dbe_volatile")
 
 
 class NvmlUnavailable(Exception):
@@ -43,6 +60,9 @@ class GpuIdentity:
     driver_version: str | None
     cuda_version: str | None
     minor: int | None = None  # /dev/nvidia<minor>
+    memory_info_version: int | None = None  # 2: nvmlDeviceGetMemoryInfo_v2; 1: the v1 call
+    notes: tuple[str, ...] = ()  # what could not be read, in words (inventory `notes`)
+    status: str = "ok"  # "lost": from the saved inventory, NVML refuses a handle (collectors.agent)
 
 
 @dataclass
@@ -50,18 +70,21 @@ class SampleReading:
     values: dict[str, Any]
     status: str = "ok"
     error: str | None = None
-    errors: int = 0  # reads that failed for another reason than NotSupported
+    errors: int = 0  # reads that failed for a reason other than "absent" (see _ABSENT)
 
 
 @dataclass(frozen=True)
 class XidNotice:
-    """An Xid seen through NVML's event set (how the k8s device plugin sees Xids)."""
+    """An event from NVML's event set: an Xid (how the k8s device plugin sees Xids) or, where the
+    driver has it, a GPU recovery action (`recovery_action` set, `xid` None)."""
 
     uuid: str | None
     pci_bus_id: str | None
-    xid: int
+    xid: int | None
     gpu_instance: int | None = None
     compute_instance: int | None = None
+    received: datetime | None = None  # wall-clock time the event was taken from NVML
+    recovery_action: int | None = None
 
 
 @dataclass
@@ -69,7 +92,9 @@ class _Device:
     handle: Any
     ident: GpuIdentity
     pmon_cursor: int = 0  # highest per-process utilization timestamp seen (microseconds)
-    handle_by_uuid: dict = field(default_factory=dict)
+    mem_version: int = 1
+    unsupported: set = field(default_factory=set)  # reads this board answered NotSupported
+    event_recovery_action: int | None = None  # last action delivered by a recovery-action event
 
 
 class NvmlReader:
@@ -79,9 +104,14 @@ class NvmlReader:
         self.nvml = nvml
         self._devices: list[_Device] = []
         self._event_set: Any = None
+        self._event_mask = 0
+        self._event_lock = threading.Lock()
         self._by_handle: dict[int, _Device] = {}
         self._identity_failed: set[int] = set()
         self.error_count = 0
+        self.event_wait_failures = 0  # event waits that failed with something other than Timeout
+        self.refused: dict[int, str] = {}  # NVML index -> why NVML refused its handle/identity
+        self.last_error: str | None = None  # the error behind the last null `_call`
 
     # -- set-up ----------------------------------------------------------------------------
     def init(self) -> list[GpuIdentity]:
@@ -104,13 +134,17 @@ class NvmlReader:
             raise NvmlUnavailable(f"cannot count GPUs: {exc}") from None
         old = {d.ident.uuid: d for d in self._devices}
         devices = []
+        refused: dict[int, str] = {}
         for i in range(count):
             try:
                 h = n.nvmlDeviceGetHandleByIndex(i)
                 uuid = _text(n.nvmlDeviceGetUUID(h))
                 pci = normalize_pci(n.nvmlDeviceGetPciInfo_v3(h).busId)
             except n.NVMLError as exc:
-                # A lost GPU cannot say who it is; keep what we knew, or skip it. Said once.
+                # A lost GPU cannot say who it is (real NVML refuses even the handle): keep what we
+                # knew, and say which index was refused; the collector publishes it as lost from
+                # its saved inventory (issue 9, defect 2). Logged once per index.
+                refused[i] = str(exc)
                 if i not in self._identity_failed:
                     log.warning("GPU %d: cannot read identity: %s", i, exc)
                     self._identity_failed.add(i)
@@ -118,22 +152,46 @@ class NvmlReader:
                 if prev is not None:
                     devices.append(prev)
                 continue
-            mem = self._call(n.nvmlDeviceGetMemoryInfo, h)
+            mem, version, note = self._memory(h)
             ident = GpuIdentity(
                 index=i, uuid=uuid, pci_bus_id=pci or "0000:00:00",
                 name=_text(self._call(n.nvmlDeviceGetName, h)),
                 serial=_text(self._call(n.nvmlDeviceGetSerial, h)),
-                memory_total_mib=int(mem.total // (1024 * 1024)) if mem is not None else None,
+                memory_total_mib=int(mem.total // _MIB) if mem is not None else None,
                 driver_version=_text(driver), cuda_version=cuda,
                 minor=self._call(n.nvmlDeviceGetMinorNumber, h),
+                memory_info_version=version if mem is not None else None,
+                notes=(note,) if note else (),
             )
             self._identity_failed.discard(i)
             dev = old.get(uuid) or _Device(handle=h, ident=ident)
-            dev.handle, dev.ident = h, ident
+            dev.handle, dev.ident, dev.mem_version = h, ident, version
+            dev.unsupported = set()  # a driver update may add what was missing: ask again
             devices.append(dev)
         self._devices = devices
         self._by_handle = {_handle_key(d.handle): d for d in devices}
+        self.refused = refused
         return [d.ident for d in devices]
+
+    def _memory(self, h: Any) -> tuple[Any, int, str | None]:
+        """(memory info, 2 or 1, note). v1's `used` is "reserved + allocated" (nvmlMemory_t), i.e.
+        hundreds of MiB on an idle data-center GPU, more than the 1% the wedge and phantom rules
+        allow; nvmlDeviceGetMemoryInfo_v2 (driver r510+) reports `reserved` apart (NVML API
+        Reference, nvmlMemory_v2_t). Fall back to v1 where the driver or binding lacks v2."""
+        n = self.nvml
+        v2 = getattr(n, "nvmlMemory_v2", None)
+        why = "the pynvml module has no nvmlMemory_v2"
+        if v2 is not None:
+            try:
+                return n.nvmlDeviceGetMemoryInfo(h, version=v2), 2, None
+            except TypeError:  # a binding whose nvmlDeviceGetMemoryInfo takes no version
+                why = "the pynvml module's nvmlDeviceGetMemoryInfo takes no version"
+            except n.NVMLError as exc:
+                if getattr(exc, "value", None) in _HEALTH:
+                    return None, 2, None
+                why = f"nvmlDeviceGetMemoryInfo_v2: {exc}"
+        note = f"memory from the v1 call: used includes driver-reserved memory ({why})"
+        return self._call(n.nvmlDeviceGetMemoryInfo, h), 1, note
 
     @property
     def gpus(self) -> list[GpuIdentity]:
@@ -150,54 +208,103 @@ class NvmlReader:
 
     # -- reads -----------------------------------------------------------------------------
     def _call(self, fn: Any, *args: Any) -> Any:
-        """One read; None on any NVML error (counted unless NotSupported/NoPermission/NotFound)."""
+        """One read; None on any NVML error (counted unless it means "absent", see _ABSENT)."""
         try:
             return fn(*args)
         except self.nvml.NVMLError as exc:
-            if getattr(exc, "value", None) not in _NULL_FIELD | {NOT_FOUND}:
+            self.last_error = str(exc)
+            if getattr(exc, "value", None) not in _ABSENT:
                 self.error_count += 1
             return None
 
     def sample(self, gpu: GpuIdentity) -> SampleReading:
         n = self.nvml
-        h = self._device(gpu).handle
+        dev = self._device(gpu)
+        h = dev.handle
         values: dict[str, Any] = {}
         reading = SampleReading(values)
 
-        def read(name: str, fn: Any, *args: Any, convert: Any = None) -> None:
+        def read(name: str, fn: Any, *args: Any, **kw: Any) -> Any:
+            key = (name, fn)
+            if key in dev.unsupported or reading.status != "ok":
+                return None  # known unsupported, or the GPU already said it is lost: no more calls
             try:
-                value = fn(h, *args)
+                return fn(h, *args, **kw)
             except n.NVMLError as exc:
                 code = getattr(exc, "value", None)
-                values[name] = None
-                if code in _HEALTH and reading.status == "ok":
+                if code in _HEALTH:
                     reading.status, reading.error = _HEALTH[code], str(exc)
-                elif code not in _NULL_FIELD:
+                elif code in _UNSUPPORTED:
+                    dev.unsupported.add(key)
+                elif code not in _ABSENT:
                     reading.errors += 1
                     self.error_count += 1
-                return
-            values[name] = convert(value) if convert else value
+                return None
 
-        read("util", n.nvmlDeviceGetUtilizationRates)
-        util = values.pop("util")
+        util = read("util", n.nvmlDeviceGetUtilizationRates)
         values["utilization_gpu_pct"] = float(util.gpu) if util is not None else None
         values["utilization_memory_pct"] = float(util.memory) if util is not None else None
-        read("mem", n.nvmlDeviceGetMemoryInfo)
-        mem = values.pop("mem")
-        values["memory_used_mib"] = round(mem.used / 1048576, 1) if mem is not None else None
-        values["memory_total_mib"] = round(mem.total / 1048576, 1) if mem is not None else None
-        read("power_w", n.nvmlDeviceGetPowerUsage, convert=lambda mw: round(mw / 1000.0, 1))
-        read("sm_clock_mhz", n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_SM)
-        read("mem_clock_mhz", n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_MEM)
-        read("temperature_c", n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU)
+        if dev.mem_version == 2:
+            mem = read("mem", n.nvmlDeviceGetMemoryInfo, version=n.nvmlMemory_v2)
+        else:
+            mem = read("mem", n.nvmlDeviceGetMemoryInfo)
+        values["memory_used_mib"] = round(mem.used / _MIB, 1) if mem is not None else None
+        values["memory_total_mib"] = round(mem.total / _MIB, 1) if mem is not None else None
+        reserved = getattr(mem, "reserved", None) if dev.mem_version == 2 else None
+        values["memory_reserved_mib"] = round(reserved / _MIB, 1) if reserved is not None else None
+        mw = read("power", n.nvmlDeviceGetPowerUsage)
+        values["power_w"] = round(mw / 1000.0, 1) if mw is not None else None
+        values["sm_clock_mhz"] = read("sm_clock", n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_SM)
+        values["mem_clock_mhz"] = read("mem_clock", n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_MEM)
+        values["temperature_c"] = read("temp", n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU)
+        values["recovery_action"] = self._recovery_action(dev, read)
+        # Row remapping (Ampere+; NVIDIA "GPU Memory Error Management", row remapping): a pending
+        # remap takes effect at the next GPU reset; a failure means the bank is out of spare rows.
+        rows = read("rows", n.nvmlDeviceGetRemappedRows) if hasattr(n, "nvmlDeviceGetRemappedRows") else None
+        corr, unc, pending, failure = rows if rows is not None else (None, None, None, None)
+        values["remapped_rows_correctable"] = int(corr) if corr is not None else None
+        values["remapped_rows_uncorrectable"] = int(unc) if unc is not None else None
+        values["remapped_rows_pending"] = bool(pending) if pending is not None else None
+        values["remapped_rows_failure"] = bool(failure) if failure is not None else None
+        # Volatile (since the driver loaded) double-bit = uncorrected ECC errors; NotSupported on
+        # boards without ECC or with ECC off.
+        etype = getattr(n, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", None)
+        ctype = getattr(n, "NVML_VOLATILE_ECC", None)
+        dbe = read("dbe", n.nvmlDeviceGetTotalEccErrors, etype, ctype) if etype is not None and ctype is not None else None
+        values["ecc_dbe_volatile"] = int(dbe) if dbe is not None else None
+        if reading.status != "ok":
+            for k in values:
+                values[k] = None  # nothing read after a lost/reset answer is trustworthy
         return reading
 
+    def _recovery_action(self, dev: _Device, read: Any) -> int | None:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t, 0-7) through
+        nvmlDeviceGetFieldValues; where the field is unreadable, the last recovery-action event."""
+        n = self.nvml
+        fid = getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)  # absent from older nvidia-ml-py
+        value = None
+        if fid is not None and hasattr(n, "nvmlDeviceGetFieldValues"):
+            got = read("recovery_action", n.nvmlDeviceGetFieldValues, [fid])
+            if got:
+                fv = got[0]
+                ret = getattr(fv, "nvmlReturn", 0)
+                if ret == 0:
+                    member = _VALUE_MEMBER.get(getattr(fv, "valueType", 1), "uiVal")
+                    raw = getattr(fv.value, member, None)
+                    value = int(raw) if raw is not None and 0 <= int(raw) <= 7 else None
+                elif ret in _UNSUPPORTED:
+                    dev.unsupported.add(("recovery_action", n.nvmlDeviceGetFieldValues))
+                elif ret not in _ABSENT and ret not in _HEALTH:
+                    self.error_count += 1
+        return value if value is not None else dev.event_recovery_action
+
     def compute_apps(self, gpu: GpuIdentity) -> list[tuple[int, float | None]] | None:
-        """(pid, used MiB) of compute processes; None when NVML could not say."""
+        """(pid, used MiB) of compute processes; None when NVML could not say (`last_error` says
+        why). None is "unknown", never "no process" (issue 9, defect 7)."""
         procs = self._call(self.nvml.nvmlDeviceGetComputeRunningProcesses, self._device(gpu).handle)
         if procs is None:
             return None
-        return [(int(p.pid), round(p.usedGpuMemory / 1048576, 1) if p.usedGpuMemory is not None else None)
+        return [(int(p.pid), round(p.usedGpuMemory / _MIB, 1) if p.usedGpuMemory is not None else None)
                 for p in procs]
 
     def pmon(self, gpu: GpuIdentity) -> list[tuple[int, float, float]]:
@@ -207,8 +314,8 @@ class NvmlReader:
         try:
             samples = n.nvmlDeviceGetProcessUtilization(dev.handle, dev.pmon_cursor)
         except n.NVMLError as exc:
-            # NotFound is the normal "no sample newer than the cursor" answer.
-            if getattr(exc, "value", None) not in _NULL_FIELD | {NOT_FOUND}:
+            # NotFound / NoData are the normal "no sample newer than the cursor" answers.
+            if getattr(exc, "value", None) not in _ABSENT:
                 self.error_count += 1
             return []
         best: dict[int, tuple[int, float, float]] = {}
@@ -222,43 +329,75 @@ class NvmlReader:
     def process_name(self, pid: int) -> str | None:
         return _text(self._call(self.nvml.nvmlSystemGetProcessName, pid))
 
-    # -- Xid events ------------------------------------------------------------------------
+    # -- events ----------------------------------------------------------------------------
     def register_xid_events(self) -> bool:
+        """Create an event set and register every GPU that accepts it for Xid events and, where
+        the driver has them, recovery-action events. A GPU that refuses (lost) is skipped, so one
+        lost GPU does not blind the others. Call again to re-create the set (a GPU came back)."""
         n = self.nvml
-        try:
-            self._event_set = n.nvmlEventSetCreate()
-        except n.NVMLError as exc:
-            log.warning("NVML events unavailable: %s", exc)
-            return False
-        registered = 0
-        for dev in self._devices:
+        with self._event_lock:
+            if self._event_set is not None:
+                try:
+                    n.nvmlEventSetFree(self._event_set)
+                except n.NVMLError:
+                    pass
+                self._event_set = None
             try:
-                n.nvmlDeviceRegisterEvents(dev.handle, n.nvmlEventTypeXidCriticalError, self._event_set)
-                registered += 1
+                es = n.nvmlEventSetCreate()
             except n.NVMLError as exc:
-                log.warning("GPU %s: cannot register Xid events: %s", dev.ident.uuid, exc)
-        return registered > 0
+                log.warning("NVML events unavailable: %s", exc)
+                return False
+            xid = n.nvmlEventTypeXidCriticalError
+            recovery = getattr(n, "nvmlEventTypeGpuRecoveryAction", 0)
+            registered = 0
+            for dev in self._devices:
+                for mask in ([xid | recovery, xid] if recovery else [xid]):
+                    try:
+                        n.nvmlDeviceRegisterEvents(dev.handle, mask, es)
+                        registered += 1
+                        break
+                    except n.NVMLError as exc:
+                        if getattr(exc, "value", None) in _UNSUPPORTED and mask != xid:
+                            continue  # no recovery-action events on this driver: Xid only
+                        log.warning("GPU %s: cannot register events: %s", dev.ident.uuid, exc)
+                        break
+            self._event_set = es
+            self._event_mask = xid | recovery
+            return registered > 0
 
     def wait_xid(self, timeout_ms: int) -> XidNotice | None:
-        """One Xid event, or None after `timeout_ms` (NVML's Timeout is the normal case)."""
+        """One event, or None after `timeout_ms` (NVML's Timeout is the normal case). Any other
+        failure is counted in `event_wait_failures` and returns None at once: the caller must
+        back off (collectors.agent) and, once the GPU is back, re-register."""
         n = self.nvml
-        if self._event_set is None:
+        es = self._event_set
+        if es is None:
             return None
         try:
-            data = n.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+            data = n.nvmlEventSetWait_v2(es, timeout_ms)
         except n.NVMLError as exc:
             if getattr(exc, "value", None) != TIMEOUT:
-                self.error_count += 1
+                self.event_wait_failures += 1
+                self.last_event_error = str(exc)
+                raise EventWaitFailed(str(exc)) from None
             return None
+        received = datetime.now(timezone.utc)
+        dev = self._by_handle.get(_handle_key(data.device))
+        uuid = dev.ident.uuid if dev else None
+        pci = dev.ident.pci_bus_id if dev else None
+        recovery = getattr(n, "nvmlEventTypeGpuRecoveryAction", 0)
+        if recovery and data.eventType & recovery:
+            action = int(data.eventData)
+            if dev is not None and 0 <= action <= 7:
+                dev.event_recovery_action = action
+            return XidNotice(uuid=uuid, pci_bus_id=pci, xid=None, received=received, recovery_action=action)
         if not data.eventType & n.nvmlEventTypeXidCriticalError:
             return None
-        dev = self._by_handle.get(_handle_key(data.device))
         gi = getattr(data, "gpuInstanceId", None)
         ci = getattr(data, "computeInstanceId", None)
         # 0xFFFFFFFF means "not a MIG instance" in nvmlEventData_t.
         return XidNotice(
-            uuid=dev.ident.uuid if dev else None, pci_bus_id=dev.ident.pci_bus_id if dev else None,
-            xid=int(data.eventData),
+            uuid=uuid, pci_bus_id=pci, xid=int(data.eventData), received=received,
             gpu_instance=gi if isinstance(gi, int) and gi != 0xFFFFFFFF else None,
             compute_instance=ci if isinstance(ci, int) and ci != 0xFFFFFFFF else None,
         )
@@ -268,6 +407,10 @@ class NvmlReader:
             if dev.ident.uuid == gpu.uuid:
                 return dev
         raise KeyError(gpu.uuid)
+
+
+class EventWaitFailed(Exception):
+    """nvmlEventSetWait failed with something other than Timeout (GPU lost, unknown error)."""
 
 
 def _text(value: Any) -> str | None:

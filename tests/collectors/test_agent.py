@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -133,7 +133,7 @@ def test_gpu_lost_is_a_sample_status_and_the_loop_goes_on():
     lost = [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == "GPU-bbbb"]
     assert lost[-1].status.value == "lost" and lost[-1].utilization_gpu_pct is None
     procs = [r for r in sink.records if isinstance(r, GpuProcesses) and r.gpu_uuid == "GPU-bbbb"]
-    assert procs[-1].compute_apps == []
+    assert procs[-1].compute_apps is None  # unknown, not "no process" (issue 9, defect 7)
     ok = [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == "GPU-aaaa"]
     assert ok[-1].status.value == "ok"
 
@@ -194,3 +194,154 @@ def test_a_restart_neither_loses_nor_resends_kernel_records(tmp_path):
         fh.write("NVRM: Xid (PCI:0000:01:00): 31, pid=2, name=b, m\n")
     assert run_once() == [31]
     assert run_once() == []
+
+
+# -- issue 9 -------------------------------------------------------------------------------------
+def _procs(sink, uuid):
+    return [r for r in sink.records if isinstance(r, GpuProcesses) and r.gpu_uuid == uuid]
+
+
+def _samples(sink, uuid):
+    return [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == uuid]
+
+
+def _inventory(sink, uuid):
+    return [r for r in sink.records if isinstance(r, GpuInventory) and r.gpu_uuid == uuid]
+
+
+def test_nvml_only_xid_is_stamped_when_the_event_arrived_not_when_the_window_expired():
+    """Defect 3."""
+    sink = MemorySink()
+    c, fake, _, clock = _rig(sink)
+    fake.inject_xid(1, 48)
+    c.tick(T0)
+    clock[0] = 3
+    c.tick(T0 + timedelta(seconds=3))
+    (x,) = _xids(sink)
+    assert x.ts == T0 and x.ts_source.value == "nvml"
+
+
+def test_unreadable_compute_list_is_unknown_not_empty():
+    """Defect 7: a list NVML could not read is null with the reason, never []."""
+    sink = MemorySink()
+    c, fake, _, clock = _rig(sink)
+    fake.gpu(0).errors = {"nvmlDeviceGetComputeRunningProcesses": 999}
+    fake.gpu(1).status = "lost"
+    c.tick(T0)
+    p0, p1 = _procs(sink, "GPU-aaaa")[-1], _procs(sink, "GPU-bbbb")[-1]
+    assert p0.compute_apps is None and "Unknown Error" in p0.error
+    assert p1.compute_apps is None and "lost" in p1.error
+    fake.gpu(0).errors = {}
+    clock[0] = 1
+    c.tick(T0)
+    assert _procs(sink, "GPU-aaaa")[-1].compute_apps == [] and _procs(sink, "GPU-aaaa")[-1].error is None
+
+
+def test_gpu_lost_before_start_is_published_as_lost_from_the_saved_inventory(tmp_path):
+    """Defect 2: a restart after Xid 79 finds NVML refusing the GPU's handle; the collector keeps
+    publishing it from the inventory it saved, until it returns or an operator removes it."""
+    gpus = [FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0")]
+
+    def run(fake, forget=()):
+        sink = MemorySink()
+        c = Collector(CollectorConfig(node="n", kmsg_wall_clock=False), sink, nvml=NvmlReader(fake),
+                      nvml_events_thread=False, state_dir=tmp_path, clock=lambda: 0.0)
+        for uuid in forget:
+            c.forget_gpu(uuid)
+        c.start(T0)
+        c.tick(T0)
+        c.stop()
+        return sink
+
+    first = run(FakePynvml(gpus))
+    assert [r.status.value for r in _inventory(first, "GPU-bbbb")] == ["ok"]
+    gpus[1].status = "lost"
+    again = run(FakePynvml(gpus))
+    (inv,) = _inventory(again, "GPU-bbbb")
+    assert (inv.status.value, inv.gpu_index, inv.pci_bus_id) == ("lost", 1, "0000:02:00")
+    (s,) = _samples(again, "GPU-bbbb")
+    assert s.status.value == "lost" and "refuses" in s.error
+    assert _procs(again, "GPU-bbbb")[-1].compute_apps is None
+    assert _samples(again, "GPU-aaaa")[-1].status.value == "ok"
+    # still lost on the next start too: the saved inventory keeps it
+    assert _inventory(run(FakePynvml(gpus)), "GPU-bbbb")[0].status.value == "lost"
+    gpus[1].status = "ok"  # it came back
+    back = run(FakePynvml(gpus))
+    assert _inventory(back, "GPU-bbbb")[0].status.value == "ok" and _samples(back, "GPU-bbbb")[0].status.value == "ok"
+    gpus[1].status = "lost"
+    run(FakePynvml(gpus))
+    gone = run(FakePynvml(gpus), forget=["GPU-bbbb"])  # the operator removed it
+    assert _inventory(gone, "GPU-bbbb") == [] and _samples(gone, "GPU-bbbb") == []
+
+
+def test_inventory_carries_the_memory_call_version_and_notes():
+    sink = MemorySink()
+    _rig(sink, gpus=[FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", memory_v2=False),
+                     FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", memory_reserved_mib=400)])
+    a, b = _inventory(sink, "GPU-aaaa")[0], _inventory(sink, "GPU-bbbb")[0]
+    assert a.memory_info_version == 1 and "driver-reserved" in a.notes[0]
+    assert b.memory_info_version == 2 and b.notes == []
+    s = _samples(sink, "GPU-bbbb") or None
+    assert s is None  # no tick yet
+
+
+def test_failing_event_wait_backs_off_is_counted_and_the_event_set_is_recreated():
+    """Defect 6: a fast-failing event wait must not spin; the set is re-created and works again."""
+    import time as _time
+
+    sink = MemorySink()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0")])
+    c = Collector(CollectorConfig(node="n", xid_merge_window=0.0, event_backoff=(0.1, 0.4)), sink,
+                  nvml=NvmlReader(fake), nvml_events_thread=True)
+    c.start(T0)
+    try:
+        fake.gpu(1).status = "lost"  # the registered event set now fails at once, then stays broken
+        _time.sleep(1.0)
+        waits = fake.calls["nvmlEventSetWait_v2"]
+        assert waits < 40, f"{waits} event waits in 1 s: the event thread spins"
+        assert c.nvml.event_wait_failures >= 1
+        assert c.metrics.nvml_event_failures._value.get() >= 1
+        # the set was re-created without the lost GPU: GPU 0's events arrive
+        fake.inject_xid(0, 13)
+        deadline = _time.monotonic() + 3
+        while _time.monotonic() < deadline and not _xids(sink):
+            c.tick(T0)
+            _time.sleep(0.05)
+        assert [x.xid for x in _xids(sink)] == [13]
+        # GPU 1 returns: the next sample sees it, the set is re-created with it
+        fake.gpu(1).status = "ok"
+        c.tick(T0)
+        _time.sleep(0.6)
+        fake.inject_xid(1, 79)
+        deadline = _time.monotonic() + 3
+        while _time.monotonic() < deadline and len(_xids(sink)) < 2:
+            c.tick(T0)
+            _time.sleep(0.05)
+        assert [(x.xid, x.gpu_uuid) for x in _xids(sink)] == [(13, "GPU-aaaa"), (79, "GPU-bbbb")]
+        assert fake.calls["nvmlEventSetCreate"] >= 3
+    finally:
+        c.stop()
+
+
+def test_kernel_cursors_do_not_pile_up_while_kafka_is_down():
+    """Defect 11: with one Xid unacknowledged, later lines must not each be kept in memory."""
+    import tracemalloc
+
+    sink = LaterAckSink()  # never acknowledges: Kafka is down
+    c, _, kernel, clock = _rig(sink, window=0.0)
+    kernel.feed(["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m"])
+    c.tick(T0)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(20):
+        kernel.feed([f"usb 1-1: noise line {i}-{j}" for j in range(2000)])
+        clock[0] = i + 1
+        c.tick(T0)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 400_000, f"{grown} bytes kept for 40,000 lines"
+    assert kernel.committed == []  # nothing at or past the unacknowledged Xid's line is committed
+    sink.ack_all()
+    clock[0] = 100
+    c.tick(T0)
+    assert kernel.committed[-1] == 40_001  # every line acknowledged: the cursor moves to the last

@@ -35,3 +35,33 @@ def test_gpu_check_command_on_a_machine_without_a_gpu_says_so(capsys):
     # No GPU and no driver: the real pynvml path must fail clearly, not crash.
     assert main(["gpu-check", "--wait-events", "0"]) == 1
     assert "NVML unavailable" in capsys.readouterr().out
+
+
+def test_gpu_check_on_a_gpu_lost_at_start_prints_it_as_lost():
+    """Defect 1: a GPU that refuses a handle is printed as lost, exit code 3 (faults found)."""
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", status="lost")])
+    assert run_gpu_check(fake, out, wait_events=0.01) == 3
+    text = out.getvalue()
+    assert "GPU 1: lost" in text and "GPU is lost" in text
+
+
+def test_gpu_check_on_a_gpu_lost_during_the_check_has_no_traceback():
+    """Defect 1: the raw busId read of a GPU that falls off the bus mid-check is wrapped."""
+    out = io.StringIO()
+    gpu = FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", lose_on_call=("nvmlDeviceGetPciInfo_v3", 2))
+    assert run_gpu_check(FakePynvml([gpu]), out, wait_events=0.01) == 3
+    text = out.getvalue()
+    assert "status=lost" in text and "raw busId" in text
+
+
+def test_gpu_check_reports_every_new_field():
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1", memory_reserved_mib=300,
+                               recovery_action=0, remapped_rows=(0, 0, 0, 0), ecc_dbe_volatile=0)])
+    assert run_gpu_check(fake, out, wait_events=0.01) == 0
+    text = out.getvalue()
+    for field in ("memory_reserved_mib", "recovery_action", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+                  "remapped_rows_pending", "remapped_rows_failure", "ecc_dbe_volatile", "memory_info_version",
+                  "recovery action events"):
+        assert field in text, field

@@ -35,7 +35,9 @@ def test_sample_reads_every_field():
     assert s.values == {
         "utilization_gpu_pct": 100.0, "utilization_memory_pct": 0.0, "memory_used_mib": 0.0,
         "memory_total_mib": 32607.0, "power_w": 110.2, "sm_clock_mhz": 2407, "mem_clock_mhz": 14001,
-        "temperature_c": 49,
+        "temperature_c": 49, "memory_reserved_mib": 0.0, "recovery_action": 0, "remapped_rows_correctable": 0,
+        "remapped_rows_uncorrectable": 0, "remapped_rows_pending": False, "remapped_rows_failure": False,
+        "ecc_dbe_volatile": 0,
     }
 
 
@@ -96,3 +98,92 @@ def test_fake_errors_behave_like_pynvml():
     fake = _fake()
     err = fake.NVMLError(15)
     assert isinstance(err, fake.NVMLError_GpuIsLost) and isinstance(err, fake.NVMLError) and err.value == 15
+
+
+# -- issue 9 -------------------------------------------------------------------------------------
+def test_memory_from_the_v2_call_reports_reserved_separately():
+    """Defect 4: v1's `used` includes what the driver reserves; v2 reports it apart."""
+    fake = _fake(memory_used_mib=0, memory_reserved_mib=512)
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    assert gpu.memory_info_version == 2 and gpu.notes == ()
+    s = reader.sample(gpu)
+    assert (s.values["memory_used_mib"], s.values["memory_reserved_mib"]) == (0.0, 512.0)
+
+
+def test_memory_falls_back_to_v1_with_a_note_when_the_driver_has_no_v2():
+    fake = _fake(memory_used_mib=0, memory_reserved_mib=512, memory_v2=False)
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    assert gpu.memory_info_version == 1
+    assert any("v1" in n and "reserved" in n for n in gpu.notes)
+    s = reader.sample(gpu)
+    assert (s.values["memory_used_mib"], s.values["memory_reserved_mib"]) == (512.0, None)
+    assert reader.error_count == 0
+
+
+def test_normal_absence_answers_are_not_counted_as_errors():
+    """Defect 5: NotSupported / NoData / FunctionNotFound are normal on a healthy idle GPU."""
+    fake = _fake()
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    g = fake.gpu(0)
+    g.errors = {"nvmlDeviceGetProcessUtilization": 21, "nvmlDeviceGetPowerUsage": 21,
+                "nvmlDeviceGetTemperature": 13, "nvmlDeviceGetRemappedRows": 3}
+    for _ in range(3):
+        s = reader.sample(gpu)
+        assert reader.pmon(gpu) == []
+    assert s.values["power_w"] is None and s.values["temperature_c"] is None and s.errors == 0
+    assert reader.error_count == 0
+    g.errors = {"nvmlDeviceGetClockInfo": 999}  # a real error still counts
+    s = reader.sample(gpu)
+    assert s.errors == 2 and reader.error_count == 2
+
+
+def test_new_signals_recovery_action_remapped_rows_and_volatile_dbe():
+    fake = _fake(recovery_action=1, remapped_rows=(3, 2, 1, 0), ecc_dbe_volatile=4)
+    reader = NvmlReader(fake)
+    s = reader.sample(reader.init()[0])
+    assert {k: s.values[k] for k in ("recovery_action", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+                                     "remapped_rows_pending", "remapped_rows_failure", "ecc_dbe_volatile")} == {
+        "recovery_action": 1, "remapped_rows_correctable": 3, "remapped_rows_uncorrectable": 2,
+        "remapped_rows_pending": True, "remapped_rows_failure": False, "ecc_dbe_volatile": 4}
+
+
+def test_new_signals_unsupported_are_null_never_an_error_count():
+    fake = _fake(recovery_action=None, remapped_rows=None, ecc_dbe_volatile=None)  # e.g. a GeForce board
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    s = reader.sample(gpu)
+    for k in ("recovery_action", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+              "remapped_rows_pending", "remapped_rows_failure", "ecc_dbe_volatile"):
+        assert s.values[k] is None, k
+    assert s.errors == 0 and reader.error_count == 0 and s.status == "ok"
+
+
+def test_recovery_action_field_missing_from_an_older_pynvml_is_null():
+    fake = _fake(recovery_action=2)
+    del fake.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION  # nvidia-ml-py older than the field
+    reader = NvmlReader(fake)
+    s = reader.sample(reader.init()[0])
+    assert s.values["recovery_action"] is None and reader.error_count == 0
+
+
+def test_recovery_action_event_is_read_beside_xid_events():
+    fake = _fake(recovery_action=None)  # the field is not readable, the event is
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    assert reader.register_xid_events()
+    fake.inject_recovery_action(0, 2)
+    n = reader.wait_xid(100)
+    assert (n.uuid, n.recovery_action) == ("GPU-aaaa", 2)
+    assert reader.sample(gpu).values["recovery_action"] == 2
+
+
+def test_a_gpu_that_refuses_a_handle_is_reported_as_refused():
+    """Defect 2 (reader side): real NVML refuses a handle for a GPU that fell off the bus."""
+    fake = _fake()
+    fake.gpu(1).status = "lost"
+    reader = NvmlReader(fake)
+    assert [g.uuid for g in reader.init()] == ["GPU-aaaa"]
+    assert reader.refused == {1: "GPU is lost"}
