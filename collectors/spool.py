@@ -6,7 +6,12 @@ acknowledged cursor is sent again (at-least-once; consumers deduplicate by `even
 
 Layout of the directory:
   <first_seq>.seg   records, each ``<u32 length><u32 crc32><u64 seq>`` + payload
-  cursor            the highest seq such that it and everything before it were acknowledged
+  cursor            the highest seq such that it and everything before it were acknowledged;
+                    written to cursor.tmp, fsynced, renamed, and the directory fsynced, so a
+                    power loss leaves the old or the new value, never an empty file. Segments
+                    are deleted only once every record in them is acknowledged, so the oldest
+                    segment's first seq - 1 is a lower bound that open() trusts when the cursor
+                    file is missing, empty or older (issue 9, defect 10).
 
 A torn tail (a crash mid-write) is detected by length and CRC and cut off on open. When the spool
 grows past `max_bytes`, its oldest segment is deleted: the records lost are counted and logged
@@ -71,6 +76,13 @@ class Spool:
         self._acked = self._read_cursor()
         self._done: set[int] = set()  # acknowledged seqs above the contiguous cursor
         self._segments: list[tuple[int, Path]] = self._scan()
+        if self._segments and self._segments[0][0] - 1 > self._acked:
+            # The cursor file lost its last writes (power loss before it was on disk) but the
+            # acknowledged segments were already deleted: what is gone was acknowledged.
+            log.warning("%s: cursor %d is behind the oldest segment (first seq %d); recovered from the segments",
+                        self.name, self._acked, self._segments[0][0])
+            self._acked = self._segments[0][0] - 1
+            self._cursor_dirty = True
         self._next_seq = self._last_seq() + 1
         if self._next_seq <= self._acked:
             self._next_seq = self._acked + 1
@@ -80,7 +92,7 @@ class Spool:
         self._writer = None
         self._writer_bytes = 0
         self._unsynced = False
-        self._cursor_dirty = False
+        self._cursor_dirty = getattr(self, "_cursor_dirty", False)
 
     # -- opening ---------------------------------------------------------------------------
     def _read_cursor(self) -> int:
@@ -175,11 +187,26 @@ class Spool:
             os.fsync(self._writer.fileno())
             self._unsynced = False
         if self._cursor_dirty:
-            tmp = self.dir / "cursor.tmp"
-            tmp.write_text(str(self._acked))
-            os.replace(tmp, self.dir / "cursor")
+            self._write_cursor()
             self._cursor_dirty = False
             self._gc()
+
+    def _write_cursor(self) -> None:
+        """write, fsync, rename, fsync the directory: the rename never reaches the disk before the
+        bytes it points at (ext4/xfs may otherwise leave an empty file after a power loss)."""
+        tmp = self.dir / "cursor.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, str(self._acked).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.dir / "cursor")
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
     def _unlink(self, path: Path) -> None:
         try:

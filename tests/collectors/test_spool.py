@@ -78,3 +78,51 @@ def test_pending_reads_from_disk_when_memory_does_not_hold_it(tmp_path, memory):
     if not memory:
         sp = Spool(tmp_path)  # fresh process: nothing in memory
     assert [r.seq for r in sp.pending(after=15)] == [16, 17, 18, 19, 20]
+
+
+def test_an_emptied_cursor_is_recovered_from_the_segments(tmp_path):
+    """Defect 10: a power loss that empties the cursor file must not pin the acknowledged position
+    at 0 for good (segments would pile up and kernel cursors never advance)."""
+    sp = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
+    _fill(sp, 1000)
+    for s in range(1, 801):
+        sp.ack(s)
+    sp.sync()  # deletes the acknowledged segments
+    first = min(int(p.stem) for p in tmp_path.glob("*.seg"))
+    assert first > 1
+    (tmp_path / "cursor").write_text("")  # what a power loss leaves of an unsynced cursor
+    sp2 = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
+    assert sp2.acked_through >= first - 1  # everything before the oldest segment was acknowledged
+    for rec in sp2.pending(limit=100_000):  # re-sent and acknowledged: the cursor moves
+        sp2.ack(rec.seq)
+    assert sp2.acked_through == 1000 and sp2.depth == 0
+
+
+def test_the_cursor_is_written_then_fsynced_then_renamed(tmp_path, monkeypatch):
+    """Defect 10: write-rename-fsync; the rename must not land before the data is on disk."""
+    import os
+
+    import collectors.spool as spool_mod
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", str(b)))
+        real_replace(a, b)
+
+    monkeypatch.setattr(spool_mod.os, "fsync", fsync)
+    monkeypatch.setattr(spool_mod.os, "replace", replace)
+    sp = Spool(tmp_path)
+    _fill(sp, 3)
+    sp.ack(1)
+    sp.sync()
+    cursor = str(tmp_path / "cursor")
+    i = events.index(("replace", cursor))
+    assert ("fsync", cursor + ".tmp") in events[:i]  # the new cursor's bytes are on disk first
+    assert ("fsync", str(tmp_path)) in events[i:]  # then the rename itself
+    assert (tmp_path / "cursor").read_text() == "1"
