@@ -72,6 +72,9 @@ class Record(BaseModel):
     """Base of every topic model. Subclasses set ``SCHEMA`` and a ``schema`` Literal."""
 
     SCHEMA: ClassVar[str] = ""
+    # Earlier versions of this record that still decode into it (every field they had kept its
+    # meaning); a producer not yet upgraded goes on working during a rolling upgrade.
+    LEGACY: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(
         populate_by_name=True,

@@ -21,6 +21,8 @@ __all__ = ["encode", "decode", "decode_any", "to_dict", "MODELS_BY_SCHEMA"]
 R = TypeVar("R", bound=Record)
 
 MODELS_BY_SCHEMA: dict[str, type[Record]] = {m.SCHEMA: m for m in ALL_MODELS}
+# An older version decodes into the current model: its record is relabelled, then validated.
+LEGACY_MODELS: dict[str, type[Record]] = {old: m for m in ALL_MODELS for old in m.LEGACY}
 
 
 def to_dict(record: Record) -> dict:
@@ -54,25 +56,32 @@ def _load(raw: bytes | None) -> dict:
     return data
 
 
+def _validate(model: type[R], data: dict, raw: bytes | None) -> R:
+    found = data.get("schema")
+    if found != model.SCHEMA:  # a LEGACY version: relabel, then validate as the current one
+        data["schema"] = model.SCHEMA
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        where = "" if found == model.SCHEMA else f" (a {found} record read as {model.SCHEMA})"
+        raise DecodeError(_format_validation(exc) + where, raw, model.SCHEMA) from None
+
+
 def decode(model: type[R], raw: bytes | None) -> R:
     """Decode bytes into `model`; raise `DecodeError` (never anything else) on bad input."""
     data = _load(raw)
     found = data.get("schema")
-    if found != model.SCHEMA:
+    if found != model.SCHEMA and found not in model.LEGACY:
         raise DecodeError(f"schema is {found!r}, expected {model.SCHEMA!r}", raw, model.SCHEMA)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise DecodeError(_format_validation(exc), raw, model.SCHEMA) from None
+    return _validate(model, data, raw)
 
 
 def decode_any(raw: bytes | None) -> Record:
     """Decode bytes into whichever contract model its `schema` field names."""
     data = _load(raw)
-    model = MODELS_BY_SCHEMA.get(data.get("schema"))  # type: ignore[arg-type]
+    found = data.get("schema")
+    # `schema` may be any JSON value here (a list is unhashable): only a string can name a model.
+    model = (MODELS_BY_SCHEMA.get(found) or LEGACY_MODELS.get(found)) if isinstance(found, str) else None
     if model is None:
-        raise DecodeError(f"unknown schema {data.get('schema')!r}", raw)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise DecodeError(_format_validation(exc), raw, model.SCHEMA) from None
+        raise DecodeError(f"unknown schema {found!r}", raw)
+    return _validate(model, data, raw)

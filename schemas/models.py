@@ -19,6 +19,7 @@ from schemas.vocab import (
     Outcome,
     SampleStatus,
     Severity,
+    TsSource,
     WorkloadEventType,
     XidKind,
     XidSource,
@@ -50,10 +51,14 @@ class _Part(BaseModel):
 
 
 class GpuInventory(Record):
-    """One GPU of a node, published at start and whenever it changes (compacted topic)."""
+    """One GPU of a node, published at start and whenever it changes (compacted topic).
 
-    SCHEMA = "xidstream.gpu_inventory/1"
-    schema_: Literal["xidstream.gpu_inventory/1"] = Field(SCHEMA, alias="schema")
+    v2 (issue 9): `status` (a GPU that was lost when the collector started is still published, from
+    the inventory the collector kept, as ``lost``), `memory_info_version` and `notes`."""
+
+    SCHEMA = "xidstream.gpu_inventory/2"
+    LEGACY = ("xidstream.gpu_inventory/1",)
+    schema_: Literal["xidstream.gpu_inventory/2"] = Field(SCHEMA, alias="schema")
     gpu_uuid: str
     gpu_index: int = Field(ge=0)
     pci_bus_id: str = Field(pattern=_PCI, description="Normalised dddd:bb:dd.")
@@ -62,13 +67,21 @@ class GpuInventory(Record):
     memory_total_mib: int | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
+    status: SampleStatus = Field(
+        SampleStatus.ok, description="lost: NVML refuses a handle (e.g. fallen off the bus); published "
+        "from the collector's saved inventory until the GPU returns or an operator removes it.")
+    memory_info_version: int | None = Field(
+        None, description="2: memory used excludes what the driver reserves (nvmlDeviceGetMemoryInfo_v2); "
+        "1: the v1 call, whose 'used' includes the reserved memory; null: unknown.")
+    notes: list[str] = Field(default_factory=list, description="What the collector could not read, in words.")
 
 
 class GpuSample(Record):
     """One NVML reading of one GPU. A field is null when NVML does not support it."""
 
-    SCHEMA = "xidstream.gpu_sample/1"
-    schema_: Literal["xidstream.gpu_sample/1"] = Field(SCHEMA, alias="schema")
+    SCHEMA = "xidstream.gpu_sample/2"
+    LEGACY = ("xidstream.gpu_sample/1",)
+    schema_: Literal["xidstream.gpu_sample/2"] = Field(SCHEMA, alias="schema")
     gpu_uuid: str
     gpu_index: int = Field(ge=0)
     pci_bus_id: str = Field(pattern=_PCI)
@@ -82,6 +95,17 @@ class GpuSample(Record):
     temperature_c: int | None = None
     status: SampleStatus = SampleStatus.ok
     error: str | None = Field(None, description="The NVML error behind a non-ok status.")
+    # v2 (issue 9)
+    memory_reserved_mib: float | None = Field(
+        None, description="Memory the driver reserves (v2 memory call); not part of memory_used_mib.")
+    recovery_action: int | None = Field(
+        None, ge=0, le=7, description="NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot, "
+        "3 drain P2P, 4 drain and reset (schemas.vocab.RECOVERY_ACTIONS).")
+    remapped_rows_correctable: int | None = Field(None, description="nvmlDeviceGetRemappedRows: rows remapped for correctable errors.")
+    remapped_rows_uncorrectable: int | None = Field(None, description="Rows remapped for uncorrectable errors.")
+    remapped_rows_pending: bool | None = Field(None, description="A remap is pending: it takes effect at the next GPU reset.")
+    remapped_rows_failure: bool | None = Field(None, description="A row remap failed: the GPU is out of spare rows.")
+    ecc_dbe_volatile: int | None = Field(None, description="Volatile (since the last driver load) double-bit ECC errors.")
 
 
 class ComputeApp(_Part):
@@ -110,14 +134,20 @@ class DeviceHolder(_Part):
 
 
 class GpuProcesses(Record):
-    """The three kinds of process evidence for one GPU at one time."""
+    """The three kinds of process evidence for one GPU at one time.
 
-    SCHEMA = "xidstream.gpu_processes/1"
-    schema_: Literal["xidstream.gpu_processes/1"] = Field(SCHEMA, alias="schema")
+    v2 (issue 9): `compute_apps` is null when NVML could not list them. Unknown is not "no compute
+    process": the wedge and phantom rules only count a snapshot that was read."""
+
+    SCHEMA = "xidstream.gpu_processes/2"
+    LEGACY = ("xidstream.gpu_processes/1",)
+    schema_: Literal["xidstream.gpu_processes/2"] = Field(SCHEMA, alias="schema")
     gpu_uuid: str
     gpu_index: int | None = None
     pci_bus_id: str | None = Field(None, pattern=_PCI)
-    compute_apps: list[ComputeApp] = Field(default_factory=list)
+    compute_apps: list[ComputeApp] | None = Field(
+        default_factory=list, description="Null: NVML could not list them (unknown, not empty).")
+    error: str | None = Field(None, description="Why a list is null.")
     pmon: list[PmonSample] = Field(default_factory=list)
     device_holders: list[DeviceHolder] = Field(default_factory=list)
 
@@ -125,8 +155,9 @@ class GpuProcesses(Record):
 class XidEvent(Record):
     """A kernel Xid record or a related driver record, with the GPU resolved where possible."""
 
-    SCHEMA = "xidstream.xid/1"
-    schema_: Literal["xidstream.xid/1"] = Field(SCHEMA, alias="schema")
+    SCHEMA = "xidstream.xid/2"
+    LEGACY = ("xidstream.xid/1",)
+    schema_: Literal["xidstream.xid/2"] = Field(SCHEMA, alias="schema")
     kind: XidKind = XidKind.xid
     gpu_uuid: str | None = Field(None, description="Null when the PCI bus id could not be resolved.")
     gpu_index: int | None = None
@@ -147,6 +178,11 @@ class XidEvent(Record):
         default_factory=list, description="Every source that saw this fault (kernel log and NVML)."
     )
     kernel_ts: str | None = Field(None, description="The log line's own timestamp text, if any.")
+    # v2 (issue 9)
+    ts_source: TsSource | None = Field(None, description="Where `ts` comes from (schemas.vocab.TsSource).")
+    backfilled: bool = Field(
+        False, description="Read from history at the collector's first start (rotated logs, earlier journal), "
+        "not seen live: evidence for the timeline, never a reason to act now.")
 
 
 class WorkloadEvent(Record):
@@ -205,14 +241,20 @@ class Alert(Record):
 
 class RemediationCommand(Record):
     """A decided step for a separate executor. `command_id` is deterministic from incident and
-    step, so a command re-emitted after a restart is recognisable."""
+    step, so a command re-emitted after a restart is recognisable.
 
-    SCHEMA = "xidstream.remediation_command/1"
-    schema_: Literal["xidstream.remediation_command/1"] = Field(SCHEMA, alias="schema")
+    v2 (issue 8): `expires_at` is the evidence's time plus the policy's TTL, so an executor refuses
+    a stale command by its wall clock while a replay of an old incident still decides as it did
+    live; `evidence_ids` are the `event_id`s the decision rests on; `pci_bus_id` names the GPU when
+    its UUID was never resolved (a result echoes it, so it finds its incident)."""
+
+    SCHEMA = "xidstream.remediation_command/2"
+    schema_: Literal["xidstream.remediation_command/2"] = Field(SCHEMA, alias="schema")
     command_id: str
     incident_id: str
     gpu_uuid: str | None = None
     gpu_index: int | None = None
+    pci_bus_id: str | None = Field(None, pattern=_PCI)
     action: Action
     step: int = Field(ge=0)
     reason: str = ""
@@ -220,16 +262,23 @@ class RemediationCommand(Record):
     expires_at: UtcDatetime
     requires_approval: bool = False
     dry_run: bool = False
+    evidence_ids: list[str] = Field(default_factory=list, description="event_ids of the records it rests on.")
 
 
 class RemediationResult(Record):
-    """What an executor reports back for a command."""
+    """What an executor reports back for a command.
 
-    SCHEMA = "xidstream.remediation_result/1"
-    schema_: Literal["xidstream.remediation_result/1"] = Field(SCHEMA, alias="schema")
-    command_id: str | None = None
-    incident_id: str | None = None
+    v2 (issue 8): `command_id` and `incident_id` are required (the processor acts only on a result
+    that answers a command its incident emitted); `pci_bus_id` is echoed from the command so the
+    result of a GPU without a resolved UUID reaches its incident (routing key ``node/pci``)."""
+
+    SCHEMA = "xidstream.remediation_result/2"
+    LEGACY = ("xidstream.remediation_result/1",)  # decodes when it names its command and incident
+    schema_: Literal["xidstream.remediation_result/2"] = Field(SCHEMA, alias="schema")
+    command_id: str
+    incident_id: str
     gpu_uuid: str | None = None
+    pci_bus_id: str | None = Field(None, pattern=_PCI)
     action: Action
     outcome: Outcome
     detail: str = ""

@@ -13,7 +13,9 @@ __all__ = [
     "XidKind",
     "WorkloadEventType",
     "Outcome",
+    "TsSource",
     "NODE_ACTIONS",
+    "RECOVERY_ACTIONS",
 ]
 
 
@@ -73,6 +75,21 @@ class XidKind(str, Enum):
     fallen_off_bus = "fallen_off_bus"
     recovery_failure = "recovery_failure"  # e.g. refcntRequestReference_IMPL ... Failed to enter state
     gsp_rate_limit = "gsp_rate_limit"  # later Xid counts are undercounted
+
+
+class TsSource(str, Enum):
+    """Where an Xid record's `ts` comes from, most trusted first (issue 9)."""
+
+    line = "line"  # the line's own wall-clock time: ISO 8601, `dmesg -T`, syslog with the year inferred
+    journal = "journal"  # the journal entry's __REALTIME_TIMESTAMP
+    kmsg = "kmsg"  # /dev/kmsg's monotonic microseconds plus the boot time
+    nvml = "nvml"  # when the NVML event arrived
+    read = "read"  # the line carries no time: when the collector read it
+
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvml.h, nvmlDeviceGpuRecoveryAction_t). Xid 154
+# prints the same names when the action changes.
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
 
 
 class WorkloadEventType(str, Enum):

@@ -1,14 +1,14 @@
-"""The whole decision path without Kafka: per-key `step` folds plus the fleet breaker, in the
-order records arrive. The faust agents do the same across partitions; tests and `evaluate`
-use this directly."""
+"""The whole decision path without Kafka: per-key `step` folds plus the fleet agent, in the order
+records arrive. The faust agents do the same across partitions, through the same routing
+(`streams.routing`); tests and `evaluate` use this directly."""
 
 from __future__ import annotations
 
 from schemas.base import Record
-from schemas.topics import TopicRegistry
 from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step
 from streams.policy import Policy
+from streams.routing import fan_out, state_key
 
 __all__ = ["Engine"]
 
@@ -20,27 +20,18 @@ class Engine:
         self.fleet = FleetState()
         self.alerts: list = []
         self.commands: list = []
-        self._reg = TopicRegistry()
-
-    def key_of(self, record: Record) -> str:
-        if record.SCHEMA == "xidstream.remediation_result/1":
-            return record.gpu_uuid or record.node  # type: ignore[attr-defined]
-        return self._reg.for_record(record)[1].decode()
 
     def process(self, record: Record, key: str | None = None) -> list:
-        key = key or self.key_of(record)
+        key = key or state_key(record)
+        if key is None:
+            return []  # a result that names no GPU: the app dead-letters it
         state, outputs, _ = step(self.states.get(key), key, record, self.policy)
         self.states[key] = state
-        final = []
-        if not state.announced:
-            state.announced = True
-            self.fleet, _ = fleet_step(self.fleet, {"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp()}, self.policy)
-        for kind, out in outputs:
-            if kind == "command":
-                self.fleet, fouts = fleet_step(self.fleet, {"kind": "command", "command": out}, self.policy)
-                final.extend(fouts)
-            else:
-                final.append((kind, out))
+        to_fleet, alerts = fan_out(state, record, outputs)
+        final = [("alert", a) for a in alerts]
+        for msg in to_fleet:
+            self.fleet, fouts = fleet_step(self.fleet, msg, self.policy)
+            final.extend(fouts)
         for kind, out in final:
             (self.alerts if kind == "alert" else self.commands).append(out)
         return final

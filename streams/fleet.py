@@ -28,6 +28,8 @@ FLEET_NODE = "fleet"  # `node` of fleet-wide alerts (they name no GPU)
 class FleetState:
     known_nodes: dict = field(default_factory=dict)  # node -> first seen (epoch s)
     starts: list = field(default_factory=list)  # [ts, node] of node-level command starts
+    # pod UID -> {GPU UUID: [ts, node, incident_id]}: application faults of known pods, per GPU
+    workload_gpus: dict = field(default_factory=dict)
     tripped: bool = False
     tripped_at: float | None = None
     trips: int = 0
@@ -53,6 +55,8 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy) -> tuple[FleetState
         state.tripped_at = None
         state.starts = []
         return state, []
+    if kind == "workload_fault":
+        return state, _workload_fault(state, msg, policy)
     if kind != "command":
         return state, []
     cmd: RemediationCommand = msg["command"]
@@ -95,3 +99,39 @@ def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known:
         recommended_steps=["Look for a common cause (a driver or firmware rollout, a bad image) before approving any held command.",
                            "Approve held commands one by one, or reset the breaker with `xidstream breaker reset`."],
     )
+
+
+def _workload_fault(state: FleetState, msg: dict, policy: Policy) -> list:
+    """One pod's application fault on one GPU. When the same workload has faulted two or more GPUs
+    within the suspect window, the fault follows the workload, not a GPU: say so once per new GPU
+    (an APP_FAULT update on the incident of the GPU just hit; it never carries a command)."""
+    pod, gpu, ts = msg.get("pod_uid"), msg.get("gpu_uuid"), float(msg.get("ts") or 0)
+    if not pod or not gpu:
+        return []
+    window = policy.suspect_window_s
+    for p in list(state.workload_gpus):  # forget what left the window, so the table stays small
+        gpus = {g: v for g, v in state.workload_gpus[p].items() if ts - v[0] <= window}
+        if gpus:
+            state.workload_gpus[p] = gpus
+        else:
+            del state.workload_gpus[p]
+    gpus = state.workload_gpus.setdefault(pod, {})
+    new_gpu = gpu not in gpus
+    gpus[gpu] = [ts, msg.get("node"), msg.get("incident_id")]
+    if not new_gpu or len(gpus) < 2 or not msg.get("incident_id"):
+        return []
+    when = datetime.fromtimestamp(ts, tz=timezone.utc)
+    where = ", ".join(f"{g} on {v[1]}" for g, v in sorted(gpus.items()))
+    summary = (f"the fault follows the workload: pod {pod} hit application-class Xids on {len(gpus)} GPUs "
+               f"within {window / 60:.0f} min ({where}); look at the workload, not the GPUs")
+    inc = msg["incident_id"]
+    alert_id = hashlib.sha256(f"follows:{inc}:{pod}:{len(gpus)}".encode()).hexdigest()[:24]
+    return [("alert", Alert(
+        ts=when, node=msg.get("node") or FLEET_NODE, alert_id=alert_id, incident_id=inc, gpu_uuid=gpu, pci_bus_id=None,
+        classification=Classification.APP_FAULT, severity=Severity.info, state="updated", summary=summary,
+        evidence=Evidence(node=msg.get("node") or FLEET_NODE, gpu_uuid=gpu, pod_uids=[pod],
+                          timeline=[EvidenceEntry(ts=when, kind="workload", summary=summary,
+                                                  data={"pod_uid": pod, "gpus": sorted(gpus)})]),
+        recommended_steps=["Record the fault with PID, GPU UUID, pod UID and the raw kernel line; let the workload restart itself.",
+                           "The same pod faulted several GPUs: check its code, inputs and CUDA/driver versions before suspecting the hardware."],
+    ))]

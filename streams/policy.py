@@ -12,23 +12,39 @@ from typing import Any, Mapping
 from schemas.errors import ConfigError
 from schemas.xid_catalog import lookup
 
-__all__ = ["Policy", "load_policy", "read_yaml"]
+__all__ = ["Policy", "load_policy", "read_yaml", "is_app_class", "GUARD_MIN_PINNED_SAMPLES", "GUARD_MIN_PINNED_SPAN_S"]
+
+
+# Codes the NVIDIA k8s device plugin ignores as application errors (anchors.md, k8s-device-plugin
+# row: 13, 31, 43, 45, 68, 109), and codes NVIDIA's catalog resolves with RESTART_APP or IGNORE.
+# Not a policy setting (issue 8, "the guard is absolute"): a policy can make xidstream more
+# careful, never let one user's Xid reach a node-level action.
+DEVICE_PLUGIN_APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+APP_CLASS_RESOLUTIONS = frozenset({"RESTART_APP", "IGNORE"})
+
+# The guard's floor on sustained evidence before any node-level action (also not a setting): at
+# least two pinned samples 10 s apart. A pinned span below it can never act, so a policy asking
+# for one is refused rather than left to produce a silent verdict (issue 8, defect 2).
+GUARD_MIN_PINNED_SAMPLES = 2
+GUARD_MIN_PINNED_SPAN_S = 10.0
+
+
+def is_app_class(xid: int) -> bool:
+    """Application-class by NVIDIA's own word: the device plugin's list or the catalog's resolution."""
+    return xid in DEVICE_PLUGIN_APP_XIDS or lookup(xid).resolution in APP_CLASS_RESOLUTIONS
 
 
 @dataclass(frozen=True)
 class Policy:
-    # Xid 13/31/43/45/68/109 are the codes the NVIDIA k8s device plugin ignores as application
-    # errors (anchors.md, k8s-device-plugin row); codes NVIDIA resolves with RESTART_APP or
-    # IGNORE are application-class by NVIDIA's own catalog.
-    app_class_xids: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
-    app_class_resolutions: frozenset[str] = frozenset({"RESTART_APP", "IGNORE"})
-    # Codes always treated as hardware, whatever the two sets above say.
+    # Codes treated as hardware beyond NVIDIA's catalog (e.g. a code a vendor's RMA guide names).
+    # An application-class code here is refused at load.
     hardware_xids: frozenset[int] = frozenset()
     # One Xid 13 fault prints several lines within milliseconds; 5 s covers the 13 -> 31 -> 43
     # chain of one fault (incident.md timeline).
     burst_seconds: float = 5.0
     # "Xids repeated within a short window, or several different PIDs faulting the same GPU"
-    # (incident.md) -> GPU_SUSPECT.
+    # (incident.md) -> GPU_SUSPECT. Counted per workload (pod UID, else PID): a crash-looping pod
+    # is one workload, whatever its PIDs.
     suspect_occurrences: int = 3
     suspect_window_s: float = 600.0
     suspect_distinct_pids: int = 2
@@ -48,17 +64,31 @@ class Policy:
     # Incidents
     alert_cooldown_s: float = 300.0
     resolve_after_s: float = 300.0
-    command_ttl_s: float = 3600.0
+    # A command expires this long after the evidence it rests on (event time), so an executor
+    # refuses by its wall clock what a replay of history or a stuck queue delivers late.
+    command_ttl_s: float = 900.0
+    # How far ahead of its GPU's clock (the collector's sample times) a record's own stamp may be:
+    # `dmesg -T` renders from the monotonic clock and drifts after suspend/resume; an RTC can be
+    # wrong. A record further ahead is kept, taken at the GPU's clock, and the skew noted.
+    max_clock_skew_s: float = 300.0
     evidence_limit: int = 60
     dry_run: bool = False
 
+    def __post_init__(self) -> None:
+        # Every Policy object holds the guard, however it was made (a file, a mapping, code).
+        _check(self, "policy")
+
     def is_app_class(self, xid: int) -> bool:
-        if xid in self.hardware_xids:
-            return False
-        return xid in self.app_class_xids or lookup(xid).resolution in self.app_class_resolutions
+        return is_app_class(xid)
 
 
-_SETS = {"app_class_xids", "app_class_resolutions", "hardware_xids"}
+_SETS = {"hardware_xids"}
+# Settings that earlier versions had and that are no longer the policy's to make.
+_FIXED = {
+    "app_class_xids": "which codes are application-class comes from NVIDIA's catalog and the device plugin's "
+                      "list (13, 31, 43, 45, 68, 109), not from the policy",
+    "app_class_resolutions": "application-class resolutions (RESTART_APP, IGNORE) come from NVIDIA's catalog",
+}
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -85,6 +115,9 @@ def load_policy(source: str | Path | Mapping[str, Any] | None) -> Policy:
         data = dict(source)
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping of settings")
+    fixed = sorted(set(data) & set(_FIXED))
+    if fixed:
+        raise ConfigError(f"{where}: {fixed[0]} is not a policy setting: {_FIXED[fixed[0]]}")
     known = {f.name: f for f in fields(Policy)}
     unknown = sorted(set(data) - set(known))
     if unknown:
@@ -97,7 +130,7 @@ def load_policy(source: str | Path | Mapping[str, Any] | None) -> Policy:
             if key in _SETS:
                 if not isinstance(value, (list, tuple, set)):
                     raise TypeError("a list")
-                changes[key] = frozenset(str(v) if key == "app_class_resolutions" else int(v) for v in value)
+                changes[key] = frozenset(int(v) for v in value)
             elif isinstance(current, bool):
                 if not isinstance(value, bool):
                     raise TypeError("true or false")
@@ -112,12 +145,41 @@ def load_policy(source: str | Path | Mapping[str, Any] | None) -> Policy:
                 changes[key] = float(value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {key} must be {exc if isinstance(exc, TypeError) else 'a number'}, got {value!r}") from None
-    policy = replace(default, **changes)
-    for key in ("pinned_seconds", "suspect_window_s", "burst_seconds", "fleet_window_s"):
+    try:
+        return replace(default, **changes)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}:{str(exc).removeprefix('policy:')}") from None
+
+
+def _check(policy: Policy, where: str) -> None:
+    """Refuse a policy that contradicts the guard or can only produce silent states."""
+    for key in ("suspect_window_s", "burst_seconds", "fleet_window_s", "alert_cooldown_s", "resolve_after_s",
+                "app_xid_lookback_s", "wedged_xid43_lookback_s", "workload_failure_lookback_s"):
         if getattr(policy, key) < 0:
             raise ConfigError(f"{where}: {key} must be >= 0")
+    app = sorted(x for x in policy.hardware_xids if is_app_class(x))
+    if app:
+        raise ConfigError(f"{where}: hardware_xids lists application-class Xid {', '.join(map(str, app))} "
+                          "(NVIDIA's catalog or the device plugin's list): an application's fault is never a "
+                          "reason for a node-level action")
+    if policy.pinned_seconds < GUARD_MIN_PINNED_SPAN_S:
+        raise ConfigError(f"{where}: pinned_seconds must be >= {GUARD_MIN_PINNED_SPAN_S:g} (the guard's minimum "
+                          f"span of pinned samples); below it a wedge could never be acted on")
+    if not 0 <= policy.pinned_util_pct <= 100:
+        raise ConfigError(f"{where}: pinned_util_pct must be in [0, 100]")
+    if not 0 <= policy.pinned_mem_fraction < 1:
+        raise ConfigError(f"{where}: pinned_mem_fraction must be in [0, 1)")
+    for key in ("suspect_occurrences", "suspect_distinct_pids"):
+        if getattr(policy, key) < 2:
+            raise ConfigError(f"{where}: {key} must be >= 2: one occurrence is an application fault, "
+                              "never a reason to quarantine the GPU")
+    if policy.command_ttl_s <= 0:
+        raise ConfigError(f"{where}: command_ttl_s must be > 0")
+    if policy.max_clock_skew_s < 0:
+        raise ConfigError(f"{where}: max_clock_skew_s must be >= 0")
+    if policy.evidence_limit < 20:
+        raise ConfigError(f"{where}: evidence_limit must be >= 20")
     if not 0 < policy.fleet_fraction <= 1:
         raise ConfigError(f"{where}: fleet_fraction must be in (0, 1]")
-    return policy
 
 

@@ -10,6 +10,7 @@ from schemas import (
     Action,
     Classification,
     DecodeError,
+    GpuProcesses,
     GpuSample,
     Severity,
     decode,
@@ -62,15 +63,19 @@ def test_exact_vocabularies():
 
 
 CONTRACT_FIELDS = {
-    "xidstream.gpu_inventory/1": "gpu_uuid gpu_index pci_bus_id name serial memory_total_mib driver_version cuda_version",
-    "xidstream.gpu_sample/1": "gpu_uuid gpu_index pci_bus_id utilization_gpu_pct utilization_memory_pct "
-    "memory_used_mib memory_total_mib power_w sm_clock_mhz mem_clock_mhz temperature_c status",
-    "xidstream.gpu_processes/1": "gpu_uuid compute_apps pmon device_holders",
-    "xidstream.xid/1": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name",
+    "xidstream.gpu_inventory/2": "gpu_uuid gpu_index pci_bus_id name serial memory_total_mib driver_version cuda_version "
+    "status memory_info_version notes",
+    "xidstream.gpu_sample/2": "gpu_uuid gpu_index pci_bus_id utilization_gpu_pct utilization_memory_pct "
+    "memory_used_mib memory_total_mib power_w sm_clock_mhz mem_clock_mhz temperature_c status "
+    "memory_reserved_mib recovery_action remapped_rows_correctable remapped_rows_uncorrectable "
+    "remapped_rows_pending remapped_rows_failure ecc_dbe_volatile",
+    "xidstream.gpu_processes/2": "gpu_uuid compute_apps pmon device_holders error",
+    "xidstream.xid/2": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name ts_source backfilled",
     "xidstream.workload/1": "gpu_uuid pod_uid namespace pod container event reason exit_code",
     "xidstream.alert/1": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps",
-    "xidstream.remediation_command/1": "command_id incident_id gpu_uuid action step preconditions expires_at requires_approval dry_run",
-    "xidstream.remediation_result/1": "command_id incident_id gpu_uuid action outcome detail",
+    "xidstream.remediation_command/2": "command_id incident_id gpu_uuid pci_bus_id action step preconditions expires_at "
+    "requires_approval dry_run evidence_ids",
+    "xidstream.remediation_result/2": "command_id incident_id gpu_uuid pci_bus_id action outcome detail",
     "xidstream.deadletter/1": "original source_topic source_partition source_offset error",
 }
 
@@ -85,7 +90,7 @@ def test_contract_field_names_exist(record):
 
 
 def test_process_entries_have_contract_fields():
-    procs = next(r for r in one_of_each() if r.SCHEMA == "xidstream.gpu_processes/1")
+    procs = next(r for r in one_of_each() if isinstance(r, GpuProcesses))
     doc = orjson.loads(encode(procs))
     assert set(doc["compute_apps"][0]) >= {"pid", "process_name", "used_memory_mib", "pod_uid", "container_id"}
     assert set(doc["pmon"][0]) >= {"pid", "sm_util_pct", "mem_util_pct"}
@@ -115,6 +120,33 @@ def test_undecodable_bytes_give_a_clear_decode_error(raw, needle):
 def test_decode_any_names_an_unknown_schema():
     with pytest.raises(DecodeError, match="unknown schema 'nope/1'"):
         decode_any(b'{"schema": "nope/1"}')
+
+
+@pytest.mark.parametrize("raw", [b'{"schema": []}', b'{"schema": {"a": 1}}', b'{"schema": 3}', b'{}'])
+def test_decode_any_raises_only_decode_error_whatever_the_schema_field_holds(raw):
+    # issue 8, defect 6: a list is unhashable; the lookup raised TypeError
+    with pytest.raises(DecodeError, match="unknown schema"):
+        decode_any(raw)
+
+
+def test_a_version_1_record_still_decodes_into_the_current_model():
+    v1 = (b'{"schema": "xidstream.gpu_sample/1", "node": "n", "ts": "2026-11-28T03:00:00Z", "gpu_uuid": "G", '
+          b'"gpu_index": 0, "pci_bus_id": "0000:01:00", "utilization_gpu_pct": 100.0}')
+    for rec in (decode(GpuSample, v1), decode_any(v1)):
+        assert isinstance(rec, GpuSample) and rec.SCHEMA == "xidstream.gpu_sample/2"
+        assert rec.utilization_gpu_pct == 100.0 and rec.memory_reserved_mib is None
+
+
+def test_a_version_1_result_without_a_command_id_is_a_clear_decode_error():
+    v1 = b'{"schema": "xidstream.remediation_result/1", "node": "n", "action": "RESET_GPU", "outcome": "failed"}'
+    with pytest.raises(DecodeError, match="command_id: Field required"):
+        decode_any(v1)
+
+
+def test_an_unreadable_compute_list_is_null_not_empty():
+    unknown = GpuProcesses(ts=T0, node="n", gpu_uuid="G", compute_apps=None, error="NVML_ERROR_UNKNOWN")
+    assert orjson.loads(encode(unknown))["compute_apps"] is None
+    assert decode(GpuProcesses, encode(unknown)).compute_apps is None
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from schemas import (
+    Action,
     ComputeApp,
     GpuInventory,
     GpuProcesses,
@@ -53,8 +55,46 @@ def workload(t, event="failed", gpu=GPU, node=NODE, pod="vllm-1"):
                          container="vllm", event=event, reason="Error", exit_code=1)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """An executor's answer, at time `t`, to the newest `action` command for the GPU: which
+    command it answers is only known once the engine has emitted it (see `run`)."""
+
+    t: float
+    action: Action
+    outcome: str
+    gpu: str | None = GPU
+    node: str = NODE
+    detail: str = ""
+
+    @property
+    def ts(self):
+        return at(self.t)
+
+    def to_result(self, engine) -> RemediationResult:
+        cmd = next(c for c in reversed(engine.commands)
+                   if c.action == self.action and c.node == self.node and c.gpu_uuid == self.gpu)
+        return RemediationResult(ts=self.ts, node=self.node, gpu_uuid=self.gpu, pci_bus_id=cmd.pci_bus_id,
+                                 command_id=cmd.command_id, incident_id=cmd.incident_id, action=self.action,
+                                 outcome=self.outcome, detail=self.detail)
+
+
 def result(t, action, outcome, gpu=GPU, node=NODE, detail=""):
-    return RemediationResult(ts=at(t), node=node, gpu_uuid=gpu, action=action, outcome=outcome, detail=detail)
+    return Answer(t, Action(action), outcome, gpu, node, detail)
+
+
+def feed(engine, records):
+    """Feed records in the order given; an `Answer` becomes the result of the command it answers."""
+    for r in records:
+        engine.process(r.to_result(engine) if isinstance(r, Answer) else r)
+    return engine
+
+
+def run(records, policy=None):
+    """`Engine(policy).run(records)`, with `Answer`s answering the commands emitted before them."""
+    from streams.engine import Engine
+
+    return feed(Engine(policy), sorted(records, key=lambda r: r.ts))
 
 
 def wedge(start=120, pinned_until=300, step=5, gpu=GPU, node=NODE):

@@ -7,7 +7,11 @@ import pytest
 from schemas import Action, Classification
 from streams.engine import Engine
 from streams.policy import Policy, load_policy
-from tests.streams.builders import GPU, at, inventory, procs, result, sample, wedge, workload, xid
+from tests.streams.builders import GPU, at, feed, inventory, procs, result, run, sample, wedge, workload, xid
+
+
+def run_with(policy, records):
+    return run(records, policy)
 
 NODE_LEVEL = {Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE, Action.REPLACE_NODE}
 
@@ -21,7 +25,7 @@ def classes(engine):
 
 
 def test_motivating_incident_is_one_wedged_incident_with_the_reset_plan():
-    e = Engine().run(wedge())
+    e = run(wedge())
     assert classes(e) == [Classification.APP_FAULT, Classification.GPU_WEDGED]
     assert actions(e) == [Action.RECORD, Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU]
     assert len({a.incident_id for a in e.alerts} | {c.incident_id for c in e.commands}) == 1
@@ -35,53 +39,61 @@ def test_motivating_incident_is_one_wedged_incident_with_the_reset_plan():
 
 
 def test_one_fault_printing_many_lines_is_one_occurrence():
-    e = Engine().run([sample(0), xid(10, 13), xid(10.1, 13), xid(10.2, 13), xid(11, 31), xid(12, 43)])
+    e = run([sample(0), xid(10, 13), xid(10.1, 13), xid(10.2, 13), xid(11, 31), xid(12, 43)])
     assert classes(e) == [Classification.APP_FAULT]
     assert actions(e) == [Action.RECORD]
 
 
 def test_a_lone_xid_13_is_recorded_only():
-    e = Engine().run([sample(0), procs(0, 4242), xid(60, 13), sample(61), procs(61, 4242)])
+    e = run([sample(0), procs(0, 4242), xid(60, 13), sample(61), procs(61, 4242)])
     assert classes(e) == [Classification.APP_FAULT]
     assert e.alerts[0].evidence.pod_uids == ["pod-4242"]
     assert actions(e) == [Action.RECORD]
 
 
 def test_three_occurrences_in_ten_minutes_make_a_suspect():
-    e = Engine().run([sample(0), xid(10, 13), xid(200, 31), xid(400, 13)])
+    # Old drivers print no pid: each unidentified occurrence counts on its own.
+    e = run([sample(0), xid(10, 13, pid=None), xid(200, 31, pid=None), xid(400, 13, pid=None)])
     assert classes(e)[-1] == Classification.GPU_SUSPECT
     assert actions(e) == [Action.RECORD, Action.RECORD, Action.RECORD, Action.QUARANTINE_GPU]
     assert not NODE_LEVEL & set(actions(e))
 
 
+def test_one_process_repeating_is_one_workload_recorded_with_its_repeat_count():
+    e = run([sample(0), xid(10, 13), xid(200, 31), xid(400, 13)])
+    assert set(classes(e)) == {Classification.APP_FAULT}
+    assert actions(e) == [Action.RECORD] * 3
+    assert "3 occurrences of this workload" in e.alerts[-1].summary
+
+
 def test_two_pids_in_ten_minutes_make_a_suspect():
-    e = Engine().run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2)])
+    e = run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2)])
     assert classes(e)[-1] == Classification.GPU_SUSPECT
     assert "2 different processes" in e.alerts[-1].summary
 
 
 def test_occurrences_outside_the_window_do_not_add_up():
-    e = Engine().run([sample(0), xid(0, 13), xid(700, 13), xid(1400, 13)])
+    e = run([sample(0), xid(0, 13), xid(700, 13), xid(1400, 13)])
     assert Classification.GPU_SUSPECT not in classes(e)
 
 
 def test_phantom_load_without_any_xid_is_only_recorded():
     recs = [inventory(), sample(0), procs(0)]
     recs += [r for t in range(5, 200, 5) for r in (sample(t, util=100, mem=0), procs(t))]
-    e = Engine().run(recs)
+    e = run(recs)
     assert classes(e) == [Classification.PHANTOM_LOAD]
     assert actions(e) == [Action.RECORD]
 
 
 def test_pinned_with_a_compute_app_is_not_phantom():
     recs = [r for t in range(0, 200, 5) for r in (sample(t, util=100, mem=0), procs(t, 99))]
-    assert Engine().run(recs).alerts == []
+    assert run(recs).alerts == []
 
 
 def test_pinned_after_an_app_xid_without_xid_43_is_a_suspect():
     recs = [sample(0), procs(0, 7), xid(10, 13, pid=7)]
     recs += [r for t in range(15, 200, 5) for r in (sample(t, util=100, mem=0), procs(t))]
-    e = Engine().run(recs)
+    e = run(recs)
     assert classes(e) == [Classification.APP_FAULT, Classification.GPU_SUSPECT]
     assert actions(e) == [Action.RECORD, Action.QUARANTINE_GPU]
 
@@ -89,7 +101,7 @@ def test_pinned_after_an_app_xid_without_xid_43_is_a_suspect():
 def test_app_crash_then_recovery_resolves_with_no_action_beyond_record():
     recs = [sample(0), procs(0, 7), xid(10, 31, pid=7), procs(12)]
     recs += [sample(t, util=0, mem=0) for t in range(15, 1000, 10)]
-    e = Engine().run(recs)
+    e = run(recs)
     assert classes(e) == [Classification.APP_FAULT, Classification.APP_FAULT]
     assert [a.state for a in e.alerts] == ["open", "resolved"]
     assert actions(e) == [Action.RECORD]
@@ -97,37 +109,38 @@ def test_app_crash_then_recovery_resolves_with_no_action_beyond_record():
 
 @pytest.mark.parametrize("overrides", [
     {},
-    {"pinned_seconds": 0, "suspect_occurrences": 1, "suspect_distinct_pids": 1, "burst_seconds": 0},
-    {"app_class_xids": [43], "pinned_seconds": 0, "wedged_requires_workload_failure": False},
+    # the most eager policy the loader accepts
+    {"pinned_seconds": 10, "suspect_occurrences": 2, "suspect_distinct_pids": 2, "burst_seconds": 0,
+     "wedged_requires_workload_failure": False, "hardware_xids": [48, 119, 79]},
 ])
 def test_a_single_app_class_xid_never_leads_to_a_node_action(overrides):
     policy = load_policy(overrides)
-    for code in [c for c in (13, 31, 43, 45, 68, 109, 94, 63) if policy.is_app_class(c)]:
+    for code in (13, 31, 43, 45, 68, 109, 94, 63):
         # one Xid, and one pinned sample right after it: nothing sustained
-        e = Engine(policy).run([inventory(), sample(0), procs(0), xid(10, code), sample(11, util=100, mem=0),
-                                procs(11), sample(12, util=100, mem=0)])
+        e = run_with(policy, [inventory(), sample(0), procs(0), xid(10, code), sample(11, util=100, mem=0),
+                              procs(11), sample(12, util=100, mem=0)])
         assert not NODE_LEVEL & set(actions(e)), (code, overrides, actions(e))
         assert Action.RESET_GPU not in actions(e)
 
 
 def test_wedged_can_require_a_workload_failure():
     policy = load_policy({"wedged_requires_workload_failure": True})
-    e = Engine(policy).run(wedge(pinned_until=400))
+    e = run_with(policy, wedge(pinned_until=400))
     assert Classification.GPU_WEDGED not in classes(e)
-    e = Engine(policy).run(wedge(pinned_until=400) + [workload(250), sample(255, util=100, mem=0)])
+    e = run_with(policy, wedge(pinned_until=400) + [workload(250), sample(255, util=100, mem=0)])
     assert Classification.GPU_WEDGED in classes(e)
     assert any(t.kind == "workload" for t in e.alerts[-1].evidence.timeline)
 
 
 def test_a_later_workload_failure_is_evidence_on_the_incident():
-    e = Engine().run(wedge(pinned_until=400) + [workload(350), sample(351, util=100, mem=0)])
-    e2 = Engine().run(wedge(pinned_until=400) + [workload(350), result(360, Action.RESET_GPU, "refused", detail="busy")])
+    e = run(wedge(pinned_until=400) + [workload(350), sample(351, util=100, mem=0)])
+    e2 = run(wedge(pinned_until=400) + [workload(350), result(360, Action.RESET_GPU, "refused", detail="busy")])
     assert "workload" in [t.kind for t in e2.alerts[-1].evidence.timeline]
     assert e.alerts[-1].classification == Classification.GPU_WEDGED
 
 
 def test_failed_reset_climbs_to_reboot_then_replace():
-    e = Engine().run(wedge() + [result(310, Action.RESET_GPU, "failed", detail="GPU busy"),
+    e = run(wedge() + [result(310, Action.RESET_GPU, "failed", detail="GPU busy"),
                                 result(900, Action.REBOOT_NODE, "failed")])
     assert actions(e) == [Action.RECORD, Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU,
                           Action.REBOOT_NODE, Action.REPLACE_NODE]
@@ -136,26 +149,26 @@ def test_failed_reset_climbs_to_reboot_then_replace():
 
 
 def test_gpu_xids_persisting_after_a_reboot_mean_replace():
-    e = Engine().run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(600, Action.REBOOT_NODE, "succeeded"),
+    e = run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(600, Action.REBOOT_NODE, "succeeded"),
                                 xid(700, 119, pid=None)])
     assert actions(e)[-2:] == [Action.REBOOT_NODE, Action.REPLACE_NODE]
 
 
 def test_an_application_xid_after_the_reboot_is_not_a_reason_to_replace():
-    e = Engine().run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(600, Action.REBOOT_NODE, "succeeded"),
+    e = run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(600, Action.REBOOT_NODE, "succeeded"),
                                 sample(610), procs(610, 77), xid(700, 13, pid=77)])
     assert Action.REPLACE_NODE not in actions(e)
 
 
 def test_wedged_again_after_a_successful_reset_climbs_to_reboot():
     again = [r for t in range(400, 500, 5) for r in (sample(t, util=100, mem=0), procs(t))]
-    e = Engine().run(wedge() + [result(310, Action.RESET_GPU, "succeeded"), sample(320, util=0, mem=0)] + again)
+    e = run(wedge() + [result(310, Action.RESET_GPU, "succeeded"), sample(320, util=0, mem=0)] + again)
     assert actions(e)[-1] == Action.REBOOT_NODE
 
 
 @pytest.mark.parametrize("outcome", ["refused", "expired"])
 def test_refused_or_expired_commands_are_reported(outcome):
-    e = Engine().run(wedge() + [result(310, Action.RESET_GPU, outcome, detail="window closed")])
+    e = run(wedge() + [result(310, Action.RESET_GPU, outcome, detail="window closed")])
     last = e.alerts[-1]
     assert last.state == "updated" and f"RESET_GPU {outcome}" in last.summary and "window closed" in last.summary
     assert Action.REBOOT_NODE not in actions(e)
@@ -164,7 +177,7 @@ def test_refused_or_expired_commands_are_reported(outcome):
 def test_successful_reset_then_healthy_resolves_with_closing_steps():
     recs = wedge() + [result(310, Action.RESET_GPU, "succeeded")]
     recs += [r for t in range(320, 1000, 10) for r in (sample(t, util=0, mem=0), procs(t))]
-    e = Engine().run(recs)
+    e = run(recs)
     assert e.alerts[-1].state == "resolved"
     assert actions(e)[-1] == Action.UNCORDON_NODE
     # a new fault later is a new incident
@@ -181,7 +194,7 @@ def test_successful_reset_then_healthy_resolves_with_closing_steps():
     (140, [Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU]),
 ])
 def test_hardware_xids_follow_nvidia_resolution(code, plan):
-    e = Engine().run([sample(0), xid(10, code, pid=None)])
+    e = run([sample(0), xid(10, code, pid=None)])
     assert classes(e) == [Classification.GPU_HARDWARE_FAULT]
     assert e.alerts[0].severity.value == "critical"
     assert actions(e) == plan
@@ -189,7 +202,7 @@ def test_hardware_xids_follow_nvidia_resolution(code, plan):
 
 @pytest.mark.parametrize("code", [94, 63])
 def test_contained_or_informational_xids_are_app_class(code):
-    e = Engine().run([sample(0), xid(10, code)])
+    e = run([sample(0), xid(10, code)])
     assert classes(e) == [Classification.APP_FAULT] and actions(e) == [Action.RECORD]
 
 
@@ -197,7 +210,7 @@ def test_contact_support_xids_quarantine_and_recommend_a_case():
     from schemas.xid_catalog import XID_CATALOG
 
     code = min(x for x, i in XID_CATALOG.items() if i.resolution == "CONTACT_SUPPORT" and not Policy().is_app_class(x))
-    e = Engine().run([sample(0), xid(10, code, pid=None)])
+    e = run([sample(0), xid(10, code, pid=None)])
     assert classes(e) == [Classification.GPU_HARDWARE_FAULT]
     assert actions(e) == [Action.QUARANTINE_GPU]
     assert any("support case" in s for s in e.alerts[0].recommended_steps)
@@ -208,44 +221,44 @@ def test_contact_support_xids_quarantine_and_recommend_a_case():
     ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", Action.REBOOT_NODE),
 ])
 def test_xid_154_follows_the_recovery_action_it_names(message, plan_end):
-    e = Engine().run([sample(0), xid(10, 154, pid=None, message=message)])
+    e = run([sample(0), xid(10, 154, pid=None, message=message)])
     assert actions(e)[-1] == plan_end
 
 
 def test_xid_154_to_none_is_only_evidence():
-    assert Engine().run([sample(0), xid(10, 154, pid=None, message="changed from 0x4 (x) to 0x0 (None)")]).alerts == []
+    assert run([sample(0), xid(10, 154, pid=None, message="changed from 0x4 (x) to 0x0 (None)")]).alerts == []
 
 
 def test_nvlink5_xids_go_through_the_decode_table():
     fatal = "RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)"
     benign = "RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000002 0x00000000 0x00000000 0x00000000 0x00000000)"
-    assert actions(Engine().run([sample(0), xid(10, 145, pid=None, message=fatal)]))[-1] == Action.RESET_GPU
-    assert Engine().run([sample(0), xid(10, 145, pid=None, message=benign)]).alerts == []
+    assert actions(run([sample(0), xid(10, 145, pid=None, message=fatal)]))[-1] == Action.RESET_GPU
+    assert run([sample(0), xid(10, 145, pid=None, message=benign)]).alerts == []
 
 
 @pytest.mark.parametrize("status, last", [("lost", Action.REBOOT_NODE), ("reset_required", Action.RESET_GPU)])
 def test_nvml_status_is_hardware_evidence(status, last):
-    e = Engine().run([sample(0), sample(5, status=status)])
+    e = run([sample(0), sample(5, status=status)])
     assert classes(e) == [Classification.GPU_HARDWARE_FAULT] and actions(e)[-1] == last
     assert status in e.alerts[0].summary or "reset" in e.alerts[0].summary
 
 
 def test_an_unresolved_gpu_reset_is_downgraded_to_a_node_reboot():
-    e = Engine().run([xid(10, 119, gpu=None, pid=None)])
+    e = run([xid(10, 119, gpu=None, pid=None)])
     assert [c.action for c in e.commands] == [Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE]
     assert e.commands[0].gpu_uuid is None
 
 
 def test_replay_gives_the_same_verdicts_and_command_ids():
-    a = Engine().run(wedge() + [result(310, Action.RESET_GPU, "failed")])
-    b = Engine().run(wedge() + [result(310, Action.RESET_GPU, "failed")])
+    a = run(wedge() + [result(310, Action.RESET_GPU, "failed")])
+    b = run(wedge() + [result(310, Action.RESET_GPU, "failed")])
     assert [c.command_id for c in a.commands] == [c.command_id for c in b.commands]
     assert [x.alert_id for x in a.alerts] == [x.alert_id for x in b.alerts]
 
 
 def test_alert_cooldown_keeps_repeats_from_spamming():
     recs = wedge(pinned_until=900)
-    e = Engine().run(recs)
+    e = run(recs)
     wedged = [a for a in e.alerts if a.classification == Classification.GPU_WEDGED]
     assert len(wedged) == 1
 
@@ -291,9 +304,13 @@ def test_policy_file_errors_are_clear(tmp_path):
     with pytest.raises(ConfigError, match="suspect_occurrences must be an integer"):
         load_policy({"suspect_occurrences": "many"})
     f = tmp_path / "p.yaml"
-    f.write_text("pinned_seconds: 120\napp_class_xids: [13, 31]\n")
+    f.write_text("pinned_seconds: 120\nhardware_xids: [119]\n")
     p = load_policy(f)
-    assert p.pinned_seconds == 120 and p.app_class_xids == frozenset({13, 31}) and p == Policy(pinned_seconds=120, app_class_xids=frozenset({13, 31}))
+    assert p.pinned_seconds == 120 and p.hardware_xids == frozenset({119})
+    assert p == Policy(pinned_seconds=120, hardware_xids=frozenset({119}))
+    f.write_text("hardware_xids: [109]\n")
+    with pytest.raises(ConfigError, match=f"{f}: hardware_xids lists application-class Xid 109"):
+        load_policy(f)
 
 
 def _topic_major(records, order):
@@ -331,9 +348,6 @@ def test_verdicts_do_not_depend_on_how_topics_interleave(order):
 def test_resolution_does_not_depend_on_when_the_result_is_read(result_first):
     healthy = [r for t in range(320, 1000, 10) for r in (sample(t, util=0, mem=0), procs(t))]
     ok = result(310, Action.RESET_GPU, "succeeded")
-    e = Engine()
-    for r in wedge():
-        e.process(r)
-    for r in ([ok] + healthy) if result_first else (healthy + [ok]):
-        e.process(r)
+    e = feed(Engine(), wedge())
+    feed(e, ([ok] + healthy) if result_first else (healthy + [ok]))
     assert e.alerts[-1].state == "resolved" and actions(e)[-1] == Action.UNCORDON_NODE

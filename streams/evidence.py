@@ -1,0 +1,222 @@
+"""The per-GPU facts, folded by event time: what the verdict rules read.
+
+`GpuState` is one table row (one GPU UUID, or ``node/pci`` for an Xid whose GPU the collector
+could not resolve). The functions here only gather facts; `streams.verdict` decides what they
+mean and `streams.classify` runs the fold.
+
+Topics are read in parallel, so records of one GPU arrive out of event-time order. Facts are kept
+as maxima and event-stamped lists (newest snapshot with and without a compute app, Xids with their
+times), which do not depend on arrival order.
+
+The GPU's clock is the newest time a record of it was taken at; its collector's own readings
+(samples, process lists, inventory: published every interval) always move it. A record stamped by
+another clock (a kernel line's own time, an executor's, kubelet's) more than `max_clock_skew_s`
+ahead of it is kept but taken at the GPU's clock, and the skew is noted
+(`dmesg -T` drifts after suspend/resume; an RTC can be wrong), so one bad stamp cannot blind the
+windows, the pinned span or the incident timers to the correctly stamped records that follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.models import GpuProcesses, GpuSample, WorkloadEvent
+from streams.incident import Incident
+from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
+
+__all__ = ["GpuState", "entry", "nocompute_start", "sustained_pin", "sample_stats", "prune", "workload_of",
+           "fold_sample_pin", "fold_processes", "fold_workload", "event_time"]
+
+# pid -> pod UID pairs kept per GPU, from compute-process lists: enough for the PIDs of the
+# current suspect window on one GPU (a crash-looping pod gets a new PID each restart).
+_PODS_KEPT = 32
+_XIDS_KEPT = 200
+
+
+@dataclass(slots=True)
+class GpuState:
+    key: str
+    node: str = ""
+    gpu_uuid: str | None = None
+    pci_bus_id: str | None = None
+    gpu_index: int | None = None
+    memory_total_mib: float | None = None
+    status: str = "ok"
+    clock: float | None = None  # the newest time a record was taken at: the GPU's clock
+    sampled: bool = False  # a sample, process list or inventory was seen: the clock can be trusted
+    pinned_since: float | None = None
+    pinned_samples: int = 0
+    pinned_last: float | None = None
+    pin_stats: dict = field(default_factory=dict)
+    pin_ids: list = field(default_factory=list)  # event_ids of the first and newest pinned sample
+    proc_snapshots: int = 0  # snapshots without compute since pinned_since
+    pods: dict = field(default_factory=dict)  # str(pid) -> pod UID, from compute-process lists
+    occurrences: list = field(default_factory=list)
+    xids: list = field(default_factory=list)
+    workload_failures: list = field(default_factory=list)
+    healthy_since: float | None = None
+    last_xid_ts: float | None = None
+    incident: Incident | None = None
+    announced: bool = False
+    resolved_incidents: int = 0
+    pending_notes: list = field(default_factory=list)  # evidence seen before an incident opened
+    last_sample_ts: float | None = None
+    last_compute_ts: float | None = None  # newest process snapshot that had a compute app
+    last_nocompute_ts: float | None = None  # newest process snapshot that had none
+    nocompute_id: str | None = None  # its event_id
+    recovery_action: int = 0  # NVML's GPU recovery action, last seen in a sample
+    remap_failure: bool = False
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in _STATE_FIELDS}
+        if self.incident is not None:
+            out["incident"] = self.incident.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GpuState":
+        state = cls(**{k: v for k, v in data.items() if k in _STATE_FIELDS})
+        if isinstance(state.incident, dict):
+            state.incident = Incident.from_dict(state.incident)
+        return state
+
+
+_STATE_FIELDS = tuple(GpuState.__dataclass_fields__)
+
+
+def entry(ts: float, kind: str, summary: str, **data: Any) -> dict:
+    """One timeline line (becomes a schemas.EvidenceEntry in an alert)."""
+    return {"ts": ts, "kind": kind, "summary": summary, "data": data}
+
+
+def event_time(state: GpuState, ts: float, own_clock: bool, policy: Policy) -> tuple[float, float]:
+    """(the time a record is taken at, how far ahead it was stamped: 0 when not skewed).
+
+    Only a GPU whose collector readings were seen has a clock to judge by (a row keyed
+    ``node/pci`` gets Xids only); the collector's own readings always move it."""
+    if not own_clock and state.sampled and state.clock is not None and ts - state.clock > policy.max_clock_skew_s:
+        return state.clock, ts - state.clock
+    state.clock = ts if state.clock is None else max(state.clock, ts)
+    state.sampled = state.sampled or own_clock
+    return ts, 0.0
+
+
+def workload_of(state: GpuState, pid: int | None) -> tuple[str | None, str | None]:
+    """(workload identity, pod UID): the pod when the process lists know the PID's pod, else the PID."""
+    if pid is None:
+        return None, None
+    pod = state.pods.get(str(pid))
+    return (f"pod:{pod}" if pod else f"pid:{pid}"), pod
+
+
+def prune(state: GpuState, ts: float, policy: Policy) -> None:
+    keep = max(policy.app_xid_lookback_s, policy.wedged_xid43_lookback_s, policy.suspect_window_s)
+    state.occurrences = [o for o in state.occurrences if ts - o["last_ts"] <= keep]
+    state.xids = [x for x in state.xids if ts - x["ts"] <= keep][-_XIDS_KEPT:]
+    state.workload_failures = [w for w in state.workload_failures if ts - w["ts"] <= policy.workload_failure_lookback_s]
+
+
+# -- samples and processes ----------------------------------------------------------------------
+def fold_sample_pin(state: GpuState, s: GpuSample, ts: float, policy: Policy) -> bool:
+    """Fold an ok sample into the pinned-run facts; True when it is pinned."""
+    util, mem = s.utilization_gpu_pct, s.memory_used_mib
+    total = s.memory_total_mib or state.memory_total_mib
+    pinned = bool(util is not None and util >= policy.pinned_util_pct and mem is not None and total
+                  and mem <= policy.pinned_mem_fraction * total)
+    if not pinned:
+        state.pinned_since = None
+        state.pinned_samples = 0
+        state.pin_ids = []
+        return False
+    if state.pinned_since is None:
+        state.pinned_since, state.pinned_samples, state.proc_snapshots, state.pin_stats = ts, 0, 0, {}
+        state.pinned_last, state.pin_ids = ts, [s.event_id]
+    state.pinned_samples += 1
+    state.pinned_last = max(state.pinned_last or ts, ts)
+    state.pin_ids = state.pin_ids[:1] + [s.event_id]
+    st = state.pin_stats
+    st["util_min"] = min(st.get("util_min", 100.0), util)
+    st["mem_max"] = max(st.get("mem_max", 0.0), mem)
+    if s.power_w is not None:
+        st["power_sum"] = st.get("power_sum", 0.0) + s.power_w
+        st["power_n"] = st.get("power_n", 0) + 1
+    if s.sm_clock_mhz is not None:
+        st["sm_max"] = max(st.get("sm_max", 0), s.sm_clock_mhz)
+    if s.mem_clock_mhz is not None:
+        st["memclk_max"] = max(st.get("memclk_max", 0), s.mem_clock_mhz)
+    return True
+
+
+def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> None:
+    compute = p.compute_apps
+    if compute is None:
+        # NVML could not list them: unknown is neither "a job is running" nor "no compute process"
+        # (issue 9, defect 7). The wedge and phantom rules only count snapshots that were read.
+        return
+    for app in compute:
+        if app.pod_uid:
+            state.pods[str(app.pid)] = app.pod_uid
+    if len(state.pods) > _PODS_KEPT:
+        for k in list(state.pods)[: len(state.pods) - _PODS_KEPT]:
+            del state.pods[k]
+    if compute:
+        # A process NVML registered as compute: it is probably really running (incident.md).
+        state.last_compute_ts = max(ts, state.last_compute_ts or ts)
+    else:
+        if state.last_nocompute_ts is None or ts >= state.last_nocompute_ts:
+            state.last_nocompute_ts, state.nocompute_id = ts, p.event_id
+        if state.pinned_since is not None and ts >= state.pinned_since:
+            state.proc_snapshots += 1
+
+
+def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) -> dict | None:
+    """A failed or restarted workload, as a fact; None for other workload events."""
+    if w.event.value not in ("failed", "restarted"):
+        return None
+    item = {"ts": ts, "pod_uid": w.pod_uid, "pod": w.pod, "namespace": w.namespace, "reason": w.reason,
+            "exit_code": w.exit_code, "event": w.event.value, "id": w.event_id}
+    state.workload_failures.append(item)
+    prune(state, ts, policy)
+    return item
+
+
+def nocompute_start(state: GpuState) -> float | None:
+    """Start of the current pinned run without a compute app in any process snapshot, or None.
+
+    Built from maxima (newest snapshot with / without compute), so it does not depend on the order
+    in which the samples and process topics were read."""
+    if state.pinned_since is None:
+        return None
+    start = state.pinned_since
+    if state.last_compute_ts is not None and state.last_compute_ts >= start:
+        start = state.last_compute_ts
+    if state.last_nocompute_ts is None or state.last_nocompute_ts <= start:
+        return None
+    return start
+
+
+def sustained_pin(state: GpuState) -> float:
+    """Seconds of pinned samples without compute that the guard accepts (0 below its floor)."""
+    start = nocompute_start(state)
+    if start is None or state.pinned_samples < GUARD_MIN_PINNED_SAMPLES:
+        return 0.0
+    span = (state.pinned_last or 0) - start
+    return span if span >= GUARD_MIN_PINNED_SPAN_S else 0.0
+
+
+def sample_stats(state: GpuState) -> dict:
+    s = state.pin_stats
+    if not s:
+        return {}
+    return {
+        "pinned_seconds": round((state.pinned_last or 0) - (state.pinned_since or 0), 1),
+        "samples": state.pinned_samples,
+        "utilization_gpu_pct_min": s.get("util_min"),
+        "memory_used_mib_max": s.get("mem_max"),
+        "power_w_avg": round(s["power_sum"] / s["power_n"], 1) if s.get("power_n") else None,
+        "sm_clock_mhz_max": s.get("sm_max"),
+        "mem_clock_mhz_max": s.get("memclk_max"),
+        "process_snapshots_without_compute": state.proc_snapshots,
+        "seconds_without_compute": round((state.pinned_last or 0) - (nocompute_start(state) or state.pinned_last or 0), 1),
+    }

@@ -1,0 +1,95 @@
+"""One incident per GPU: its verdict, its remediation ladder, and the commands it emitted.
+
+A ladder only climbs (issue 8): RECORD < QUARANTINE_GPU < CORDON_NODE < DRAIN_NODE < RESET_GPU <
+REBOOT_NODE < REPLACE_NODE. Once a rung is commanded, nothing below it is commanded again in the
+same incident (a GPU reset after an already ordered node reboot would act on a node that is
+going away). The closing steps (UNCORDON_NODE, RELEASE_GPU) come only when the incident resolves.
+
+A remediation result acts on the incident only when it answers a command this incident emitted
+(same `incident_id`, a known `command_id`, the same action), and only its first outcome counts: a
+stale, foreign or repeated result is written into the timeline and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.vocab import Action
+
+__all__ = ["Incident", "LADDER", "RUNG", "CLOSING"]
+
+LADDER = (Action.RECORD, Action.QUARANTINE_GPU, Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU,
+          Action.REBOOT_NODE, Action.REPLACE_NODE)
+RUNG = {a.value: i for i, a in enumerate(LADDER)}
+CLOSING = frozenset({Action.UNCORDON_NODE.value, Action.RELEASE_GPU.value})
+# The first and the newest part of a long timeline are kept: how it started and how it is going.
+_KEEP_HEAD = 10
+
+
+@dataclass(slots=True)
+class Incident:
+    id: str
+    classification: str
+    opened_at: float
+    remedy: str
+    plan: list[str] = field(default_factory=list)
+    # {"step", "action", "command_id", "ts", "outcome"}: outcome is None until a result answers it
+    emitted: list[dict] = field(default_factory=list)
+    timeline: list[dict] = field(default_factory=list)
+    alerts: int = 0
+    last_alert_at: float | None = None
+    hardware: bool = False
+    remediated: bool = False
+    reset_ok_at: float | None = None
+    reboot_ok_at: float | None = None
+    recommendation: str | None = None
+    sample_stats: dict | None = None
+
+    # -- the ladder ------------------------------------------------------------------------------
+    def top_rung(self) -> int:
+        return max((RUNG[e["action"]] for e in self.emitted if e["action"] in RUNG), default=0)
+
+    def has_emitted(self, action: Action) -> bool:
+        return any(e["action"] == action.value for e in self.emitted)
+
+    def may_emit(self, action: Action) -> bool:
+        """RECORD always (every occurrence is recorded); a remedial rung only above the top one."""
+        if action == Action.RECORD:
+            return True
+        if action.value in CLOSING:
+            return not self.has_emitted(action)
+        return not self.has_emitted(action) and RUNG[action.value] > self.top_rung()
+
+    def emit(self, action: Action, command_id: str, ts: float) -> int:
+        step = len(self.emitted)
+        self.emitted.append({"step": step, "action": action.value, "command_id": command_id, "ts": ts,
+                             "outcome": None})
+        return step
+
+    # -- results ---------------------------------------------------------------------------------
+    def answered(self, incident_id: str, command_id: str, action: Action) -> dict | None:
+        """The emitted command a result answers, or None when it answers none of this incident's."""
+        if incident_id != self.id:
+            return None
+        for e in self.emitted:
+            if e["command_id"] == command_id and e["action"] == action.value:
+                return e
+        return None
+
+    # -- the timeline ----------------------------------------------------------------------------
+    def note(self, entry: dict, limit: int) -> None:
+        tl = self.timeline
+        tl.append(entry)
+        if len(tl) > limit:
+            del tl[_KEEP_HEAD: len(tl) - limit + _KEEP_HEAD]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Incident":
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+
+
+_FIELDS = tuple(Incident.__dataclass_fields__)

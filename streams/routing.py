@@ -1,0 +1,57 @@
+"""Where records go, as pure functions: used alike by the faust agents (`streams.app`), the
+Kafka-free `streams.engine.Engine` and the tests, so the three cannot drift apart.
+
+- `state_key(record)`: the table row (a `GpuState`) a record folds into. Inputs are keyed as the
+  topic registry keys them (GPU UUID, or ``node/pci`` for an Xid whose GPU was never resolved);
+  a remediation result, keyed by node on its topic, goes to the row of the GPU its command named:
+  the UUID, else ``node/pci`` (the command carries the PCI id, the result echoes it), so the result
+  of an unresolved GPU still reaches its incident.
+- `fan_out(state, record, outputs)`: what one fold step sends on. Alerts go out as they are; every
+  command, the first sighting of each node, and each application fault of a known pod go to the
+  single-partition fleet agent (`streams.fleet.fleet_step`), which alone releases commands to
+  `gpu.remediation` (the circuit breaker) and sees when one workload faults several GPUs. Fleet
+  messages are plain dicts except a command's ``"command"``, a `RemediationCommand`.
+"""
+
+from __future__ import annotations
+
+from schemas.base import Record
+from schemas.models import Alert, RemediationResult
+from schemas.topics import TopicRegistry
+
+__all__ = ["state_key", "fan_out", "FLEET_KEY"]
+
+FLEET_KEY = b"fleet"
+_REGISTRY = TopicRegistry()
+
+
+def state_key(record: Record) -> str | None:
+    """The row a record folds into, or None when it names no GPU at all (a result with neither
+    a UUID nor a PCI id cannot be matched to anything: the caller dead-letters it)."""
+    if isinstance(record, RemediationResult):
+        if record.gpu_uuid:
+            return record.gpu_uuid
+        if record.pci_bus_id:
+            return f"{record.node}/{record.pci_bus_id}"
+        return None
+    return _REGISTRY.for_record(record)[1].decode()
+
+
+def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Alert]]:
+    """(messages for the fleet breaker, alerts to publish) for one fold step's `outputs`.
+
+    Marks the state's node as announced: the breaker counts nodes it has seen, so each row
+    announces its node once (the flag is part of the row and survives restarts)."""
+    fleet: list[dict] = []
+    alerts: list[Alert] = []
+    if not state.announced:
+        state.announced = True
+        fleet.append({"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp()})
+    for kind, out in outputs:
+        if kind == "command":
+            fleet.append({"kind": "command", "command": out})
+        elif kind == "workload_fault":  # a plain dict: which pod faulted which GPU
+            fleet.append({"kind": "workload_fault", **out})
+        else:
+            alerts.append(out)
+    return fleet, alerts

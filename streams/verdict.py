@@ -1,0 +1,187 @@
+"""The rules, as pure functions of a GPU's facts: facts -> verdict (classification, plan, why).
+
+After ../shared/reference/incident.md "The escalation policy" and issue 8 (README "Verdicts"):
+
+- APP_FAULT (info): an application-class Xid occurrence (the lines of one fault within
+  `burst_seconds` count once). RECORD only. Application-class is NVIDIA's word (catalog resolution
+  RESTART_APP / IGNORE, the device plugin's 13, 31, 43, 45, 68, 109), never the policy's.
+- GPU_SUSPECT (warning): >= `suspect_distinct_pids` different workloads (pod UID, else PID) in
+  `suspect_window_s`, or >= `suspect_occurrences` occurrences counting each workload once (a
+  crash-looping pod is one workload), or pinned utilization with no compute after an
+  application-class Xid other than 45 with no wedge evidence. QUARANTINE_GPU.
+- GPU_WEDGED (critical): wedge evidence (Xid 43, or the driver's failure to recover the GPU,
+  e.g. ``refcntRequestReference_IMPL ... Failed to enter state``) in the lookback, and pinned
+  utilization with no compute process for `pinned_seconds` (never less than the guard's span).
+  CORDON_NODE, DRAIN_NODE, RESET_GPU; wedged again after a reset -> REBOOT_NODE, after a reboot ->
+  REPLACE_NODE.
+- GPU_HARDWARE_FAULT (critical): by NVIDIA's resolution (streams.hardware), NVML lost /
+  reset_required, NVML's recovery action, a row-remap failure.
+- PHANTOM_LOAD (warning): pinned with no compute and no wedge evidence or recent application
+  Xid (other records, such as Xid 154 "to 0x0" or a non-fatal NVLink Xid, do not hide it). RECORD.
+
+Xid 45 (preemptive cleanup: one job's teardown logs it on every rank at once) is never more than
+RECORD. A live compute process keeps a GPU out of GPU_WEDGED and PHANTOM_LOAD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.vocab import RECOVERY_ACTIONS, Action, Classification
+from streams.evidence import GpuState, entry, nocompute_start, sample_stats, sustained_pin, workload_of
+from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET, remedy_for_xid, _XID154_ACTIONS
+from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
+from streams.render import app_xid_verdict_text, describe_xid, dt
+
+__all__ = ["Verdict", "RANK", "PLANS", "pinned_verdict", "suspect_verdict", "hardware_xid_verdict",
+           "recovery_action_verdict", "XID45"]
+
+RANK = {
+    Classification.APP_FAULT: 1,
+    Classification.PHANTOM_LOAD: 2,
+    Classification.GPU_SUSPECT: 3,
+    Classification.GPU_WEDGED: 4,
+    Classification.GPU_HARDWARE_FAULT: 4,
+}
+PLANS = {
+    RECORD: [Action.RECORD],
+    QUARANTINE: [Action.QUARANTINE_GPU],
+    RESET: [Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU],
+    REBOOT: [Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE],
+}
+XID45 = 45  # preemptive cleanup (NVIDIA catalog: ROBUST_CHANNEL_PREEMPTIVE_REMOVAL)
+
+
+@dataclass(slots=True)
+class Verdict:
+    classification: Classification
+    remedy: str
+    summary: str
+    evidence_ids: list = field(default_factory=list)
+    hardware: bool = False
+    recommendation: str | None = None
+    entry: dict | None = None
+    climb: Action | None = None  # a next rung of the open incident's ladder instead of a plan
+
+
+def wedge_evidence(state: GpuState, ts: float, policy: Policy) -> list[dict]:
+    """Xid 43 or a driver recovery failure within the lookback (issue 8: the recovery failure is
+    wedge evidence exactly like Xid 43)."""
+    return [x for x in state.xids
+            if (x.get("xid") == 43 or x.get("kind") == "recovery_failure") and not x.get("backfilled")
+            and ts - x["ts"] <= policy.wedged_xid43_lookback_s]
+
+
+def pinned_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None:
+    """The verdict of a GPU pinned near 100% with no compute process, or None when not (yet)."""
+    start = nocompute_start(state)
+    needed = max(policy.pinned_seconds, GUARD_MIN_PINNED_SPAN_S)
+    if start is None or ts - start < needed or not sustained_pin(state):
+        return None
+    secs = ts - start
+    wedge = wedge_evidence(state, ts, policy)
+    app = [x for x in state.xids if x.get("app") and x.get("xid") != XID45 and not x.get("backfilled")
+           and ts - x["ts"] <= policy.app_xid_lookback_s]
+    since = wedge[0]["ts"] if wedge else 0
+    failures = [w for w in state.workload_failures if w["ts"] >= since]
+    util = state.pin_stats.get("util_min", 100.0)
+    base = (f"GPU {state.gpu_index} ({state.gpu_uuid}) on {state.node}: utilization >= {util:.0f}% with "
+            f"{state.pin_stats.get('mem_max', 0):.0f} MiB used and no compute process for {secs:.0f} s")
+    ids = [*state.pin_ids, state.nocompute_id]
+    stats_entry = entry(ts, "sample_stats", f"pinned {secs:.0f} s without compute", **sample_stats(state))
+    if wedge:
+        if policy.wedged_requires_workload_failure and not failures:
+            return None
+        ids += [x.get("id") for x in wedge] + [w.get("id") for w in failures]
+        inc = state.incident
+        if inc is not None and inc.reboot_ok_at is not None and start > inc.reboot_ok_at:
+            return Verdict(Classification.GPU_WEDGED, REBOOT, f"GPU {state.gpu_index} wedged again after the node reboot",
+                           ids, climb=Action.REPLACE_NODE)
+        if inc is not None and inc.reset_ok_at is not None and start > inc.reset_ok_at:
+            return Verdict(Classification.GPU_WEDGED, RESET, f"GPU {state.gpu_index} wedged again after the GPU reset",
+                           ids, climb=Action.REBOOT_NODE)
+        last = wedge[-1]
+        what = f"Xid 43 at {dt(last['ts']).strftime('%H:%M:%S')}Z" if last.get("xid") == 43 else \
+            f"the driver's failure to recover the GPU at {dt(last['ts']).strftime('%H:%M:%S')}Z"
+        summary = (f"{base} after {what}: GPU context wedged"
+                   + (f"; {len(failures)} later workload failure(s)" if failures else ""))
+        return Verdict(Classification.GPU_WEDGED, RESET, summary, ids, entry=stats_entry)
+    if app:
+        return Verdict(Classification.GPU_SUSPECT, QUARANTINE,
+                       f"{base} after application-class {describe_xid(app[-1]['xid'])} (no wedge evidence)",
+                       ids + [app[-1].get("id")], entry=stats_entry)
+    return Verdict(Classification.PHANTOM_LOAD, RECORD, f"{base} and no application or wedge Xid: phantom load",
+                   ids, entry=stats_entry)
+
+
+def app_occurrence_verdict(state: GpuState, occ: dict, x_code: int, who: str, xentry: dict) -> Verdict:
+    """An application-class occurrence; a workload's repeats are counted in the evidence, not
+    towards a quarantine."""
+    repeats = sum(1 for o in state.occurrences if o["wl"] is not None and o["wl"] == occ["wl"])
+    again = f" ({repeats} occurrences of this workload in the window)" if repeats > 1 else ""
+    xentry["data"]["workload_occurrences"] = max(repeats, 1)
+    return Verdict(Classification.APP_FAULT, RECORD,
+                   f"{describe_xid(x_code)} from {who} on GPU {state.gpu_index} on {state.node}: "
+                   f"{app_xid_verdict_text(x_code)}{again}", [occ.get("id")], entry=xentry)
+
+
+def suspect_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None:
+    """Repeats or several workloads faulting one GPU, counted per workload; Xid 45 never counts."""
+    recent = [o for o in state.occurrences if ts - o["ts"] <= policy.suspect_window_s
+              and any(c != XID45 for c in o["codes"])]
+    workloads = sorted({o["wl"] for o in recent if o["wl"] is not None})
+    unidentified = [o for o in recent if o["wl"] is None]
+    counted = len(workloads) + len(unidentified)
+    if len(workloads) >= policy.suspect_distinct_pids:
+        names = ", ".join(w.split(":", 1)[1] if w.startswith("pid:") else w for w in workloads)
+        why = f"{len(workloads)} different processes or pods ({names}) faulted it"
+    elif counted >= policy.suspect_occurrences:
+        why = f"{counted} application-class Xid occurrences"
+    else:
+        return None
+    return Verdict(Classification.GPU_SUSPECT, QUARANTINE,
+                   f"GPU {state.gpu_index} ({state.gpu_uuid}) on {state.node}: {why} within "
+                   f"{policy.suspect_window_s / 60:.0f} min: stop scheduling onto it",
+                   [o.get("id") for o in recent])
+
+
+def hardware_xid_verdict(state: GpuState, code: int, message: str, pci: str | None, event_id: str,
+                         xentry: dict) -> Verdict | None:
+    """A non-application Xid by NVIDIA's resolution; None when NVIDIA says record only."""
+    remedy, _resolution, why = remedy_for_xid(code, message)
+    if remedy == RECORD:
+        return None
+    rec = ("Open an NVIDIA support case with this evidence (nvidia-bug-report.sh)" if remedy == QUARANTINE else None)
+    return Verdict(Classification.GPU_HARDWARE_FAULT, remedy,
+                   f"{describe_xid(code)} on GPU {state.gpu_index} ({state.gpu_uuid or pci}) on {state.node}: {why}",
+                   [event_id], hardware=True, recommendation=rec, entry=xentry)
+
+
+def recovery_action_verdict(state: GpuState, action: int, event_id: str, ts: float) -> Verdict | None:
+    """NVML's GPU recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), read like Xid 154 names it."""
+    remedy = _XID154_ACTIONS.get(action, QUARANTINE)
+    if remedy == RECORD:
+        return None
+    name = RECOVERY_ACTIONS.get(action, f"0x{action:x}")
+    what = f"NVML reports the GPU recovery action {action} ({name})"
+    return Verdict(Classification.GPU_HARDWARE_FAULT, remedy, f"GPU {state.gpu_index} on {state.node}: {what}",
+                   [event_id], hardware=True, entry=entry(ts, "sample", what, recovery_action=action))
+
+
+def remap_failure_verdict(state: GpuState, event_id: str, ts: float) -> Verdict:
+    """A failed row remap: the GPU is out of spare rows. NVIDIA's memory error management guide
+    treats it like Xid 64 (row remapper failure, catalog: RESET_GPU) and asks for an RMA if it
+    persists after the reset."""
+    what = "row remapping failed (nvmlDeviceGetRemappedRows: failure)"
+    remedy, _res, _why = remedy_for_xid(64)
+    return Verdict(Classification.GPU_HARDWARE_FAULT, remedy, f"GPU {state.gpu_index} on {state.node}: {what}",
+                   [event_id], hardware=True,
+                   recommendation="If the remap failure persists after the reset, open an NVIDIA RMA case with this evidence",
+                   entry=entry(ts, "sample", what, remapped_rows_failure=True))
+
+
+def workload_label(state: GpuState, pid: int | None, process_name: str | None) -> str:
+    wl, pod = workload_of(state, pid)
+    if pid is None:
+        return "an unknown process"
+    return f"pid {pid} ({process_name})" + (f" of pod {pod}" if pod else "")

@@ -1,0 +1,346 @@
+"""Issue 8: every defect the review found, and every rule of the README's verdict table, on the
+pure decision path (streams.engine.Engine through tests.streams.builders.run)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schemas import (
+    Action,
+    Classification,
+    ComputeApp,
+    ConfigError,
+    GpuProcesses,
+    RemediationResult,
+    XidEvent,
+)
+from schemas.xid_catalog import XID_CATALOG
+from streams.engine import Engine
+from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy, is_app_class, load_policy
+from streams.routing import state_key
+from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, result, run, sample, wedge, xid
+
+NODE_LEVEL = {Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE, Action.REPLACE_NODE}
+DISRUPTIVE = NODE_LEVEL | {Action.RESET_GPU}
+RESET_PLAN = [Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU]
+
+
+def actions(e, gpu=GPU):
+    return [c.action for c in e.commands if c.gpu_uuid == gpu]
+
+
+def classes(e):
+    return [a.classification for a in e.alerts]
+
+
+def pinned(t0, t1, step=5, gpu=GPU, node=NODE, mem=0.0, compute=()):
+    out = []
+    for t in range(t0, t1, step):
+        out += [sample(t, util=100, mem=mem, power=110, gpu=gpu, node=node), procs(t, *compute, gpu=gpu, node=node)]
+    return out
+
+
+def healthy(t0, t1, step=10):
+    return [r for t in range(t0, t1, step) for r in (sample(t, util=0, mem=0), procs(t))]
+
+
+def pod_procs(t, pid, pod, gpu=GPU, node=NODE):
+    return GpuProcesses(ts=at(t), node=node, gpu_uuid=gpu, gpu_index=1, pci_bus_id=PCI,
+                        compute_apps=[ComputeApp(pid=pid, process_name="python3", pod_uid=pod)])
+
+
+def recovery_failure(t, gpu=GPU):
+    return XidEvent(ts=at(t), node=NODE, gpu_uuid=gpu, gpu_index=1, pci_bus_id=PCI, resolved=True,
+                    kind="recovery_failure", message="GPU1 refcntRequestReference_IMPL: Failed to enter state 1",
+                    raw="NVRM: GPU1 refcntRequestReference_IMPL: Failed to enter state 1", source="kmsg")
+
+
+# -- defect 1: PHANTOM_LOAD hidden by any non-application record ---------------------------------
+@pytest.mark.parametrize("other", [
+    xid(10, 154, pid=None, message="GPU recovery action changed from 0x4 (Drain and Reset) to 0x0 (None)"),
+    xid(10, 145, pid=None, message="RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000002 0x00000000 "
+                                   "0x00000000 0x00000000 0x00000000)"),
+], ids=["xid154-to-none", "nonfatal-nvlink5"])
+def test_a_record_only_xid_does_not_hide_phantom_load(other):
+    e = run([inventory(), sample(0), procs(0), other] + pinned(15, 200))
+    assert classes(e) == [Classification.PHANTOM_LOAD]
+    assert actions(e) == [Action.RECORD]
+
+
+# -- defect 2 and the guard's span: no silent wedge ------------------------------------------------
+@pytest.mark.parametrize("seconds", [0, 5, GUARD_MIN_PINNED_SPAN_S - 1])
+def test_pinned_seconds_below_the_guard_span_is_refused_at_load(seconds):
+    with pytest.raises(ConfigError, match="pinned_seconds must be >= 10"):
+        load_policy({"pinned_seconds": seconds})
+    with pytest.raises(ConfigError, match="pinned_seconds"):
+        Policy(pinned_seconds=seconds)
+
+
+def test_the_shortest_accepted_pinned_span_still_emits_the_plan():
+    e = run(wedge(), load_policy({"pinned_seconds": GUARD_MIN_PINNED_SPAN_S}))
+    wedged = [a for a in e.alerts if a.classification == Classification.GPU_WEDGED]
+    assert wedged and actions(e)[-3:] == RESET_PLAN
+    cordon = next(c for c in e.commands if c.action == Action.CORDON_NODE)
+    assert cordon.ts == wedged[0].ts  # the verdict and its plan come together: never a silent wedge
+
+
+# -- defect 3: the guard is absolute --------------------------------------------------------------
+@pytest.mark.parametrize("code", [13, 31, 43, 45, 68, 109, 63, 92])
+def test_a_policy_cannot_make_an_application_class_xid_hardware(code):
+    with pytest.raises(ConfigError, match=f"hardware_xids lists application-class Xid {code}"):
+        load_policy({"hardware_xids": [code]})
+
+
+@pytest.mark.parametrize("field", ["app_class_xids", "app_class_resolutions"])
+def test_application_class_is_not_a_policy_setting(field):
+    with pytest.raises(ConfigError, match=f"{field} is not a policy setting"):
+        load_policy({field: [13]})
+
+
+APP_CODES = sorted(c for c in XID_CATALOG if is_app_class(c))
+
+policies = st.builds(
+    lambda **kw: load_policy(kw),
+    burst_seconds=st.floats(0, 60),
+    suspect_occurrences=st.integers(2, 10),
+    suspect_window_s=st.floats(0, 7200),
+    suspect_distinct_pids=st.integers(2, 10),
+    app_xid_lookback_s=st.floats(0, 7200),
+    wedged_xid43_lookback_s=st.floats(0, 7200),
+    pinned_util_pct=st.floats(0, 100),
+    pinned_mem_fraction=st.floats(0, 0.99),
+    pinned_seconds=st.floats(GUARD_MIN_PINNED_SPAN_S, 600),
+    wedged_requires_workload_failure=st.booleans(),
+    alert_cooldown_s=st.floats(0, 600),
+    resolve_after_s=st.floats(0, 600),
+    command_ttl_s=st.floats(1, 7200),
+    max_clock_skew_s=st.floats(0, 3600),
+    hardware_xids=st.lists(st.sampled_from(sorted(c for c in XID_CATALOG if not is_app_class(c))), max_size=5),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=policies,
+       faults=st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(APP_CODES), st.one_of(st.none(), st.integers(1, 9))),
+                       min_size=1, max_size=12),
+       busy=st.booleans())
+def test_guard_holds_for_any_accepted_policy(policy, faults, busy):
+    """Application-class Xids from any workloads, on a GPU that is healthy or busy with a live
+    compute process: never a node-level command, whatever the policy."""
+    recs = [inventory()]
+    for t in range(0, 3100, 20):
+        recs += [sample(t, util=100 if busy else 20, mem=9000), procs(t, 4242)]
+    recs += [xid(t, code, pid=pid) for t, code, pid in faults]
+    e = run(recs, policy)
+    assert not DISRUPTIVE & set(actions(e))
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=policies, code=st.sampled_from(APP_CODES))
+def test_a_single_app_xid_then_one_pinned_sample_never_acts(policy, code):
+    e = run([inventory(), sample(0), procs(0), xid(10, code), sample(11, util=100, mem=0), procs(11)], policy)
+    assert not DISRUPTIVE & set(actions(e))
+
+
+# -- defect 4: results are matched to the commands they answer -------------------------------------
+def _foreign(t, action, outcome, incident="0" * 24, command="f" * 24):
+    return RemediationResult(ts=at(t), node=NODE, gpu_uuid=GPU, command_id=command, incident_id=incident,
+                             action=action, outcome=outcome, detail="from another incident")
+
+
+def test_a_foreign_failed_reset_does_not_climb_the_ladder():
+    e = run(wedge() + [_foreign(310, Action.RESET_GPU, "failed")])
+    assert Action.REBOOT_NODE not in actions(e)
+    notes = [t for t in run(wedge() + [_foreign(310, Action.RESET_GPU, "failed"), result(320, Action.RESET_GPU, "refused")])
+             .alerts[-1].evidence.timeline if t.kind == "remediation"]
+    assert any("answers no command of this incident" in t.summary for t in notes)
+
+
+def test_a_stale_success_does_not_mark_the_incident_repaired():
+    e = run(wedge() + [_foreign(310, Action.RESET_GPU, "succeeded")] + healthy(320, 1000))
+    assert all(a.state != "resolved" for a in e.alerts)
+    assert Action.UNCORDON_NODE not in actions(e)
+
+
+def test_a_result_of_the_right_command_id_but_another_action_is_not_acted_on():
+    e = run(wedge())
+    reset = e.commands[-1]
+    feed(e, [_foreign(310, Action.REBOOT_NODE, "failed", incident=reset.incident_id, command=reset.command_id)])
+    assert Action.REPLACE_NODE not in actions(e)
+
+
+def test_a_repeated_answer_counts_once():
+    e = run(wedge() + [result(310, Action.RESET_GPU, "failed")])
+    before = len(e.commands)
+    reboot_result = e.commands[-1]
+    feed(e, [RemediationResult(ts=at(311), node=NODE, gpu_uuid=GPU, command_id=e.commands[-2].command_id,
+                               incident_id=reboot_result.incident_id, action=Action.RESET_GPU, outcome="failed")])
+    assert len(e.commands) == before
+
+
+def test_results_of_an_unresolved_gpu_reach_its_incident():
+    e = run([xid(10, 119, gpu=None, pid=None)])
+    reboot = e.commands[-1]
+    assert reboot.action == Action.REBOOT_NODE and reboot.gpu_uuid is None and reboot.pci_bus_id == PCI
+    failed = RemediationResult(ts=at(400), node=NODE, gpu_uuid=None, pci_bus_id=reboot.pci_bus_id,
+                               command_id=reboot.command_id, incident_id=reboot.incident_id,
+                               action=Action.REBOOT_NODE, outcome="failed")
+    assert state_key(failed) == f"{NODE}/{PCI}" == state_key(xid(10, 119, gpu=None))
+    feed(e, [failed])
+    assert e.commands[-1].action == Action.REPLACE_NODE
+
+
+# -- defect 5: the ladder only climbs ----------------------------------------------------------------
+def test_no_gpu_reset_after_a_node_reboot_was_ordered():
+    recs = [inventory(), sample(0), procs(0, 4242), xid(5, 79, pid=None)] + wedge()[3:]
+    e = run(recs)
+    acts = actions(e)
+    assert Action.REBOOT_NODE in acts
+    assert Action.RESET_GPU not in acts[acts.index(Action.REBOOT_NODE):]
+
+
+# -- defect 9: NVIDIA's names -----------------------------------------------------------------------
+@pytest.mark.parametrize("code, name", [(63, "INFOROM_DRAM_RETIREMENT_EVENT"), (92, "EXCESSIVE_SBE_INTERRUPTS")])
+def test_memory_events_nvidia_ignores_are_not_called_application_faults(code, name):
+    e = run([sample(0), xid(10, code, pid=None)])
+    summary = e.alerts[0].summary
+    assert "application fault" not in summary and name in summary and "NVIDIA: IGNORE" in summary
+
+
+# -- rule: count workloads, not PIDs ------------------------------------------------------------------
+def crash_loop(pod="pod-crashy", gpu=GPU, restarts=5, start=10, every=60, pid0=100):
+    recs = []
+    for i in range(restarts):
+        t = start + i * every
+        recs += [pod_procs(t, pid0 + i, pod, gpu=gpu), xid(t + 2, 13, pid=pid0 + i, gpu=gpu)]
+    return recs
+
+
+def test_a_crash_looping_pod_is_one_workload_recorded_never_quarantined():
+    e = run([inventory(), sample(0)] + crash_loop())
+    assert set(classes(e)) == {Classification.APP_FAULT}
+    assert set(actions(e)) == {Action.RECORD}
+    # alerts after the first are held by the cooldown; every occurrence is a RECORD with its count
+    assert "5 occurrences of this workload" in e.commands[-1].reason
+    e = run([inventory(), sample(0)] + crash_loop() + [sample(400)], load_policy({"alert_cooldown_s": 0}))
+    assert e.alerts[-1].evidence.timeline[-1].data["workload_occurrences"] == 5
+
+
+def test_two_pods_faulting_one_gpu_still_make_a_suspect():
+    e = run([inventory(), sample(0), pod_procs(10, 1, "pod-a"), xid(12, 13, pid=1), pod_procs(50, 2, "pod-b"),
+             xid(52, 13, pid=2)])
+    assert classes(e)[-1] == Classification.GPU_SUSPECT and actions(e)[-1] == Action.QUARANTINE_GPU
+
+
+def test_a_workload_faulting_two_gpus_is_said_to_follow_the_workload():
+    other = "GPU-99999999-2222-3333-4444-555555555555"
+    e = run([inventory(), sample(0), sample(0, gpu=other)] + crash_loop(restarts=1)
+            + crash_loop(gpu=other, restarts=1, start=30, pid0=200))
+    follows = [a for a in e.alerts if "follows the workload" in a.summary]
+    assert len(follows) == 1 and "pod-crashy" in follows[0].summary
+    assert follows[0].classification == Classification.APP_FAULT
+    assert not [c for c in e.commands if c.action != Action.RECORD]
+
+
+# -- rule: a driver recovery failure is wedge evidence like Xid 43 -------------------------------------
+def test_recovery_failure_plus_pinned_without_compute_is_wedged():
+    recs = [inventory(), sample(0), procs(0, 4242), xid(100, 13), recovery_failure(102)] + pinned(105, 200)
+    e = run(recs)
+    assert classes(e)[-1] == Classification.GPU_WEDGED
+    assert actions(e)[-3:] == RESET_PLAN
+    assert "failure to recover" in e.alerts[-1].summary
+
+
+# -- rule: a live compute process keeps a GPU out of GPU_WEDGED and PHANTOM_LOAD ------------------------
+@pytest.mark.parametrize("mem", [20000.0, 0.0], ids=["memory-resident", "memory-unreadable-as-0"])
+def test_a_busy_job_after_another_ranks_xid_43_is_not_wedged(mem):
+    recs = [inventory(), sample(0), procs(0, 7), xid(10, 43, pid=8)] + pinned(12, 400, mem=mem, compute=(7,))
+    e = run(recs)
+    assert not {Classification.GPU_WEDGED, Classification.PHANTOM_LOAD} & set(classes(e))
+    assert not DISRUPTIVE & set(actions(e))
+
+
+def test_an_unreadable_process_list_is_never_no_process():
+    unknown = [GpuProcesses(ts=at(t), node=NODE, gpu_uuid=GPU, gpu_index=1, pci_bus_id=PCI, compute_apps=None,
+                            error="NVML_ERROR_UNKNOWN") for t in range(15, 400, 5)]
+    recs = [inventory(), sample(0), procs(0, 7), xid(10, 43, pid=7)]
+    recs += [sample(t, util=100, mem=0) for t in range(15, 400, 5)] + unknown
+    e = run(recs)
+    assert Classification.GPU_WEDGED not in classes(e) and not DISRUPTIVE & set(actions(e))
+
+
+# -- rule: Xid 45 alone is never more than RECORD --------------------------------------------------------
+def test_xid_45_teardown_across_nodes_is_only_recorded():
+    recs = []
+    for n in range(8):
+        node = f"node-{n}"
+        for g in range(2):
+            gpu = f"GPU-{n:04d}{g:04d}-0000-0000-0000-000000000000"
+            recs += [inventory(0, gpu=gpu, node=node), sample(0, gpu=gpu, node=node)]
+            recs += [xid(100 + 0.01 * p, 45, pid=1000 + p, gpu=gpu, node=node) for p in range(3)]
+            recs += [xid(110 + 0.01 * p, 45, pid=2000 + p, gpu=gpu, node=node) for p in range(3)]
+    e = run(recs)
+    assert set(classes(e)) == {Classification.APP_FAULT}
+    assert {c.action for c in e.commands} == {Action.RECORD}
+
+
+def test_xid_45_then_pinned_is_at_most_recorded():
+    e = run([inventory(), sample(0), procs(0, 7), xid(10, 45, pid=7)] + pinned(15, 200))
+    assert set(actions(e)) == {Action.RECORD}
+
+
+# -- rule: event time survives bad clocks -------------------------------------------------------------------
+def test_a_line_stamped_hours_ahead_does_not_blind_the_gpu():
+    skewed = xid(0, 13, pid=777).model_copy(update={"ts": at(5 * 3600)})
+    recs = [inventory(), sample(0), procs(0, 4242), sample(50), procs(50, 4242)]
+    e = feed(Engine(), recs + [skewed])
+    feed(e, sorted(wedge()[3:], key=lambda r: r.ts))
+    feed(e, [result(310, Action.RESET_GPU, "succeeded")] + healthy(320, 1000))
+    # the real Xid 13 was an occurrence of its own, the wedge was found, and the incident resolved
+    assert [c.action for c in e.commands if "pid 4242" in c.reason] == [Action.RECORD]
+    assert Classification.GPU_WEDGED in classes(e)
+    assert e.alerts[-1].state == "resolved" and Action.UNCORDON_NODE in actions(e)[-2:]
+    notes = [t.summary for a in e.alerts for t in a.evidence.timeline if t.kind == "note"]
+    assert any("ahead of this GPU's clock" in n for n in notes)
+
+
+def test_a_skew_within_the_bound_is_taken_as_stamped():
+    e = run([inventory(), sample(0), procs(0, 7), xid(200, 13, pid=7)])
+    assert e.alerts[0].ts == at(200)
+
+
+# -- rule: history never acts now ---------------------------------------------------------------------------
+def test_commands_expire_a_ttl_after_their_evidence_and_name_it():
+    recs = wedge()
+    e = run(recs, load_policy({"command_ttl_s": 600}))
+    x43 = next(r for r in recs if getattr(r, "xid", None) == 43)
+    for c in e.commands:
+        assert c.expires_at - c.ts == timedelta(seconds=600)
+        assert c.evidence_ids
+    reset = e.commands[-1]
+    assert x43.event_id in reset.evidence_ids
+    assert {r.event_id for r in recs} >= set(reset.evidence_ids)
+    assert Policy().command_ttl_s == 900
+
+
+def test_backfilled_history_is_evidence_never_an_action():
+    old = xid(10, 79, pid=None).model_copy(update={"backfilled": True})
+    e = run([sample(0), old, sample(20)])
+    assert e.alerts == [] and e.commands == []
+    e = run([sample(0), old, xid(30, 119, pid=None)])
+    assert any(t.data.get("backfilled") for t in e.alerts[0].evidence.timeline)
+
+
+def test_a_result_stamped_hours_ahead_does_not_hide_a_second_wedge():
+    """An executor whose clock is 5 h fast reports the reset: the GPU wedging again 90 s later
+    must still climb to a reboot (before the fix, the reset counted from 5 h ahead and every
+    later wedge was read as older than it)."""
+    e = run(wedge())
+    ok = result(310, Action.RESET_GPU, "succeeded").to_result(e).model_copy(update={"ts": at(5 * 3600)})
+    again = healthy(320, 330, 5) + pinned(400, 500)
+    feed(e, [ok] + again)
+    assert actions(e)[-1] == Action.REBOOT_NODE
