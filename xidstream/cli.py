@@ -106,7 +106,8 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     if args.create_topics:
         create_topics(settings)
     rates = FaultRates(args.app_fault_rate, args.repeat_rate, args.wedge_rate, args.hardware_rate, args.phantom_rate)
-    sim = Simulator(settings, args.nodes, args.gpus, rate=args.rate, duration=args.duration, rates=rates, seed=args.seed)
+    sim = Simulator(settings, args.nodes, args.gpus, rate=args.rate, duration=args.duration, rates=rates, seed=args.seed,
+                    crash_loops=args.crash_loops, xid45_teardowns=args.xid45_teardowns)
     faults: dict[str, int] = {}
     for g in sim.gpus:
         faults[g.fault] = faults.get(g.fault, 0) + 1
@@ -193,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=".xidstream/simulate", help="the sink's spool")
     for name, default in (("app-fault", 0.04), ("repeat", 0.01), ("wedge", 0.01), ("hardware", 0.01), ("phantom", 0.005)):
         p.add_argument(f"--{name}-rate", type=float, default=default, help=f"share of GPUs with this fault (default {default})")
+    p.add_argument("--crash-loops", type=int, default=0, metavar="N",
+                   help="N fault-free GPUs get a crash-looping pod: a new PID per restart, Xid 13 each time (truth: APP_FAULT only)")
+    p.add_argument("--xid45-teardowns", type=int, default=0, metavar="N",
+                   help="N jobs on up to 6 nodes x 2 GPUs end with Xid 45 on every rank at once (truth: APP_FAULT at most)")
     _add_kafka_args(p)
     p.add_argument("--create-topics", action="store_true")
     p.set_defaults(handler=_simulate)

@@ -6,6 +6,14 @@ GPU per tick, and kernel Xid lines turned into `gpu.xid` records by the collecto
 (`collectors.parse.kernel.parse_line`), through the collector's own `KafkaSink` (spool, murmur2,
 idempotent producer). Each GPU gets at most one fault, drawn with the configured rates; the
 ground truth is written as JSON lines for `evaluate`.
+
+Two workload patterns can be added on top, by count, on GPUs that drew no fault (issue 8's rules):
+- crash loops (`crash_loops`): one pod restarts with a new PID each time (CrashLoopBackOff's
+  10/20/40/80 s back-off) and every PID hits Xid 13 on the same GPU: 5 faults in about 4 minutes,
+  one pod UID in compute-apps and in the pod's workload events. Truth: APP_FAULT, nothing more;
+- Xid 45 teardowns (`xid45_teardowns`): one job on up to 6 nodes x 2 GPUs ends and every rank logs
+  Xid 45 (preemptive cleanup) in the same second, then the GPUs idle. Truth: APP_FAULT at most.
+Neither changes how the default fault mix is drawn: the same seed gives the same default fleet.
 """
 
 from __future__ import annotations
@@ -17,18 +25,28 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import Any, Iterable, TextIO
 
 import orjson
 
 from collectors.agent import xid_fields
 from collectors.parse.kernel import parse_line
 from collectors.sink import KafkaSink
-from schemas.models import ComputeApp, GpuInventory, GpuProcesses, GpuSample, PmonSample, XidEvent
-from schemas.vocab import NODE_ACTIONS, Classification
+from schemas.models import (
+    Alert,
+    ComputeApp,
+    GpuInventory,
+    GpuProcesses,
+    GpuSample,
+    PmonSample,
+    WorkloadEvent,
+    XidEvent,
+)
+from schemas.errors import ConfigError
+from schemas.vocab import NODE_ACTIONS, Action, Classification
 from xidstream.settings import Settings
 
-__all__ = ["FaultRates", "Simulator", "evaluate"]
+__all__ = ["FaultRates", "Simulator", "evaluate", "read_truth", "score"]
 
 # ground truth fault -> the classification the processor should raise (None: none at all)
 EXPECTED = {
@@ -38,8 +56,18 @@ EXPECTED = {
     "wedge": Classification.GPU_WEDGED,
     "hardware": Classification.GPU_HARDWARE_FAULT,
     "phantom": Classification.PHANTOM_LOAD,
+    "crash_loop": Classification.APP_FAULT,
+    "xid45_teardown": Classification.APP_FAULT,
 }
+# Faults that are the application's only: no GPU quarantine and no node action is ever right there.
+APP_ONLY = ("none", "app_fault", "crash_loop", "xid45_teardown")
 HARDWARE_XIDS = (79, 48, 119, 95, 64)
+# A crash loop: Xid 13 at these offsets from the onset; before fault k > 0 the pod was restarted
+# (new PID) at CRASH_RESTARTS[k - 1], after CrashLoopBackOff's 10, 20, 40, 80 s and 25 s of start-up.
+CRASH_FAULTS = (0.0, 35.0, 80.0, 145.0, 250.0)
+CRASH_RESTARTS = (10.0, 55.0, 120.0, 225.0)
+CRASH_PID_STEP = 137  # each restart's process gets a new PID
+TEARDOWN_NODES, TEARDOWN_GPUS = 6, 2
 
 
 @dataclass(frozen=True)
@@ -64,6 +92,7 @@ class _Gpu:
     detail: str = ""
     pid: int = 0
     onset_wall: float | None = None
+    pod_uid: str | None = None
 
 
 def _xid_line(pci: str, code: int, pid: int | None, msg: str) -> str:
@@ -73,7 +102,8 @@ def _xid_line(pci: str, code: int, pid: int | None, msg: str) -> str:
 
 class Simulator:
     def __init__(self, settings: Settings, nodes: int, gpus: int, *, rate: float = 1.0, duration: float = 600.0,
-                 rates: FaultRates = FaultRates(), seed: int = 1, start: datetime | None = None) -> None:
+                 rates: FaultRates = FaultRates(), seed: int = 1, start: datetime | None = None,
+                 crash_loops: int = 0, xid45_teardowns: int = 0) -> None:
         self.settings = settings
         self.rate = rate
         self.duration = duration
@@ -100,6 +130,48 @@ class Simulator:
                         break
                 self.gpus.append(gpu)
         self.published = 0
+        # The added patterns draw from their own generator so that the default mix stays the same.
+        self._place_workload_patterns(random.Random(seed * 7919 + 17), nodes, crash_loops, xid45_teardowns)
+
+    def _place_workload_patterns(self, rnd: random.Random, nodes: int, crash_loops: int, teardowns: int) -> None:
+        d = self.duration
+        for k in range(teardowns):
+            # A job on up to 6 nodes whose first GPUs drew no fault: every rank's Xid 45 at one onset.
+            free = [n for n in range(nodes) if all(g.fault == "none" for g in self._node_gpus(n)[:TEARDOWN_GPUS])]
+            if not free:
+                raise ConfigError(f"no fault-free nodes left for Xid 45 teardown {k + 1} of {teardowns}: use more nodes")
+            onset = round(rnd.uniform(0.1 * d, max(0.1 * d + 1, d - 120)), 1)
+            job = f"teardown-{k}"
+            for j, n in enumerate(sorted(rnd.sample(free, min(TEARDOWN_NODES, len(free))))):
+                for g in self._node_gpus(n)[:TEARDOWN_GPUS]:
+                    g.fault, g.onset, g.detail = "xid45_teardown", onset, job
+                    g.pid = rnd.randint(1000, 4_000_000)
+                    g.pod_uid = str(uuid.UUID(int=rnd.getrandbits(128)))
+        free = [g for g in self.gpus if g.fault == "none"]
+        if crash_loops > len(free):
+            raise ConfigError(f"{crash_loops} crash loops asked, only {len(free)} GPUs without a fault")
+        for g in rnd.sample(free, crash_loops):
+            # Five faults need CRASH_FAULTS[-1] s after the onset.
+            g.fault = "crash_loop"
+            g.onset = round(rnd.uniform(0.1 * d, max(0.1 * d + 1, d - CRASH_FAULTS[-1] - 10)), 1)
+            g.pid = rnd.randint(1000, 4_000_000)
+            g.pod_uid = str(uuid.UUID(int=rnd.getrandbits(128)))
+            g.detail = f"{len(CRASH_FAULTS)} restarts"
+
+    def _node_gpus(self, n: int) -> list[_Gpu]:
+        per = len(self.gpus) // max(1, len({g.node for g in self.gpus}))
+        return self.gpus[n * per:(n + 1) * per]
+
+    @staticmethod
+    def _crash_phase(gpu: _Gpu, t: float) -> tuple[int, bool]:
+        """(restart number, running?) of a crash-looping pod at run time t."""
+        rel = t - gpu.onset
+        if rel < 0:
+            return 0, True
+        k = sum(1 for f in CRASH_FAULTS if f <= rel)  # faults so far
+        if k < len(CRASH_FAULTS) and k - 1 < len(CRASH_RESTARTS) and rel >= CRASH_RESTARTS[k - 1]:
+            return k, True  # restarted after fault k-1 (k >= 1 here), not yet faulted again
+        return k - 1, False
 
     # -- record makers ---------------------------------------------------------------------------
     def _xid_records(self, gpu: _Gpu, t: float, lines: list[str]) -> list[XidEvent]:
@@ -113,9 +185,17 @@ class Simulator:
 
     def _events(self, gpu: _Gpu, t: float, dt: float) -> list[str]:
         """Kernel lines due in [t, t + dt)."""
-        if gpu.fault == "none" or not (t <= gpu.onset < t + dt or gpu.fault == "repeat"):
+        if gpu.fault == "none" or not (t <= gpu.onset < t + dt or gpu.fault in ("repeat", "crash_loop")):
             return []
         o, pci = gpu.onset, gpu.pci
+        if gpu.fault == "crash_loop":
+            for k, off in enumerate(CRASH_FAULTS):
+                if t <= o + off < t + dt:
+                    return [_xid_line(pci, 13, gpu.pid + k * CRASH_PID_STEP,
+                                      "Graphics SM Warp Exception on (GPC 3, TPC 0, SM 1): Out Of Range Address")]
+            return []
+        if gpu.fault == "xid45_teardown":
+            return [_xid_line(pci, 45, gpu.pid, "Ch 00000008")]
         if gpu.fault == "app_fault" and t <= o < t + dt:
             return [_xid_line(pci, 13, gpu.pid, "Graphics SM Warp Exception on (GPC 1, TPC 0, SM 0): Out Of Range Address"),
                     _xid_line(pci, 31, gpu.pid, "MMU Fault: ENGINE GRAPHICS faulted. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE")]
@@ -139,6 +219,12 @@ class Simulator:
         ts = self.start + timedelta(seconds=t)
         after = gpu.fault in ("wedge", "phantom") and t >= gpu.onset
         crashed = gpu.fault in ("app_fault", "repeat") and gpu.onset <= t < gpu.onset + 20
+        pid = gpu.pid or 1000 + gpu.index
+        if gpu.fault == "crash_loop":
+            k, running = self._crash_phase(gpu, t)
+            crashed, pid = not running, gpu.pid + k * CRASH_PID_STEP
+        elif gpu.fault == "xid45_teardown":
+            crashed = t >= gpu.onset  # the job is gone: the GPU idles
         if after:
             util, mem, power, apps = 100.0, 0.0, 110.0, []
         elif crashed:
@@ -146,15 +232,36 @@ class Simulator:
         else:
             util = min(100.0, max(0.0, self.rnd.gauss(70, 12)))
             mem, power = 20000.0 + self.rnd.random() * 2000, 150 + util * 3
-            apps = [gpu.pid or 1000 + gpu.index]
+            apps = [pid]
         sample = GpuSample(ts=ts, node=gpu.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci,
                            utilization_gpu_pct=round(util, 1), utilization_memory_pct=round(util * 0.6, 1),
                            memory_used_mib=round(mem, 1), memory_total_mib=81559.0, power_w=round(power, 1),
                            sm_clock_mhz=1980, mem_clock_mhz=2619, temperature_c=55)
         procs = GpuProcesses(ts=ts, node=gpu.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci,
-                             compute_apps=[ComputeApp(pid=p, process_name="python3", used_memory_mib=mem) for p in apps],
+                             compute_apps=[ComputeApp(pid=p, process_name="python3", used_memory_mib=mem, pod_uid=gpu.pod_uid)
+                                           for p in apps],
                              pmon=[PmonSample(pid=p, sm_util_pct=round(util, 1), mem_util_pct=30.0) for p in apps])
         return [sample, procs]
+
+    def _workload_events(self, gpu: _Gpu, t: float, dt: float) -> list[WorkloadEvent]:
+        """The pod watch's view of a crash loop (and of a torn-down job): failures and restarts."""
+        if gpu.fault not in ("crash_loop", "xid45_teardown"):
+            return []
+        ts = self.start + timedelta(seconds=t)
+        pod = dict(node=gpu.node, gpu_uuid=gpu.uuid, pod_uid=gpu.pod_uid, namespace="sim",
+                   pod=f"{gpu.fault.replace('_', '-')}-{gpu.node[-4:]}-{gpu.index}", container="main")
+        out = []
+        if gpu.fault == "xid45_teardown":
+            if t <= gpu.onset + 1 < t + dt:
+                out.append(WorkloadEvent(ts=ts, event="failed", reason="Error", exit_code=137, **pod))
+            return out
+        for off in CRASH_FAULTS:
+            if t <= gpu.onset + off + 1 < t + dt:
+                out.append(WorkloadEvent(ts=ts, event="failed", reason="Error", exit_code=1, **pod))
+        for off in CRASH_RESTARTS:
+            if t <= gpu.onset + off < t + dt:
+                out.append(WorkloadEvent(ts=ts, event="restarted", reason="Error", exit_code=1, **pod))
+        return out
 
     # -- run -------------------------------------------------------------------------------------
     def run(self, sink: KafkaSink, speed: float = 0.0, progress: TextIO | None = sys.stderr) -> None:
@@ -170,6 +277,8 @@ class Simulator:
             t = i * dt
             for gpu in self.gpus:
                 for rec in self._telemetry(gpu, t):
+                    sink.publish(rec)
+                for rec in self._workload_events(gpu, t, dt):
                     sink.publish(rec)
                 lines = self._events(gpu, t, dt)
                 if lines:
@@ -208,24 +317,29 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, timeout: float = 60.0) -> dict:
-    """Precision and recall per classification, node actions on app-fault-only GPUs, latencies."""
-    from schemas.codec import decode_any
-    from xidstream.kafka import read_all
-
+def read_truth(truth_path: Path) -> tuple[dict, dict[str, dict]]:
+    """(meta, truth per GPU UUID) from a simulation's ground-truth file."""
     lines = Path(truth_path).read_bytes().splitlines()
     meta = orjson.loads(lines[0])["meta"]
-    truth = {t["gpu_uuid"]: t for t in (orjson.loads(x) for x in lines[1:])}
+    return meta, {t["gpu_uuid"]: t for t in (orjson.loads(x) for x in lines[1:])}
+
+
+def score(meta: dict, truth: dict[str, dict], outputs: Iterable[tuple[Any, float | None]],
+          out: TextIO = sys.stdout) -> dict:
+    """Score the processor's alerts and commands against the ground truth and print the report.
+
+    `outputs` are decoded `gpu.alerts` / `gpu.remediation` records, each with the wall time (s)
+    at which it was published, or None where there is none (the pure path)."""
     start = datetime.fromisoformat(meta["start"])
-    reg = settings.topics
-    msgs = read_all(settings, [reg.name("gpu.alerts"), reg.name("gpu.remediation")], timeout=timeout, idle=3)
     predicted: dict[str, set] = {}
-    first_alert: dict[tuple, tuple[datetime, float]] = {}
+    first_alert: dict[tuple, tuple[datetime, float | None]] = {}
     node_actions: dict[str, list] = {}
+    quarantines: dict[str, int] = {}
     storms = 0
-    for m in msgs:
-        rec = decode_any(m.value())
-        if rec.SCHEMA == "xidstream.alert/1":
+    n = 0
+    for rec, wall in outputs:
+        n += 1
+        if rec.SCHEMA == Alert.SCHEMA:
             if rec.classification == Classification.FLEET_STORM:
                 storms += 1
                 continue
@@ -233,10 +347,12 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, tim
                 predicted.setdefault(rec.gpu_uuid, set()).add(rec.classification)
                 key = (rec.gpu_uuid, rec.classification)
                 if key not in first_alert:
-                    first_alert[key] = (rec.ts, m.timestamp()[1] / 1000.0)
+                    first_alert[key] = (rec.ts, wall)
+        elif rec.gpu_uuid and rec.action == Action.QUARANTINE_GPU:
+            quarantines[rec.gpu_uuid] = quarantines.get(rec.gpu_uuid, 0) + 1
         elif rec.action in NODE_ACTIONS and not rec.requires_approval and rec.gpu_uuid:
             node_actions.setdefault(rec.gpu_uuid, []).append(rec.action.value)
-    report: dict = {"classes": {}, "gpus": len(truth), "alerts": len(msgs), "fleet_storms": storms}
+    report: dict = {"classes": {}, "gpus": len(truth), "alerts": n, "fleet_storms": storms}
     w = out.write
     w(f"evaluation of {len(truth)} GPUs ({meta['duration']:.0f} s at {meta['rate']} Hz), prefix {meta['topic_prefix']!r}\n")
     w(f"{'classification':20} {'truth':>6} {'TP':>5} {'FP':>5} {'FN':>5} {'precision':>10} {'recall':>8}  latency event p50/p95/max s   wall p50/p95 s\n")
@@ -255,7 +371,7 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, tim
             ts, wts = first_alert[(u, cls)]
             onset = start + timedelta(seconds=truth[u]["onset"])
             ev.append((ts - onset).total_seconds())
-            if truth[u].get("onset_wall"):
+            if truth[u].get("onset_wall") and wts is not None:
                 wall.append(wts - truth[u]["onset_wall"])
         prec = tp / (tp + fp) if tp + fp else None
         rec_ = tp / (tp + fn) if tp + fn else None
@@ -265,12 +381,47 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, tim
         f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         w(f"{cls.value:20} {len(want):6} {tp:5} {fp:5} {fn:5} {f(prec):>10} {f(rec_):>8}  "
           f"{f(_pct(ev, 50)):>6}/{f(_pct(ev, 95)):>6}/{f(max(ev, default=None)):>6}      {f(_pct(wall, 50)):>6}/{f(_pct(wall, 95)):>6}\n")
-    app_only = {u for u, t in truth.items() if t["fault"] in ("app_fault", "none")}
+    app_only = {u for u, t in truth.items() if t["fault"] in APP_ONLY}
     bad = {u: node_actions[u] for u in app_only if u in node_actions}
     report["node_actions_on_app_fault_gpus"] = sum(len(v) for v in bad.values())
+    report["quarantines_on_app_fault_gpus"] = sum(quarantines.get(u, 0) for u in app_only)
     w(f"node-level actions (not held for approval) on GPUs whose only fault was an application fault or none: "
       f"{report['node_actions_on_app_fault_gpus']}\n")
+    w(f"GPU quarantines on GPUs whose only fault was an application fault or none: "
+      f"{report['quarantines_on_app_fault_gpus']}\n")
     w(f"fleet storm alerts: {storms}\n")
+    # Per injected fault: what the GPUs were called and what was done to them. For the crash-loop
+    # and Xid 45 mixes this is the figure that matters: one workload is never the GPU's fault.
+    by_fault: dict[str, dict] = {}
+    for u, t in truth.items():
+        row = by_fault.setdefault(t["fault"], {"gpus": 0, "alerted": {}, "quarantined": 0, "node_actions": 0})
+        row["gpus"] += 1
+        for c in predicted.get(u, ()):
+            row["alerted"][c.value] = row["alerted"].get(c.value, 0) + 1
+        row["quarantined"] += bool(quarantines.get(u))
+        row["node_actions"] += len(node_actions.get(u, ()))
+    report["by_fault"] = by_fault
+    w(f"{'injected fault':20} {'GPUs':>6}  {'quarantined':>11} {'node actions':>12}  alerted as (GPUs)\n")
+    for fault in list(EXPECTED):
+        row = by_fault.get(fault)
+        if row is None:
+            continue
+        alerted = ", ".join(f"{c} {k}" for c, k in sorted(row["alerted"].items())) or "-"
+        w(f"{fault:20} {row['gpus']:6}  {row['quarantined']:11} {row['node_actions']:12}  {alerted}\n")
+    return report
+
+
+def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, timeout: float = 60.0) -> dict:
+    """Precision and recall per classification, node actions on app-fault-only GPUs, latencies:
+    the processor's output read back from Kafka, scored by `score`."""
+    from schemas.codec import decode_any
+    from xidstream.kafka import read_all
+
+    meta, truth = read_truth(truth_path)
+    reg = settings.topics
+    msgs = read_all(settings, [reg.name("gpu.alerts"), reg.name("gpu.remediation")], timeout=timeout, idle=3)
+    report = score(meta, truth, ((decode_any(m.value()), m.timestamp()[1] / 1000.0) for m in msgs), out)
+    w = out.write
     try:
         from schemas.topics import INPUT_TOPICS
         from xidstream.kafka import consumer_lag
