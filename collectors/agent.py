@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, Callable, Protocol
 
 import os
@@ -89,6 +89,13 @@ class CollectorConfig:
     # long before re-creating the event set, doubling up to the second figure (issue 9, defect 6:
     # without it the event thread took a full core).
     event_backoff: tuple[float, float] = (1.0, 60.0)
+    # Time zone of local-time log stamps (syslog, `dmesg -T`); None: this machine's.
+    log_tz: tzinfo | None = None
+    boot_time: datetime | None = None  # None: now - time.monotonic()
+    # How far back a first start publishes history (rotated files, the earlier journal); older
+    # lines are skipped. None: the current boot (NVSentinel starts at the journal tail for the same
+    # reason: a months-old Xid 79 must not become today's reboot plan). `--backfill` widens it.
+    backfill_since: datetime | None = None
 
 
 class IdentityMap:
@@ -272,7 +279,9 @@ class Collector:
         self._use_thread = nvml_events_thread
         self._stop = threading.Event()
         self._clock = clock
-        self._boot_wall = datetime.now(timezone.utc) - timedelta(seconds=time.monotonic())
+        self._boot_wall = config.boot_time or datetime.now(timezone.utc) - timedelta(seconds=time.monotonic())
+        self._since = config.backfill_since or self._boot_wall
+        self.history_skipped = 0  # history lines older than the look-back, or of unknown time
         self.ticks = 0
         # GPUs of the saved inventory that NVML no longer gives a handle for (issue 9, defect 2).
         self._inventory_file = Path(state_dir) / "inventory.json" if state_dir is not None else None
@@ -383,21 +392,64 @@ class Collector:
         for line in lines:
             line_no = self.cursors.add_line(line.cursor)
             for rec in parse_line(line.text):
+                fields = self._fields_from_kernel(rec, now, line)
+                if fields is None:
+                    continue
                 self.metrics.kernel_records.labels(rec.kind).inc()
-                fields = self._fields_from_kernel(rec, now, line.source)
                 if self.merger.add(mono, fields, line.source, line_no, rec):
                     self.cursors.hold(line_no)
 
-    def _fields_from_kernel(self, rec: KernelRecord, now: datetime, source: str) -> dict:
-        if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
-            self.identity.learn_identity(rec.pci, rec.gpu_uuid)
-        uuid, index, pci = self.identity.resolve(rec.pci, rec.gpu_ref)
-        ts = now
+    def _line_time(self, rec: KernelRecord, line: Any, now: datetime) -> tuple[datetime, TsSource]:
+        """The line's own time where it has one (issue 9, defect 9), else when it was read."""
+        kind = rec.ts_kind
         if rec.wall_ts is not None:
-            ts = rec.wall_ts
-        elif source == "kmsg" and rec.mono_us is not None and self.config.kmsg_wall_clock:
-            ts = self._boot_wall + timedelta(microseconds=rec.mono_us)
+            return rec.wall_ts, TsSource.journal if kind == "journal" else TsSource.line
+        if kind == "ctime" and rec.local_ts is not None:
+            return self._local(rec.local_ts), TsSource.line
+        if kind == "syslog" and rec.syslog_ts is not None:
+            ts = self._syslog_time(rec.syslog_ts, getattr(line, "ref_ts", None), now)
+            if ts is not None:
+                return ts, TsSource.line
+        if line.source == "kmsg" and rec.mono_us is not None and self.config.kmsg_wall_clock:
+            return self._boot_wall + timedelta(microseconds=rec.mono_us), TsSource.kmsg
+        return now, TsSource.read
+
+    def _local(self, naive: datetime) -> datetime:
+        tz = self.config.log_tz
+        aware = naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()  # astimezone: this machine's zone
+        return aware.astimezone(timezone.utc)
+
+    def _syslog_time(self, parts: tuple, ref_ts: float | None, now: datetime) -> datetime | None:
+        """A syslog stamp has no year: take the year of the file's last write (`ref_ts`, its mtime;
+        for a line just read, now). A stamp later than that (by more than a day of clock or zone
+        slack) is from the year before: a file written across New Year holds "Dec 31" lines under
+        a January mtime. Feb 29 goes back to the last leap year."""
+        month, day, hh, mm, ss = parts
+        ref = datetime.fromtimestamp(ref_ts, timezone.utc) if ref_ts is not None else now
+        year = ref.astimezone(self.config.log_tz).year if self.config.log_tz else ref.astimezone().year
+        for y in range(year, year - 5, -1):
+            try:
+                ts = self._local(datetime(y, month, day, hh, mm, ss))
+            except ValueError:  # Feb 29 of a common year, or a bad day
+                continue
+            if ts <= ref + timedelta(days=1):
+                return ts
+        return None
+
+    def _fields_from_kernel(self, rec: KernelRecord, now: datetime, line: Any) -> dict | None:
+        if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
+            self.identity.learn_identity(rec.pci, rec.gpu_uuid)  # identity lines teach even from history
+        ts, ts_source = self._line_time(rec, line, now)
+        history = bool(getattr(line, "history", False))
+        if history and (ts < self._since if ts_source != TsSource.read else self.config.backfill_since is None):
+            # Older than the look-back; or of unknown time, which by default (current boot only)
+            # cannot be placed in this boot. With --backfill it is published, backfilled, read-stamped.
+            self.history_skipped += 1
+            return None
+        uuid, index, pci = self.identity.resolve(rec.pci, rec.gpu_ref)
         fields = xid_fields(rec, node=self.config.node, ts=ts, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci)
+        fields["ts_source"] = ts_source
+        fields["backfilled"] = history
         fields["_mono_us"] = rec.mono_us
         return fields
 

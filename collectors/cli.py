@@ -39,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--create-topics", action="store_true", help="create missing topics first")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
+    p.add_argument("--backfill", nargs="?", const="all", default=None, metavar="DAYS",
+                   help="on a first start, publish kernel-log history (rotated files, the earlier journal) "
+                        "older than the current boot: all of it, or the last DAYS days; records are marked "
+                        "backfilled (default: the current boot only)")
+    p.add_argument("--forget-gpu", action="append", default=[], metavar="UUID",
+                   help="an operator removed this GPU: stop publishing it as lost from the saved inventory")
     add_kafka_args(p)
     p.set_defaults(handler=_collect)
 
@@ -170,6 +176,23 @@ def _collect(args: argparse.Namespace, settings: Settings) -> int:
     return _collect_live(args, settings, sink, metrics, state)
 
 
+def _backfill_since(value: str | None) -> datetime | None:
+    """--backfill: None (current boot), "all" (the epoch), or a number of days back."""
+    if value is None:
+        return None
+    if value == "all":
+        return datetime(1970, 1, 1, tzinfo=timezone.utc)
+    try:
+        days = float(value)
+    except ValueError:
+        raise ConfigError(f"--backfill {value!r}: give a number of days, or no value for all history") from None
+    if days <= 0:
+        raise ConfigError("--backfill DAYS must be > 0")
+    from datetime import timedelta
+
+    return datetime.now(timezone.utc) - timedelta(days=days)
+
+
 def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.agent import Collector, CollectorConfig
     from collectors.nvml import NvmlReader
@@ -181,10 +204,11 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
         import pynvml  # NVIDIA's nvidia-ml-py
 
         nvml = NvmlReader(pynvml)
+    since = _backfill_since(args.backfill)
     kernel = None
     if args.kernel_log != "none":
         try:
-            kernel = open_kernel_source(args.kernel_log, state)
+            kernel = open_kernel_source(args.kernel_log, state, since=since.timestamp() if since else None)
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
     import os
@@ -192,8 +216,12 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.sources.kubernetes import from_environment
 
     workloads = None if args.no_kubernetes else from_environment(os.environ, settings.node)
-    collector = Collector(CollectorConfig(node=settings.node, interval=args.interval), sink,
-                          nvml=nvml, kernel=kernel, procfs=ProcFs(), workloads=workloads, metrics=metrics)
+    collector = Collector(CollectorConfig(node=settings.node, interval=args.interval, backfill_since=since), sink,
+                          nvml=nvml, kernel=kernel, procfs=ProcFs(), workloads=workloads, metrics=metrics,
+                          state_dir=state)
+    for uuid in args.forget_gpu:
+        if not collector.forget_gpu(uuid):
+            log.warning("--forget-gpu %s: not in the saved inventory", uuid)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     collector.start(datetime.now(timezone.utc))

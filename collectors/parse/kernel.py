@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import orjson
 
@@ -42,7 +42,13 @@ class KernelRecord:
     gpu_uuid: str | None = None  # identity lines
     gpu_ref: int | None = None  # "GPU1 ..." lines name the GPU by the driver's number
     kernel_ts: str | None = None  # the prefix's own timestamp text
+    # What the prefix says about time (issue 9, defect 9): "iso", "journal" (absolute, in
+    # `wall_ts`), "ctime" (`dmesg -T`: local time in `local_ts`), "syslog" (local time without a
+    # year in `syslog_ts`), "kmsg" / "mono" (microseconds since some boot in `mono_us`), or None.
+    ts_kind: str | None = None
     wall_ts: datetime | None = None  # when the prefix gives an absolute time (iso, journal)
+    local_ts: datetime | None = None  # naive local time (dmesg -T)
+    syslog_ts: tuple[int, int, int, int, int] | None = None  # month, day, hour, minute, second
     mono_us: int | None = None  # microseconds since boot (kmsg, journal, dmesg)
     seq: int | None = None  # /dev/kmsg sequence number
     device: str | None = None  # NVSwitch device for SXid records
@@ -74,6 +80,7 @@ _ISO = re.compile(r"^\w+\s*:\s*\w+\s*:\s*(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?
 _PRIO = re.compile(r"^<\d+>")
 _DMESG = re.compile(r"^\[\s*(?P<ts>\d+\.\d+)\]\s?")
 _CTIME = re.compile(r"^\[(?P<ts>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\]\s?")
+_MONTHS = {m: i + 1 for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"))}
 _SYSLOG = re.compile(r"^(?P<ts>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d) \S+ kernel: (?:\[\s*(?P<mono>\d+\.\d+)\]\s?)?")
 
 
@@ -106,8 +113,9 @@ def split_prefix(line: str) -> tuple[str, dict]:
             try:
                 if "__REALTIME_TIMESTAMP" in rec:
                     us = int(rec["__REALTIME_TIMESTAMP"])
-                    meta["wall_ts"] = datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
+                    meta["wall_ts"] = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
                     meta["kernel_ts"] = str(rec["__REALTIME_TIMESTAMP"])
+                    meta["ts_kind"] = "journal"
                 mono = rec.get("_SOURCE_MONOTONIC_TIMESTAMP") or rec.get("__MONOTONIC_TIMESTAMP")
                 if mono is not None:
                     meta["mono_us"] = int(mono)
@@ -121,6 +129,7 @@ def split_prefix(line: str) -> tuple[str, dict]:
             meta["seq"] = int(m["seq"])
             meta["mono_us"] = int(m["us"])
             meta["kernel_ts"] = m["us"]
+            meta["ts_kind"] = "kmsg"
             return body[m.end():], meta
     elif first == "<":
         m = _PRIO.match(body)
@@ -133,6 +142,7 @@ def split_prefix(line: str) -> tuple[str, dict]:
             meta["kernel_ts"] = m["ts"]
             try:
                 meta["wall_ts"] = datetime.fromisoformat(m["ts"].replace(",", ".")).astimezone(timezone.utc)
+                meta["ts_kind"] = "iso"
             except ValueError:
                 pass
             return body[m.end():], meta
@@ -141,16 +151,31 @@ def split_prefix(line: str) -> tuple[str, dict]:
             meta["kernel_ts"] = m["ts"]
             if m["mono"]:
                 meta["mono_us"] = int(float(m["mono"]) * 1e6)
+            month = _MONTHS.get(m["ts"][:3])
+            if month:
+                hh, mm, ss = m["ts"][7:].split(":")
+                meta["syslog_ts"] = (month, int(m["ts"][4:6]), int(hh), int(mm), int(ss))
+                meta["ts_kind"] = "syslog"
             return body[m.end():], meta
     if first == "[":
         m = _DMESG.match(body)
         if m:
             meta["kernel_ts"] = m["ts"]
             meta["mono_us"] = int(float(m["ts"]) * 1e6)
+            meta["ts_kind"] = "mono"
             return body[m.end():], meta
         m = _CTIME.match(body)
         if m:
             meta["kernel_ts"] = m["ts"]
+            t = m["ts"]  # "Wed Mar  1 17:44:21 2023"
+            month = _MONTHS.get(t[4:7])
+            try:
+                hh, mm, ss = t[11:19].split(":")
+                if month:
+                    meta["local_ts"] = datetime(int(t[20:24]), month, int(t[8:10]), int(hh), int(mm), int(ss))
+                    meta["ts_kind"] = "ctime"
+            except ValueError:
+                pass
             return body[m.end():], meta
     return body, meta
 

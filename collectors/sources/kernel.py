@@ -8,8 +8,15 @@ nor re-sends records:
   When the ring buffer overwrote records before we read them, the kernel answers EPIPE: counted as
   `lost` and logged, never fatal.
 - journal: journalctl's ``__CURSOR``; ``journalctl -k -o json -f --after-cursor=...``.
-- file: ``{"inode": ..., "offset": ...}``; follows renames and truncation (logrotate), reads rotated
-  ``.1`` and ``.gz`` files first on the very first start (backfill).
+- file: ``{"inode": ..., "offset": ...}``; follows renames and truncation (logrotate): on a rename
+  the old file is read to its end before the new one (issue 9, defect 8), and a restart whose
+  cursor names a file rotated meanwhile reads that file's tail first. On the very first start it
+  reads rotated ``.N`` and ``.N.gz`` files first (backfill), skipping those last written before
+  `since` (the collector's look-back: the current boot unless ``--backfill`` widens it).
+
+Lines read at a first start that were written before it are marked `history` (published as
+`backfilled`: evidence, never a reason to act now); file lines carry the file's mtime (`ref_ts`),
+from which the collector infers the year of a syslog time stamp (issue 9, defect 9).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,6 +52,8 @@ class LogLine:
     text: str
     cursor: Any  # what `commit` takes; None: nothing to commit
     source: str  # a schemas.XidSource value: kmsg | journal | file
+    history: bool = False  # read at a first start, written before it (backfill)
+    ref_ts: float | None = None  # epoch seconds: the file's mtime, anchors a year-less syslog time
 
 
 class KernelSource(Protocol):
@@ -74,7 +84,7 @@ def _load_json(path: Path | None) -> dict:
         return {}
 
 
-_KMSG_SEQ = re.compile(r"^\d+,(\d+),")
+_KMSG_SEQ = re.compile(r"^\d+,(\d+),(\d+)")
 
 
 class KmsgSource:
@@ -92,6 +102,10 @@ class KmsgSource:
             self.boot_id = "unknown"
         saved = _load_json(cursor_file)
         self.skip_through = int(saved.get("seq", -1)) if saved.get("boot_id") == self.boot_id else -1
+        # A first start (no cursor at all): records stamped before now (kmsg stamps are CLOCK_MONOTONIC
+        # microseconds, like time.monotonic) are history. After a reboot with an old cursor they are not:
+        # they are this boot's, unseen, and published as live.
+        self._history_before_us = int(time.monotonic() * 1e6) if not saved else -1
         self.lost = 0
         try:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
@@ -137,7 +151,8 @@ class KmsgSource:
             if seq is not None:
                 if seq <= self.skip_through:
                     continue
-            lines.append(LogLine(text, seq, "kmsg"))
+            history = m is not None and int(m.group(2)) < self._history_before_us
+            lines.append(LogLine(text, seq, "kmsg", history))
         return lines
 
     def commit(self, cursor: Any) -> None:
@@ -187,7 +202,9 @@ class JournalSource:
     name = "journal"
 
     def __init__(self, cursor_file: Path | None = None, journalctl: str = "journalctl",
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, since: float | None = None) -> None:
+        """`since`: on a first start, look back to this epoch time instead of the current boot's
+        start (``--backfill``); 0 reads the whole kernel journal."""
         exe = shutil.which(journalctl)
         if exe is None:
             raise OSError(errno.ENOENT, f"{journalctl} not found: use --kernel-log kmsg or file:PATH")
@@ -195,18 +212,29 @@ class JournalSource:
         self.lost = 0
         saved = _load_json(cursor_file).get("cursor")
         cmd = [exe, "-k", "-o", "json", "--no-pager", "-f", *(extra_args or [])]
-        cmd += [f"--after-cursor={saved}"] if saved else ["-b"]
+        if saved:
+            cmd += [f"--after-cursor={saved}"]
+        elif since is None:
+            cmd += ["-b"]  # the current boot only (NVSentinel starts at the tail for the same reason)
+        elif since > 0:
+            cmd += [f"--since=@{int(since)}"]
+        # A first start: entries stamped before now are history.
+        self._history_before_us = None if saved else int(time.time() * 1e6)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
         self._lines = _ThreadedLines(self.proc.stdout, "journalctl-reader")
 
     def read(self, max_lines: int = 10_000) -> list[LogLine]:
         out = []
         for text in self._lines.drain(max_lines):
+            history = False
             try:
-                cursor = orjson.loads(text).get("__CURSOR")
-            except (orjson.JSONDecodeError, AttributeError):
+                rec = orjson.loads(text)
+                cursor = rec.get("__CURSOR")
+                if self._history_before_us is not None:
+                    history = int(rec.get("__REALTIME_TIMESTAMP", 0)) < self._history_before_us
+            except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
                 cursor = None
-            out.append(LogLine(text, cursor, "journal"))
+            out.append(LogLine(text, cursor, "journal", history))
         return out
 
     def commit(self, cursor: Any) -> None:
@@ -237,41 +265,99 @@ class FileSource:
     name = "file"
 
     def __init__(self, path: str | Path, cursor_file: Path | None = None, backfill: bool = True,
-                 follow: bool = True) -> None:
+                 follow: bool = True, since: float | None = None) -> None:
         self.path = Path(path)
         self.cursor_file = cursor_file
         self.follow = follow
         self.lost = 0
         saved = _load_json(cursor_file)
-        self._backlog: list[Path] = _rotated(self.path) if backfill and not saved else []
+        self._backlog: list[Path] = []
+        if backfill and not saved:
+            for old in _rotated(self.path):
+                try:
+                    mtime = old.stat().st_mtime
+                except OSError:
+                    continue
+                if since is not None and mtime < since:
+                    continue  # last written before the look-back: every line in it is older
+                self._backlog.append(old)
         self._fh = None
         self._inode: int | None = None
         self._offset = 0
         self._buf = b""
         self.done = False
+        # First start: the bytes of the current file that exist now were written before us.
+        self._first_start = not saved
+        self._history_end = 0
+        self._first_stat = None
+        if not saved:
+            try:
+                st = self.path.stat()
+                self._first_stat = (st.st_ino, st.st_size)
+            except OSError:
+                pass
         if saved:
             self._inode, self._offset = saved.get("inode"), int(saved.get("offset", 0))
+            self._resume_rotated()
 
-    def _open_current(self) -> bool:
+    def _resume_rotated(self) -> None:
+        """The cursor names a file that was rotated while we were stopped: read its tail first."""
         try:
-            st = self.path.stat()
+            if self.path.stat().st_ino == self._inode:
+                return
         except FileNotFoundError:
-            return False
-        if self._fh is not None and st.st_ino == self._inode and st.st_size >= self._offset:
-            return True
-        if self._fh is not None:
-            self._fh.close()
-        same = st.st_ino == self._inode and st.st_size >= self._offset
-        self._fh = self.path.open("rb")
-        if same:
-            self._fh.seek(self._offset)
-        else:  # rotated or truncated: read the new file from its start
-            if self._inode is not None:
-                log.info("%s was rotated or truncated; reading the new file", self.path)
-            self._offset = 0
+            pass
+        for old in reversed(_rotated(self.path)):  # newest first: kern.log.1
+            if old.suffix == ".gz":
+                continue
+            try:
+                st = old.stat()
+            except OSError:
+                continue
+            if st.st_ino == self._inode and st.st_size >= self._offset:
+                self._fh = old.open("rb")
+                self._fh.seek(self._offset)
+                log.info("%s: resuming in the rotated %s at offset %d", self.path, old.name, self._offset)
+                return
+
+    def _lines(self, chunk: bytes, final: bool, history_end: int, ref: float | None) -> list[LogLine]:
+        """Split what was read into lines with their cursors; `final`: the file is complete, so a
+        last line without a newline is a line too."""
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        if final and self._buf:
+            lines.append(self._buf)
             self._buf = b""
-        self._inode = st.st_ino
-        return True
+            trailing = True
+        else:
+            trailing = False
+        out = []
+        pos = self._offset
+        for i, raw in enumerate(lines):
+            pos += len(raw) + (0 if trailing and i == len(lines) - 1 else 1)
+            out.append(LogLine(raw.decode("utf-8", "replace"), {"inode": self._inode, "offset": pos}, "file",
+                               history=pos <= history_end, ref_ts=ref))
+        self._offset = pos
+        return out
+
+    def _drain_rotated(self) -> list[LogLine]:
+        """Read the rest of the file we had open (renamed away) to its end, then let it go."""
+        out: list[LogLine] = []
+        ref = None
+        try:
+            ref = os.fstat(self._fh.fileno()).st_mtime
+            while True:
+                chunk = self._fh.read(1 << 20)
+                if not chunk:
+                    break
+                out += self._lines(chunk, False, self._history_end, ref)
+        except OSError as exc:
+            log.warning("%s: cannot read the rest of the rotated file: %s", self.path, exc)
+        out += self._lines(b"", True, self._history_end, ref)
+        self._fh.close()
+        self._fh = None
+        self._history_end = 0
+        return out
 
     def read(self, max_lines: int = 10_000) -> list[LogLine]:
         out: list[LogLine] = []
@@ -279,29 +365,51 @@ class FileSource:
             old = self._backlog.pop(0)
             opener = gzip.open if old.suffix == ".gz" else open
             try:
+                ref = old.stat().st_mtime
                 with opener(old, "rb") as fh:
                     for raw in fh:
-                        out.append(LogLine(raw.decode("utf-8", "replace").rstrip("\n"), None, "file"))
+                        out.append(LogLine(raw.decode("utf-8", "replace").rstrip("\n"), None, "file",
+                                           history=True, ref_ts=ref))
             except (OSError, EOFError) as exc:
                 log.warning("cannot read rotated log %s: %s", old, exc)
-        if not self._open_current():
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            st = None
+        if self._fh is not None and (st is None or st.st_ino != self._inode):
+            if st is None and self.follow:
+                return out + self._read_open(None)  # renamed, no new file yet: keep reading the old one
+            # Rotated: the old file (still open) is read to its end before switching.
+            log.info("%s was rotated; finishing the old file, then reading the new one", self.path)
+            out += self._drain_rotated()
+        if st is None:
             self.done = not self.follow
             return out
-        # A rotation may have happened while we read: finish the old file before switching.
+        if self._fh is not None and st.st_size < self._offset:  # truncated (copytruncate)
+            log.info("%s was truncated; reading it from its start", self.path)
+            self._fh.close()
+            self._fh = None
+            self._inode = None
+        if self._fh is None:
+            same = st.st_ino == self._inode and st.st_size >= self._offset
+            self._fh = self.path.open("rb")
+            if same:
+                self._fh.seek(self._offset)
+            else:
+                self._offset = 0
+                self._buf = b""
+            self._inode = st.st_ino
+            if self._first_start:
+                first = self._first_stat
+                self._history_end = first[1] if first and first[0] == st.st_ino else 0
+                self._first_start = False
+        return out + self._read_open(st.st_mtime)
+
+    def _read_open(self, ref: float | None) -> list[LogLine]:
         chunk = self._fh.read(1 << 20)
         if not chunk:
             self.done = not self.follow
-        self._buf += chunk
-        *lines, self._buf = self._buf.split(b"\n")
-        pos = self._offset
-        for raw in lines:
-            pos += len(raw) + 1
-            out.append(LogLine(raw.decode("utf-8", "replace"), {"inode": self._inode, "offset": pos}, "file"))
-        self._offset = pos
-        if not self.follow and not chunk and self._buf:
-            out.append(LogLine(self._buf.decode("utf-8", "replace"), {"inode": self._inode, "offset": pos + len(self._buf)}, "file"))
-            self._buf = b""
-        return out
+        return self._lines(chunk, not self.follow and not chunk, self._history_end, ref)
 
     def commit(self, cursor: Any) -> None:
         if cursor:
@@ -359,17 +467,20 @@ class MemoryKernelSource:
         pass
 
 
-def open_kernel_source(spec: str, state_dir: Path) -> KernelSource:
-    """`kmsg`, `journal`, `file:PATH` or `-` (stdin), as given to --kernel-log."""
+def open_kernel_source(spec: str, state_dir: Path, since: float | None = None) -> KernelSource:
+    """`kmsg`, `journal`, `file:PATH` or `-` (stdin), as given to --kernel-log. `since`: how far a
+    first start looks back (epoch seconds; None: the current boot; 0: everything, ``--backfill``)."""
     if spec == "kmsg":
         return KmsgSource(cursor_file=state_dir / "kmsg.cursor")
     if spec.startswith("kmsg:"):
         return KmsgSource(spec[5:], cursor_file=state_dir / "kmsg.cursor")
     if spec == "journal":
-        return JournalSource(cursor_file=state_dir / "journal.cursor")
+        return JournalSource(cursor_file=state_dir / "journal.cursor", since=since)
     if spec.startswith("file:"):
         path = Path(spec[5:])
-        return FileSource(path, cursor_file=state_dir / f"file-{path.name}.cursor")
+        boot = time.time() - time.monotonic()
+        return FileSource(path, cursor_file=state_dir / f"file-{path.name}.cursor",
+                          since=boot if since is None else since)
     if spec == "-":
         return StdinSource()
     raise ValueError(f"unknown --kernel-log {spec!r}: use kmsg, journal, file:PATH or -")

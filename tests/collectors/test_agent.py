@@ -182,17 +182,19 @@ def test_a_restart_neither_loses_nor_resends_kernel_records(tmp_path):
 
     def run_once():
         sink = MemorySink()
-        c = Collector(CollectorConfig(node="n"), sink, kernel=FileSource(log, cursor_file=tmp_path / "cur"),
-                      nvml_events_thread=False)
+        # The first start's file is history of unknown time: published (backfilled) only with
+        # --backfill; by default history that cannot be placed in the current boot is skipped.
+        c = Collector(CollectorConfig(node="n", backfill_since=datetime(1970, 1, 1, tzinfo=timezone.utc)), sink,
+                      kernel=FileSource(log, cursor_file=tmp_path / "cur"), nvml_events_thread=False)
         c.start(T0)
         c.tick(T0)
         c.stop()  # the merger still held the Xid: stop delivers it and saves the cursor
-        return [r.xid for r in _xids(sink)]
+        return [(r.xid, r.backfilled) for r in _xids(sink)]
 
-    assert run_once() == [13]
+    assert run_once() == [(13, True)]
     with log.open("a") as fh:
         fh.write("NVRM: Xid (PCI:0000:01:00): 31, pid=2, name=b, m\n")
-    assert run_once() == [31]
+    assert run_once() == [(31, False)]
     assert run_once() == []
 
 
@@ -345,3 +347,92 @@ def test_kernel_cursors_do_not_pile_up_while_kafka_is_down():
     clock[0] = 100
     c.tick(T0)
     assert kernel.committed[-1] == 40_001  # every line acknowledged: the cursor moves to the last
+
+
+# -- issue 9, defect 9: a line's own time -------------------------------------------------------------
+UTC = timezone.utc
+X79 = "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+def _file_rig(tmp_path, since=None, boot=datetime(2026, 12, 30, tzinfo=UTC)):
+    from collectors.sources.kernel import FileSource
+
+    sink = MemorySink()
+    src = FileSource(tmp_path / "kern.log", cursor_file=tmp_path / "cur")
+    c = Collector(CollectorConfig(node="n", xid_merge_window=0.0, log_tz=UTC, boot_time=boot, backfill_since=since),
+                  sink, kernel=src, nvml_events_thread=False)
+    c.start(T0)
+    return c, sink
+
+
+def _mtime(path, when):
+    import os
+
+    os.utime(path, (when.timestamp(), when.timestamp()))
+
+
+def test_syslog_lines_get_their_own_time_with_the_year_from_the_files_mtime(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text(f"Dec 31 23:59:58 gpu-node-7 kernel: {X79}\nJan  1 00:00:03 gpu-node-7 kernel: {X79}\n")
+    _mtime(log, datetime(2027, 1, 1, 0, 0, 5, tzinfo=UTC))  # written across the new year
+    c, sink = _file_rig(tmp_path)
+    c.tick(datetime(2027, 1, 1, 0, 1, tzinfo=UTC))
+    got = [(x.ts, x.ts_source.value, x.backfilled) for x in _xids(sink)]
+    assert got == [(datetime(2026, 12, 31, 23, 59, 58, tzinfo=UTC), "line", True),
+                   (datetime(2027, 1, 1, 0, 0, 3, tzinfo=UTC), "line", True)]
+
+
+def test_backfill_of_rotated_logs_keeps_their_time_and_only_the_current_boot_by_default(tmp_path):
+    import gzip
+
+    old = tmp_path / "kern.log.2.gz"
+    with gzip.open(old, "wt") as fh:
+        fh.write(f"Aug 14 02:11:09 gpu-node-7 kernel: {X79}\n")
+    _mtime(old, datetime(2026, 8, 20, tzinfo=UTC))
+    (tmp_path / "kern.log.1").write_text(f"Dec 29 10:00:00 gpu-node-7 kernel: {X79}\n"  # before this boot
+                                         f"Dec 30 10:00:00 gpu-node-7 kernel: {X79}\n")  # this boot
+    _mtime(tmp_path / "kern.log.1", datetime(2026, 12, 30, 12, tzinfo=UTC))
+    (tmp_path / "kern.log").write_text("")
+    c, sink = _file_rig(tmp_path)  # default: look back over the current boot only
+    c.tick(datetime(2026, 12, 31, tzinfo=UTC))
+    assert [(x.ts, x.backfilled) for x in _xids(sink)] == [(datetime(2026, 12, 30, 10, tzinfo=UTC), True)]
+    (tmp_path / "cur").unlink(missing_ok=True)
+    c, sink = _file_rig(tmp_path, since=datetime(2026, 1, 1, tzinfo=UTC))  # --backfill
+    c.tick(datetime(2026, 12, 31, tzinfo=UTC))
+    assert [(x.ts.date().isoformat(), x.ts_source.value, x.backfilled) for x in _xids(sink)] == [
+        ("2026-08-14", "line", True), ("2026-12-29", "line", True), ("2026-12-30", "line", True)]
+
+
+def test_live_lines_are_not_backfilled_and_every_prefix_names_its_time_source(tmp_path):
+    import json
+
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    c, sink = _file_rig(tmp_path)
+    now = datetime(2026, 12, 31, 12, tzinfo=UTC)
+    rec = {"MESSAGE": X79, "__REALTIME_TIMESTAMP": str(int(datetime(2026, 12, 31, 11, 0, 1, tzinfo=UTC).timestamp() * 1e6))}
+    with log.open("a") as fh:
+        fh.write(f"[Thu Dec 31 11:00:00 2026] {X79}\n"
+                 f"kern  :warn  : 2026-12-31T11:00:02,000000+00:00 {X79}\n"
+                 f"{json.dumps(rec)}\n"
+                 f"{X79}\n")
+    _mtime(log, now)
+    c.tick(now)
+    assert [(x.ts, x.ts_source.value, x.backfilled) for x in _xids(sink)] == [
+        (datetime(2026, 12, 31, 11, 0, 0, tzinfo=UTC), "line", False),
+        (datetime(2026, 12, 31, 11, 0, 2, tzinfo=UTC), "line", False),
+        (datetime(2026, 12, 31, 11, 0, 1, tzinfo=UTC), "journal", False),
+        (now, "read", False)]
+
+
+def test_kmsg_records_are_stamped_from_the_boot_time():
+    sink = MemorySink()
+    kernel = MemoryKernelSource()
+    boot = datetime(2026, 12, 31, tzinfo=UTC)
+    c = Collector(CollectorConfig(node="n", xid_merge_window=0.0, boot_time=boot), sink, kernel=kernel,
+                  nvml_events_thread=False)
+    c.start(T0)
+    kernel.feed([f"4,7,1843308145,-;{X79}"])
+    c.tick(boot + timedelta(hours=1))
+    (x,) = _xids(sink)
+    assert (x.ts, x.ts_source.value) == (boot + timedelta(microseconds=1843308145), "kmsg")

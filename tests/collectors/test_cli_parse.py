@@ -39,3 +39,22 @@ def test_parse_turns_every_xid_line_into_the_expected_fields_and_nothing_else(tm
 def test_parse_missing_file_is_a_clear_error(capsys):
     assert main(["parse", "/nonexistent/kern.log"]) == 2
     assert "cannot read /nonexistent/kern.log" in capsys.readouterr().err
+
+
+def test_collect_backfill_flag_publishes_history_marked_backfilled(tmp_path, capsys):
+    import gzip as _gzip
+    import os
+
+    log = tmp_path / "kern.log"
+    with _gzip.open(tmp_path / "kern.log.1.gz", "wt") as fh:
+        fh.write("Aug 14 02:11:09 node kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=a, GPU has fallen off the bus.\n")
+    os.utime(tmp_path / "kern.log.1.gz", (1_755_500_000, 1_755_500_000))  # 2025-08-18
+    log.write_text("")
+    args = ["collect", "--sink", "stdout", "--once", "--no-nvml", "--no-kubernetes", "--node", "n1",
+            "--kernel-log", f"file:{log}", "--state-dir", str(tmp_path / "state")]
+    assert main(args) == 0
+    assert '"xid":79' not in capsys.readouterr().out  # default: the current boot only
+    assert main(args[:-2] + ["--state-dir", str(tmp_path / "state2"), "--backfill"]) == 0
+    (rec,) = [orjson.loads(ln)["value"] for ln in capsys.readouterr().out.splitlines() if '"xid":79' in ln]
+    assert rec["backfilled"] is True and rec["ts"].startswith("2025-08-14") and rec["ts_source"] == "line"
+    assert main(args[:-2] + ["--state-dir", str(tmp_path / "s3"), "--backfill", "nonsense"]) == 2

@@ -132,3 +132,74 @@ def test_journal_source_follows_journalctl_with_its_cursor(tmp_path):
     time.sleep(0.3)
     again.close()
     assert "--after-cursor=s=1;i=42" in args_file.read_text()
+
+
+# -- issue 9 -------------------------------------------------------------------------------------
+def test_rotation_reads_the_old_files_unread_tail_before_switching(tmp_path):
+    """Defect 8: lines written between the last read and the rename were dropped."""
+    log = tmp_path / "kern.log"
+    log.write_text("a\n")
+    src = FileSource(log, cursor_file=tmp_path / "c")
+    assert [ln.text for ln in src.read()] == ["a"]
+    with log.open("a") as fh:
+        fh.write("b\nlast without newline")
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text("c\n")
+    assert [ln.text for ln in src.read()] == ["b", "last without newline", "c"]
+
+
+def test_a_restart_across_a_rotation_reads_the_rotated_files_tail(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text("a\n")
+    src = FileSource(log, cursor_file=tmp_path / "c")
+    src.commit(src.read()[-1].cursor)
+    src.close()  # the collector stops; meanwhile the log grows and is rotated
+    with log.open("a") as fh:
+        fh.write("b\n")
+    log.rename(tmp_path / "kern.log.1")
+    log.write_text("c\n")
+    assert [ln.text for ln in FileSource(log, cursor_file=tmp_path / "c").read()] == ["b", "c"]
+
+
+def test_first_start_marks_history_and_gives_the_files_mtime(tmp_path):
+    log = tmp_path / "kern.log"
+    with gzip.open(tmp_path / "kern.log.2.gz", "wt") as fh:
+        fh.write("oldest\n")
+    os.utime(tmp_path / "kern.log.2.gz", (1_700_000_000, 1_700_000_000))
+    log.write_text("before start\n")
+    src = FileSource(log, cursor_file=tmp_path / "c")
+    first = src.read()
+    assert [(ln.text, ln.history) for ln in first] == [("oldest", True), ("before start", True)]
+    assert first[0].ref_ts == 1_700_000_000
+    with log.open("a") as fh:
+        fh.write("live\n")
+    (live,) = src.read()
+    assert (live.text, live.history) == ("live", False) and live.ref_ts is not None
+    src.commit(live.cursor)
+    # not a first start any more: nothing is history
+    log.write_text("")
+    assert FileSource(log, cursor_file=tmp_path / "c").read() == []
+
+
+def test_rotated_files_older_than_the_lookback_are_not_read(tmp_path):
+    log = tmp_path / "kern.log"
+    (tmp_path / "kern.log.1").write_text("last month\n")
+    os.utime(tmp_path / "kern.log.1", (1_700_000_000, 1_700_000_000))
+    log.write_text("now\n")
+    assert [ln.text for ln in FileSource(log, since=1_700_000_100).read()] == ["now"]
+    assert [ln.text for ln in FileSource(log, since=0).read()] == ["last month", "now"]
+
+
+def test_kmsg_first_start_marks_records_from_before_the_start_as_history(tmp_path):
+    log, cur, boot = tmp_path / "kmsg", tmp_path / "cursor", tmp_path / "boot_id"
+    boot.write_text("b")
+    log.write_text(f"4,1,1000,-;{XID}\n")
+    src = KmsgSource(log, cursor_file=cur, boot_id_path=boot)
+    with log.open("a") as fh:
+        fh.write(f"4,2,{10**15},-;{XID}\n")  # after the start (far in the future of this boot)
+    assert [(ln.cursor, ln.history) for ln in src.read()] == [(1, True), (2, False)]
+    src.commit(2)
+    with log.open("a") as fh:
+        fh.write(f"4,3,1001,-;{XID}\n")
+    # with a cursor, a restart reads on: no history
+    assert [(ln.cursor, ln.history) for ln in KmsgSource(log, cursor_file=cur, boot_id_path=boot).read()] == [(3, False)]
