@@ -18,18 +18,20 @@ expire by wall clock; the state in `streams.classify.GpuState` expires by event 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
-
+import time
 import weakref
+from typing import Any, Awaitable, Callable, Iterable
 
 import faust
 import orjson
 from faust.streams import _current_event
 
 from schemas.codec import decode, decode_any, encode, to_dict
-from schemas.errors import DecodeError
+from schemas.errors import DecodeError, TopicError
 from schemas.models import (
+    Alert,
     DeadLetter,
     GpuInventory,
     GpuProcesses,
@@ -43,9 +45,10 @@ from schemas.topics import INPUT_TOPICS
 from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step
 from streams.policy import Policy
+from streams.routing import FLEET_KEY, fan_out, state_key
 from xidstream.settings import Settings
 
-__all__ = ["create_app", "internal_topics", "ProcessorApp"]
+__all__ = ["create_app", "internal_topics", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY"]
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +59,54 @@ _MODELS = {
     "gpu.workloads": WorkloadEvent,
     "gpu.inventory": GpuInventory,
 }
-FLEET_KEY = b"fleet"
+GPU_TABLE, FLEET_TABLE = "gpu-state", "fleet-state"
 
 
 def internal_topics(settings: Settings) -> dict[str, int]:
     """Topics the processor needs besides the contract's: name -> partitions."""
     p = settings.topic_prefix
     return {f"{p}xidstream.results-by-gpu": settings.partitions, f"{p}xidstream.fleet": 1}
+
+
+def changelog_topics(settings: Settings, app_id: str) -> dict[str, int]:
+    """The tables' changelog topics (faust names them ``<app id>-<table>-changelog``): name ->
+    partitions. The GPU table is co-partitioned with the inputs; the fleet table has one row."""
+    return {f"{app_id}-{GPU_TABLE}-changelog": settings.partitions, f"{app_id}-{FLEET_TABLE}-changelog": 1}
+
+
+async def wait_for_partitions(lookup: Callable[[str], int | None], refresh: Callable[[], Awaitable[Any]],
+                              topics: Iterable[str], *, timeout: float = 60.0, poll: float = 0.5) -> None:
+    """Until `lookup(topic)` gives a partition count for every topic, asking `refresh()` for fresh
+    metadata in between; `TopicError` naming the topic after `timeout` s.
+
+    faust checks a table's changelog against its source topic before the first write, with the
+    counts of the consumer's metadata, where a subscribed topic the consumer has no metadata for
+    yet counts 0 partitions: the write then fails with PartitionsMismatch ("the changelog topic ...
+    has 0 partitions"). None means there is no consumer (agent.test_context()): nothing to wait for.
+    """
+    topics = list(topics)
+    deadline = time.monotonic() + timeout
+    while True:
+        unknown = [t for t in topics if lookup(t) == 0]
+        if not unknown:
+            return
+        if time.monotonic() >= deadline:
+            raise TopicError(f"Kafka metadata still gives {', '.join(unknown)} 0 partitions after {timeout:g} s; "
+                             f"is the topic there (`xidstream topics list`) and the broker healthy?")
+        await refresh()
+        await asyncio.sleep(poll)
+
+
+class _App(faust.App):
+    """faust's App with one hook: `prepare` runs (in a thread; it is blocking admin I/O) when the
+    worker first starts, before faust starts its producer, consumer and tables."""
+
+    prepare: Callable[[], None] | None = None
+
+    async def on_first_start(self) -> None:
+        if self.prepare is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.prepare)
+        await super().on_first_start()
 
 
 class ProcessorApp:
@@ -86,8 +130,9 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
                      broker_request_timeout=30)
     if datadir:
         extra["datadir"] = datadir
-    app = faust.App(
-        app_id or f"{settings.topic_prefix}xidstream-processor",
+    app_name = app_id or f"{settings.topic_prefix}xidstream-processor"
+    app = _App(
+        app_name,
         broker=[f"kafka://{h.strip()}" for h in settings.bootstrap.split(",")],
         autodiscover=False,
         topic_partitions=partitions,
@@ -105,6 +150,19 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
         producer_acks=-1,
         **extra,
     )
+    changelogs = changelog_topics(settings, app_name)
+
+    def prepare_topics() -> None:
+        # Before faust starts its producer, consumer and tables: the internal topics and the
+        # changelogs exist with the partition counts faust will check, and the broker's metadata
+        # shows them, so the consumer's first metadata has them (defect 7: a changelog faust
+        # created a moment before counted 0 partitions and the fleet agent crashed on its first
+        # table write). A changelog with a wrong count stops the worker here, with its name.
+        from xidstream.kafka import ensure_processor_topics
+
+        ensure_processor_topics(settings, internal_topics(settings), compacted=changelogs)
+
+    app.prepare = prepare_topics
     names = {reg.name(n): n for n in INPUT_TOPICS}
     rekeyed, fleet_name = list(internal_topics(settings))
     inputs = app.topic(*names, rekeyed, key_type=bytes, value_type=bytes)
@@ -114,10 +172,49 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
     alerts = app.topic(reg.name("gpu.alerts"), key_type=bytes, value_type=bytes)
     remediation = app.topic(reg.name("gpu.remediation"), key_type=bytes, value_type=bytes)
     deadletter = app.topic(reg.name("xidstream.deadletter"), key_type=bytes, value_type=bytes)
-    gpu_table = app.Table("gpu-state", default=None, partitions=partitions, key_type=bytes, value_type=bytes)
-    fleet_table = app.Table("fleet-state", default=None, partitions=1, key_type=bytes, value_type=bytes)
+    gpu_table = app.Table(GPU_TABLE, default=None, partitions=partitions, key_type=bytes, value_type=bytes)
+    fleet_table = app.Table(FLEET_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes)
     cache: dict[bytes, GpuState] = {}
     stats = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0}
+    verified: set[tuple[str, str]] = set()
+
+    async def partitions_known(table: Any, source_topic: str) -> None:
+        """Before a table's first write from `source_topic`: wait until the consumer's metadata
+        knows both the source and the changelog (see `wait_for_partitions`)."""
+        if (table.name, source_topic) in verified:
+            return
+        consumer = app._consumer  # None in agent.test_context(): no Kafka, nothing to check
+        if consumer is not None:
+            async def refresh() -> None:
+                thread = consumer._thread  # aiokafka's client lives on the consumer's own thread
+
+                async def force() -> None:
+                    await thread._ensure_consumer()._client.force_metadata_update()
+
+                await thread.call_thread(force)
+
+            await wait_for_partitions(consumer.topic_partitions, refresh,
+                                      [source_topic, table.changelog_topic_name])
+        verified.add((table.name, source_topic))
+
+    def guarded(name: str, body: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """An agent that dies takes the worker with it. faust's supervisor would restart the actor
+        (or, when that fails, leave the worker running without it): a worker without its fleet
+        agent releases no command again while looking alive. Crashing the app makes the worker stop
+        and exit non-zero, so an orchestrator restarts it whole. One bad record never gets here:
+        the agents dead-letter those and go on."""
+
+        async def agent(stream: Any) -> None:
+            try:
+                await body(stream)
+            except Exception as exc:  # noqa: BLE001 - anything that escapes the loop ends the worker
+                log.critical("agent %s died: %r; stopping the worker (non-zero exit) so it is restarted whole",
+                             name, exc, exc_info=exc)
+                await app.crash(exc)
+
+        agent.__name__ = agent.__qualname__ = f"{name}_agent"
+        agent.__doc__ = body.__doc__
+        return agent
 
     @app.on_partitions_revoked.connect
     async def _drop_cache(sender: Any, revoked: Any = None, **kwargs: Any) -> None:
@@ -149,37 +246,47 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
         except DecodeError as exc:
             await dead(raw, key, topic, msg.partition, msg.offset, exc)
             return
-        if not key:
-            await dead(raw, key, topic, msg.partition, msg.offset, DecodeError("record has no key"))
+        # The row is chosen by streams.routing, as in streams.engine and the tests. The message's
+        # key must name the same row: the row's changelog goes to the message's partition, and a
+        # record keyed otherwise would fold into a row another worker owns after a rebalance.
+        row = state_key(record)
+        if row is None:
+            await dead(raw, key, topic, msg.partition, msg.offset, DecodeError(
+                "the record names no GPU: neither gpu_uuid nor node and pci_bus_id", raw))
+            return
+        if key != row.encode():
+            await dead(raw, key, topic, msg.partition, msg.offset, DecodeError(
+                f"record keyed {key!r} belongs to row {row!r}: its producer does not key by the topic "
+                f"registry (schemas.topics), so it reached a partition that does not own its GPU", raw))
             return
         try:
             state = cache.get(key)
             if state is None:
                 stored = gpu_table.get(key)
                 state = GpuState.from_dict(orjson.loads(stored)) if stored else None
-            state, outputs, changed = step(state, key.decode(), record, policy)
-            if not state.announced:
-                state.announced = True
-                changed = True
-                await fleet_topic.send(key=FLEET_KEY, value=orjson.dumps(
-                    {"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp()}))
+            state, outputs, changed = step(state, row, record, policy)
+            announced = state.announced
+            to_fleet, to_alert = fan_out(state, record, outputs)
+            changed = changed or state.announced != announced  # the announcement is part of the row
+            fleet_msgs = [orjson.dumps({**m, "command": to_dict(m["command"])} if m["kind"] == "command" else m)
+                          for m in to_fleet]
+            alert_msgs = [((a.gpu_uuid or a.node).encode(), encode(a)) for a in to_alert]
         except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
             log.exception("processing a record from %s failed", topic)
             await dead(raw, key, topic, msg.partition, msg.offset, exc)
             return
         cache[key] = state
         if changed:
+            await partitions_known(gpu_table, topic)
             # an exact-size copy: orjson's own result keeps a ~4 KiB buffer, for every GPU
             gpu_table[key] = bytes(memoryview(orjson.dumps(state.to_dict())))
-        for kind, out in outputs:
-            if kind == "alert":
-                stats["alerts"] += 1
-                await alerts.send(key=(out.gpu_uuid or out.node).encode(), value=encode(out))
-            else:
-                await fleet_topic.send(key=FLEET_KEY, value=orjson.dumps({"kind": "command", "command": to_dict(out)}))
+        for k, v in alert_msgs:
+            stats["alerts"] += 1
+            await alerts.send(key=k, value=v)
+        for v in fleet_msgs:
+            await fleet_topic.send(key=FLEET_KEY, value=v)
 
-    @app.agent(inputs, name="gpus")
-    async def gpus(stream: Any) -> None:
+    async def gpus_body(stream: Any) -> None:
         async for events in stream.take_events(batch, within=within):
             for event in events:
                 stats["events"] += 1
@@ -188,21 +295,28 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
                 _current_event.set(weakref.ref(event))
                 await handle(event)
 
-    @app.agent(results_in, name="results-rekey")
-    async def rekey(stream: Any) -> None:
+    gpus = app.agent(inputs, name="gpus")(guarded("gpus", gpus_body))
+
+    async def rekey_body(stream: Any) -> None:
+        """Results arrive keyed by node; each goes to the row of the GPU its command named
+        (`streams.routing.state_key`: the UUID, else node/pci_bus_id for a GPU whose UUID was
+        never resolved), on the topic co-partitioned with the inputs."""
         async for event in stream.events():
             msg = event.message
             try:
                 result = decode(RemediationResult, event.value)
-                if not result.gpu_uuid:
-                    raise DecodeError("a remediation result must name its gpu_uuid", event.value)
+                row = state_key(result)
+                if row is None:
+                    raise DecodeError("a remediation result must name its GPU: gpu_uuid, or pci_bus_id (with its "
+                                      "node), copied from the command it answers", event.value)
             except DecodeError as exc:
                 await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
                 continue
-            await results_by_gpu.send(key=result.gpu_uuid.encode(), value=event.value)
+            await results_by_gpu.send(key=row.encode(), value=event.value)
 
-    @app.agent(fleet_topic, name="fleet")
-    async def fleet(stream: Any) -> None:
+    rekey = app.agent(results_in, name="results-rekey")(guarded("results-rekey", rekey_body))
+
+    async def fleet_body(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
             try:
@@ -215,15 +329,21 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
             except Exception as exc:  # noqa: BLE001
                 await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
                 continue
+            await partitions_known(fleet_table, msg.topic)
             fleet_table[FLEET_KEY] = orjson.dumps(state.to_dict())
             for kind, out in outputs:
-                if kind == "alert":
-                    stats["alerts"] += 1
-                    await alerts.send(key=(out.gpu_uuid or out.node).encode(), value=encode(out))
-                else:
+                if isinstance(out, RemediationCommand):
                     stats["commands"] += 1
                     await remediation.send(key=out.node.encode(), value=encode(out))
+                elif isinstance(out, Alert):
+                    stats["alerts"] += 1
+                    await alerts.send(key=(out.gpu_uuid or out.node).encode(), value=encode(out))
+                else:  # a kind this agent does not publish: say so rather than guess a topic
+                    log.error("the fleet step gave an output of kind %r that has no topic: %r", kind, out)
+
+    fleet = app.agent(fleet_topic, name="fleet")(guarded("fleet", fleet_body))
 
     return ProcessorApp(app, gpus=gpus, rekey=rekey, fleet=fleet, gpu_table=gpu_table, fleet_table=fleet_table,
                         inputs=inputs, alerts=alerts, remediation=remediation, deadletter=deadletter,
-                        fleet_topic=fleet_topic, stats=stats, policy=policy, settings=settings)
+                        fleet_topic=fleet_topic, results_by_gpu=results_by_gpu, stats=stats, policy=policy, settings=settings,
+                        changelogs=changelogs)

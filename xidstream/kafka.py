@@ -16,7 +16,8 @@ from schemas.errors import TopicError
 from schemas.topics import TOPICS
 from xidstream.settings import Settings
 
-__all__ = ["producer_config", "consumer_config", "admin", "create_topics", "check_copartitioning"]
+__all__ = ["producer_config", "consumer_config", "admin", "create_topics", "check_copartitioning", "delete_topics",
+           "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag"]
 
 
 def producer_config(settings: Settings, **overrides: object) -> dict:
@@ -148,7 +149,8 @@ def read_all(settings: Settings, topics: list[str], *, timeout: float = 10.0, id
 
     from confluent_kafka import Consumer, KafkaError
 
-    consumer = Consumer(consumer_config(settings, f"xidstream-read-{_uuid.uuid4().hex[:12]}"))
+    # the group is named under the run's prefix, so a run's clean-up (`delete_run`) takes it too
+    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-read-{_uuid.uuid4().hex[:12]}"))
     consumer.subscribe(topics)
     out = []
     deadline = time.monotonic() + timeout
@@ -172,8 +174,27 @@ def read_all(settings: Settings, topics: list[str], *, timeout: float = 10.0, id
     return out
 
 
-def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeout: float = 30.0) -> None:
-    """Check the processor's inputs (they must exist, co-partitioned) and create its internal topics."""
+def _wait_visible(client: AdminClient, wanted: dict[str, int], timeout: float) -> dict[str, int]:
+    """Until the broker's metadata shows every topic of `wanted` with its partitions (a fresh KRaft
+    broker lags its controller by a moment); returns what it last saw."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        existing = _describe(client, timeout)
+        if all(existing.get(n) == p for n, p in wanted.items()) or time.monotonic() > deadline:
+            return existing
+        time.sleep(0.2)
+
+
+def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeout: float = 30.0, *,
+                            compacted: dict[str, int] | None = None) -> None:
+    """Check the processor's inputs (they must exist, co-partitioned), then create its internal
+    topics (`internal`, 7 days' retention) and its tables' changelogs (`compacted`: the latest row
+    per key survives), or check the partition count of those that exist.
+
+    Returns only when the broker's metadata shows all of them with their partition counts: a client
+    that starts next must not be told that a topic has 0 partitions (faust's PartitionsMismatch)."""
     import time
 
     client = admin(settings)
@@ -189,20 +210,69 @@ def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeou
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; run `xidstream topics create` "
                          f"with the same --topic-prefix and --partitions")
     check_copartitioning(settings, existing)
-    for name, parts in internal.items():
+    compacted = dict(compacted or {})
+    wanted = {**internal, **compacted}
+    new = []
+    for name, parts in wanted.items():
         if name in existing:
             if existing[name] != parts:
-                raise TopicError(f"internal topic {name} has {existing[name]} partitions, needs {parts}; delete it "
-                                 f"(the processor recreates it) or set --partitions to {existing[name]}")
+                what = "changelog" if name in compacted else "internal topic"
+                raise TopicError(f"{what} {name} has {existing[name]} partitions, needs {parts}; delete it "
+                                 f"(the processor recreates it{'; its table is rebuilt from the inputs' if name in compacted else ''}) "
+                                 f"or set --partitions to {existing[name]}")
             continue
-        fut = client.create_topics([NewTopic(name, num_partitions=parts, replication_factor=settings.replication_factor,
-                                             config={"retention.ms": str(7 * 24 * 3600 * 1000)})],
-                                   operation_timeout=timeout)[name]
-        try:
-            fut.result()
-        except KafkaException as exc:
-            if getattr(exc.args[0], "name", lambda: "")() != "TOPIC_ALREADY_EXISTS":
-                raise TopicError(f"cannot create {name}: {exc.args[0]}") from None
+        config = {"cleanup.policy": "compact"} if name in compacted else {"retention.ms": str(7 * 24 * 3600 * 1000)}
+        new.append(NewTopic(name, num_partitions=parts, replication_factor=settings.replication_factor, config=config))
+    if new:
+        for name, fut in client.create_topics(new, operation_timeout=timeout).items():
+            try:
+                fut.result()
+            except KafkaException as exc:
+                if getattr(exc.args[0], "name", lambda: "")() != "TOPIC_ALREADY_EXISTS":
+                    raise TopicError(f"cannot create {name}: {exc.args[0]}") from None
+    seen = _wait_visible(client, wanted, timeout)
+    wrong = {n: seen.get(n, 0) for n, p in wanted.items() if seen.get(n) != p}
+    if wrong:
+        raise TopicError("the broker does not show the processor's topics with their partition counts after "
+                         f"{timeout:g} s: " + ", ".join(f"{n} has {c}, needs {wanted[n]}" for n, c in sorted(wrong.items())))
+
+
+def delete_run(settings: Settings, timeout: float = 30.0) -> dict[str, list[str]]:
+    """Delete every topic and consumer group named under this run's topic prefix: the contract
+    topics, the processor's internal ones, its changelogs, faust's assignor topic and the groups.
+    For runs that own a unique prefix (replay, tests): refuses an empty prefix, which names the
+    whole cluster. Waits until the broker no longer lists the topics. Returns what it deleted."""
+    import time
+
+    prefix = settings.topic_prefix
+    if not prefix:
+        raise TopicError("refusing to delete a run's topics without a topic prefix: that would be every topic")
+    client = admin(settings)
+    topics = sorted(n for n in _describe(client, timeout) if n.startswith(prefix))
+    if topics:
+        for fut in client.delete_topics(topics, operation_timeout=timeout).values():
+            try:
+                fut.result()
+            except KafkaException:
+                pass  # already gone (a concurrent clean-up); checked below
+    groups: list[str] = []
+    try:
+        listed = client.list_consumer_groups(request_timeout=timeout).result()
+        groups = sorted(g.group_id for g in listed.valid if g.group_id.startswith(prefix))
+    except KafkaException:
+        pass
+    if groups:
+        for fut in client.delete_consumer_groups(groups, request_timeout=timeout).values():
+            try:
+                fut.result()
+            except KafkaException:
+                pass  # a group with a member still leaving; reported by the caller's check
+    deadline = time.monotonic() + timeout
+    while topics and time.monotonic() < deadline:
+        if not any(n.startswith(prefix) for n in _describe(client, timeout)):
+            break
+        time.sleep(0.2)
+    return {"topics": topics, "groups": groups}
 
 
 class LagProbe:

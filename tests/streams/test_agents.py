@@ -9,15 +9,18 @@ import asyncio
 import orjson
 import pytest
 
-from schemas import Action, Classification, decode_any, encode
-from streams.app import create_app
-from tests.streams.builders import GPU, wedge, xid
+from schemas import Action, Classification, RemediationResult, decode_any, encode, to_dict
+from streams.app import FLEET_KEY, create_app
+from streams.classify import step
+from streams.policy import Policy
+from streams.routing import fan_out, state_key
+from tests.streams.builders import GPU, PCI, at, wedge, xid
 from xidstream.settings import Settings
 
 
 def _app():
     proc = create_app(Settings(topic_prefix="tc."))
-    sent: dict[str, list] = {"alerts": [], "fleet": [], "remediation": [], "deadletter": []}
+    sent: dict[str, list] = {"alerts": [], "fleet": [], "remediation": [], "deadletter": [], "results_by_gpu": []}
 
     def capture(name):
         async def send(key=None, value=None, **kwargs):
@@ -28,6 +31,7 @@ def _app():
     proc.fleet_topic.send = capture("fleet")
     proc.remediation.send = capture("remediation")
     proc.deadletter.send = capture("deadletter")
+    proc.results_by_gpu.send = capture("results_by_gpu")
     return proc, sent
 
 
@@ -44,8 +48,9 @@ def test_gpu_agent_turns_the_wedge_into_alerts_and_commands_for_the_fleet_agent(
     assert [a.classification for a in alerts] == [Classification.APP_FAULT, Classification.GPU_WEDGED]
     fleet = [orjson.loads(v) for _, v in sent["fleet"]]
     assert fleet[0] == {"kind": "node_seen", "node": "node-a", "ts": wedge()[0].ts.timestamp()}
-    assert [m["command"]["action"] for m in fleet[1:]] == ["RECORD", "CORDON_NODE", "DRAIN_NODE", "RESET_GPU"]
-    assert {k for k, _ in sent["fleet"]} == {b"fleet"}
+    commands = [m["command"]["action"] for m in fleet if m["kind"] == "command"]
+    assert commands == ["RECORD", "CORDON_NODE", "DRAIN_NODE", "RESET_GPU"]
+    assert {k for k, _ in sent["fleet"]} == {FLEET_KEY}
     # the table holds the incident (what a restarted worker recovers from the changelog)
     stored = orjson.loads(proc.gpu_table[GPU.encode()])
     assert stored["incident"]["classification"] == "GPU_WEDGED"
@@ -67,8 +72,20 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_agent_goes_on(raw):
     assert [decode_any(v).classification for _, v in sent["alerts"]] == [Classification.APP_FAULT]
 
 
+def _fleet_messages(records):
+    """What the gpu agent sends the fleet agent for `records`, through the same routing
+    (`streams.routing`) the agent and `streams.engine.Engine` use."""
+    states, messages = {}, []
+    for r in records:
+        key = state_key(r)
+        state, outputs, _ = step(states.get(key), key, r, Policy())
+        states[key] = state
+        to_fleet, _ = fan_out(state, r, outputs)
+        messages += [{**m, "command": to_dict(m["command"])} if m["kind"] == "command" else m for m in to_fleet]
+    return messages
+
+
 def test_fleet_agent_applies_the_breaker_and_forwards_commands():
-    from streams.engine import Engine
     from tests.streams.builders import inventory, sample
 
     recs = []
@@ -76,24 +93,13 @@ def test_fleet_agent_applies_the_breaker_and_forwards_commands():
         g = f"GPU-{i:08d}-0000-0000-0000-000000000000"
         recs += [inventory(0, gpu=g, node=f"node-{i}"), sample(0, gpu=g, node=f"node-{i}"),
                  xid(100 + i, 79, pid=None, gpu=g, node=f"node-{i}")]
-    engine = Engine()
-    messages = []
-    for r in recs:
-        key = engine.key_of(r)
-        from streams.classify import step
-
-        state, outputs, _ = step(engine.states.get(key), key, r, engine.policy)
-        engine.states[key] = state
-        if not state.announced:
-            state.announced = True
-            messages.append({"kind": "node_seen", "node": state.node, "ts": r.ts.timestamp()})
-        messages += [{"kind": "command", "command": __import__("schemas").to_dict(c)} for k, c in outputs if k == "command"]
+    messages = _fleet_messages(recs)
 
     async def run():
         proc, sent = _app()
         async with proc.fleet.test_context() as agent:
             for m in messages:
-                await agent.put(orjson.dumps(m), key=b"fleet")
+                await agent.put(orjson.dumps(m), key=FLEET_KEY)
         return sent
 
     sent = asyncio.run(run())
@@ -104,3 +110,47 @@ def test_fleet_agent_applies_the_breaker_and_forwards_commands():
     storms = [decode_any(v) for _, v in sent["alerts"]]
     assert [a.classification for a in storms] == [Classification.FLEET_STORM]
     assert {k for k, _ in sent["remediation"]} == {f"node-{i}".encode() for i in range(5)}
+
+
+def _result(**kw):
+    base = dict(ts=at(300), node="node-a", command_id="c-1", incident_id="i-1", action=Action.RESET_GPU,
+                outcome="failed", detail="in use")
+    return RemediationResult(**{**base, **kw})
+
+
+def test_results_are_rekeyed_to_the_row_of_their_gpu_even_without_a_uuid():
+    """Defect 4 (the app's half): a result for a GPU whose UUID was never resolved carries the
+    command's pci_bus_id and reaches the ``node/pci`` row; only a result that names no GPU at all
+    is dead-lettered, with the reason."""
+    by_uuid, by_pci, neither = _result(gpu_uuid=GPU), _result(pci_bus_id=PCI), _result()
+
+    async def run():
+        proc, sent = _app()
+        async with proc.rekey.test_context() as agent:
+            for r in (by_uuid, by_pci, neither):
+                await agent.put(encode(r), key=b"node-a")
+        return sent
+
+    sent = asyncio.run(run())
+    assert [k for k, _ in sent["results_by_gpu"]] == [GPU.encode(), f"node-a/{PCI}".encode()]
+    assert [decode_any(v).command_id for _, v in sent["results_by_gpu"]] == ["c-1", "c-1"]
+    (dead,) = [decode_any(v) for _, v in sent["deadletter"]]
+    assert dead.original == encode(neither) and "must name its GPU" in dead.error
+
+
+def test_a_record_keyed_off_its_row_is_dead_lettered_not_folded():
+    """The table row's changelog goes to the message's partition: a record whose key is not the
+    row `state_key` gives would fold into a row its partition does not own."""
+    rec = xid(10, 13)
+
+    async def run():
+        proc, sent = _app()
+        async with proc.gpus.test_context() as agent:
+            await agent.put(encode(rec), key=b"GPU-someone-else")
+            await agent.put(encode(rec), key=GPU.encode())
+        return sent
+
+    sent = asyncio.run(run())
+    (dead,) = [decode_any(v) for _, v in sent["deadletter"]]
+    assert "belongs to row" in dead.error and GPU in dead.error
+    assert [decode_any(v).classification for _, v in sent["alerts"]] == [Classification.APP_FAULT]
