@@ -64,6 +64,7 @@ __all__ = ["GpuState", "step", "Output", "RANK", "PLANS"]
 Output = tuple[str, object]  # ("alert" | "command" | "workload_fault", record or dict)
 
 _DISRUPTIVE = NODE_ACTIONS | {Action.RESET_GPU}
+_OWN_CLOCK = frozenset({GpuSample, GpuProcesses, GpuInventory})
 
 
 # -- the fold -----------------------------------------------------------------------------------
@@ -74,8 +75,13 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         state = GpuState(key=key)
     before = _material(state)
     outputs: list[Output] = []
-    own_clock = isinstance(record, (GpuSample, GpuProcesses, GpuInventory))
-    ts, skew = event_time(state, record.ts.timestamp(), own_clock, policy)
+    ts = record.ts.timestamp()
+    skew = 0.0
+    if type(record) in _OWN_CLOCK:  # the common case, inlined: the collector's readings move the clock
+        state.clock = ts if state.clock is None or ts > state.clock else state.clock
+        state.sampled = True
+    else:
+        ts, skew = event_time(state, ts, False, policy)
     state.node = record.node or state.node
     uuid = getattr(record, "gpu_uuid", None)
     if uuid and not state.gpu_uuid and not key.count("/"):
@@ -111,17 +117,18 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     return state, outputs, changed
 
 
-def _material(state: GpuState) -> tuple:
-    """What must survive a restart; counters that only feed statistics are left out."""
-    inc = state.incident
+def _material(s: GpuState) -> tuple:
+    """What must survive a restart; counters that only feed statistics are left out. (On the hot
+    path: twice per record, so plain attribute reads only.)"""
+    inc = s.incident
+    ps = s.pinned_since
     return (
-        state.node, state.gpu_uuid, state.pci_bus_id, state.gpu_index, state.memory_total_mib, state.status,
-        state.pinned_since, min(state.pinned_samples, GUARD_MIN_PINNED_SAMPLES),
-        state.pinned_since is not None and state.last_compute_ts is not None and state.last_compute_ts >= state.pinned_since,
-        state.last_nocompute_ts is not None and state.pinned_since is not None
-        and state.last_nocompute_ts > state.pinned_since, len(state.occurrences), len(state.xids), len(state.workload_failures),
-        state.healthy_since is None, state.last_xid_ts, state.announced, len(state.pods), state.recovery_action,
-        state.remap_failure, len(state.pending_notes),
+        s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status, ps,
+        s.pinned_samples < GUARD_MIN_PINNED_SAMPLES and s.pinned_samples,
+        ps is not None and s.last_compute_ts is not None and s.last_compute_ts >= ps,
+        ps is not None and s.last_nocompute_ts is not None and s.last_nocompute_ts > ps,
+        len(s.occurrences), len(s.xids), len(s.workload_failures), s.healthy_since is None, s.last_xid_ts,
+        s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
         None if inc is None else (inc.id, inc.classification, len(inc.emitted), len(inc.timeline), inc.remediated,
                                   sum(1 for e in inc.emitted if e["outcome"] is not None)),
     )

@@ -154,12 +154,14 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> None:
         # NVML could not list them: unknown is neither "a job is running" nor "no compute process"
         # (issue 9, defect 7). The wedge and phantom rules only count snapshots that were read.
         return
+    pods = state.pods
     for app in compute:
         if app.pod_uid:
-            state.pods[str(app.pid)] = app.pod_uid
-    if len(state.pods) > _PODS_KEPT:
-        for k in list(state.pods)[: len(state.pods) - _PODS_KEPT]:
-            del state.pods[k]
+            k = str(app.pid)
+            if pods.get(k) != app.pod_uid:
+                pods[k] = app.pod_uid
+                if len(pods) > _PODS_KEPT:
+                    del pods[next(iter(pods))]
     if compute:
         # A process NVML registered as compute: it is probably really running (incident.md).
         state.last_compute_ts = max(ts, state.last_compute_ts or ts)
