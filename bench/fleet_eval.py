@@ -1,12 +1,20 @@
 """A simulated fleet in real time, the processor on it, and the evaluation: prints figures.
 
     .venv/bin/python bench/fleet_eval.py [--nodes 125] [--gpus 8] [--duration 600] [--speed 1]
+    .venv/bin/python bench/fleet_eval.py --crash-loops 40 --xid45-teardowns 2   # the crash-loop mix
 
 Starts the local broker if none runs, a fresh topic prefix, one `xidstream process` worker; runs
 `xidstream simulate`'s fleet (faults injected at its default rates) through the collector's
 KafkaSink; samples the worker's consumer lag every 10 s; waits until it has caught up; then prints
 `xidstream evaluate`'s report (precision/recall per classification, node actions on GPUs whose only
 fault was an application fault, detection latency in event and wall time).
+
+`--crash-loops N` adds N crash-looping pods (a new PID per restart, Xid 13 on the same GPU five
+times in about four minutes) and `--xid45-teardowns N` N job teardowns (Xid 45 on every rank of
+6 nodes x 2 GPUs at once) to the same fleet, on GPUs that drew no fault; their truth is APP_FAULT,
+so a GPU_SUSPECT there is a false positive, and the report counts quarantines and node actions on
+them with the other application-only GPUs (issue 8: count workloads, not PIDs; Xid 45 alone is a
+record). The default mix is drawn exactly as without them.
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bootstrap", default=None)
+    ap.add_argument("--crash-loops", type=int, default=0, metavar="N", help="crash-looping pods to add (default 0)")
+    ap.add_argument("--xid45-teardowns", type=int, default=0, metavar="N",
+                    help="multi-node job teardowns with Xid 45 on every rank to add (default 0)")
     args = ap.parse_args()
     broker = None
     bootstrap = args.bootstrap
@@ -54,7 +65,8 @@ def main() -> int:
     s = Settings(bootstrap=bootstrap, topic_prefix=f"fleet-{uuid.uuid4().hex[:6]}.", partitions=args.partitions)
     create_topics(s)
     worker = WorkerProcess(s, tmp).start()
-    sim = Simulator(s, args.nodes, args.gpus, duration=args.duration, seed=args.seed)
+    sim = Simulator(s, args.nodes, args.gpus, duration=args.duration, seed=args.seed,
+                    crash_loops=args.crash_loops, xid45_teardowns=args.xid45_teardowns)
     faults: dict[str, int] = {}
     for g in sim.gpus:
         faults[g.fault] = faults.get(g.fault, 0) + 1
