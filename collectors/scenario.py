@@ -3,6 +3,14 @@ workloads on each node, the real parser, identity resolution, merger and sink.
 
 Time is scenario time: every `interval` seconds of it, the entries due are applied to the fakes and
 each node's collector ticks with ``now = start + t``. Nothing sleeps unless `speed` asks for it.
+
+A `remediation_result` entry plays a scripted executor: it answers the newest command on
+`gpu.remediation` for its node, GPU and action that it has not answered yet, with the entry's
+outcome, copying the command's `command_id`, `incident_id`, `gpu_uuid` and `pci_bus_id` (the
+processor acts only on a result that answers a command its incident emitted). The runner finds
+that command through a `command_lookup` its caller gives it: `xidstream replay` reads the run's
+`gpu.remediation` topic (waiting, since the scenario runs ahead of the processor), the pure path
+asks a `streams.engine.Engine` fed with what was published so far.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Callable
+from typing import Callable, Protocol
 
 from collectors.agent import Collector, CollectorConfig
 from collectors.fakes import FakeGpu, FakeProcess, FakePynvml
@@ -22,14 +30,44 @@ from collectors.sink import Sink
 from collectors.sources.kernel import MemoryKernelSource
 from collectors.sources.procfs import PodRef
 from schemas.base import normalize_pci
-from schemas.models import RemediationResult
+from schemas.errors import ScenarioError
+from schemas.models import RemediationCommand, RemediationResult
 from schemas.scenario import Scenario, TimelineEntry
+from schemas.vocab import Action
 
-__all__ = ["ScenarioRunner", "FakeProcFs", "MemoryWorkloadSource"]
+__all__ = ["ScenarioRunner", "FakeProcFs", "MemoryWorkloadSource", "CommandLookup", "pick_command"]
 
 log = logging.getLogger(__name__)
 
 DEV_PREFIX = "/dev/nvidia"
+
+
+class CommandLookup(Protocol):
+    """Finds the command a scenario's `remediation_result` answers: the newest command for `node`
+    and `action` on the GPU (`gpu_uuid`, or `pci_bus_id` for a command whose GPU has no resolved
+    UUID; both None: any GPU of the node) whose `command_id` is not in `exclude` (already
+    answered). None when there is none; it may wait for one first, or raise `ScenarioError` with
+    what it saw."""
+
+    def __call__(self, node: str, gpu_uuid: str | None, pci_bus_id: str | None, action: Action,
+                 exclude: set[str]) -> RemediationCommand | None: ...
+
+
+def pick_command(commands: list[RemediationCommand], node: str, gpu_uuid: str | None, pci_bus_id: str | None,
+                 action: Action, exclude: set[str]) -> RemediationCommand | None:
+    """The newest (last in `commands`, which are in the order they were published) command that a
+    `CommandLookup` with these arguments returns; a building block for lookups."""
+    pci = normalize_pci(pci_bus_id)
+    for cmd in reversed(commands):
+        if cmd.node != node or cmd.action != action or cmd.command_id in exclude:
+            continue
+        if gpu_uuid is None and pci is None:
+            return cmd
+        if cmd.gpu_uuid == gpu_uuid and cmd.gpu_uuid is not None:
+            return cmd
+        if not cmd.gpu_uuid and pci is not None and normalize_pci(cmd.pci_bus_id) == pci:
+            return cmd
+    return None
 
 
 @dataclass
@@ -72,7 +110,16 @@ class _Rig:
 class ScenarioRunner:
     def __init__(self, scenario: Scenario, sink: Sink, *, start: datetime | None = None,
                  interval: float = 1.0, xid_merge_window: float = 2.0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 command_lookup: CommandLookup | None = None) -> None:
+        results = [i for i, e in enumerate(scenario.timeline) if e.remediation_result is not None]
+        if results and command_lookup is None:
+            raise ScenarioError(
+                f"scenario {scenario.name!r}: timeline[{results[0]}] has a remediation_result, which answers a "
+                f"command of the processor, but no command_lookup was given to find it (xidstream replay "
+                f"gives one; a caller of ScenarioRunner passes command_lookup=...)")
+        self.command_lookup = command_lookup
+        self.answered: set[str] = set()
         self.scenario = scenario
         self.sink = sink
         self.start = start or scenario.start or datetime.now(timezone.utc).replace(microsecond=0)
@@ -130,9 +177,27 @@ class ScenarioRunner:
         if entry.nvml is not None:
             fake_gpu.status = entry.nvml
         if entry.remediation_result is not None:
-            r = entry.remediation_result
-            self.sink.publish(RemediationResult(ts=self.now(), node=entry.node, gpu_uuid=gpu.uuid,
-                                                action=r.action, outcome=r.outcome, detail=r.detail))
+            self._answer(entry, gpu)
+
+    def _answer(self, entry: TimelineEntry, gpu) -> None:
+        r = entry.remediation_result
+        where = (f"scenario {self.scenario.name!r} timeline[{self._index(entry)}] (at {entry.at:g}, node {entry.node}"
+                 + (f", GPU {entry.gpu}" if entry.gpu is not None else "") + f"): remediation_result {r.action.value}")
+        try:
+            cmd = self.command_lookup(entry.node, gpu.uuid if gpu else None, gpu.pci_bus_id if gpu else None,
+                                      r.action, set(self.answered))
+        except ScenarioError as exc:  # the lookup says what it waited for; this says which entry
+            raise ScenarioError(f"{where}: {exc}") from None
+        if cmd is None:
+            raise ScenarioError(f"{where} answers a {r.action.value} command, but the processor sent none for "
+                                f"that node and GPU (that was not answered already)")
+        self.answered.add(cmd.command_id)
+        self.sink.publish(RemediationResult(
+            ts=self.now(), node=entry.node, command_id=cmd.command_id, incident_id=cmd.incident_id,
+            gpu_uuid=cmd.gpu_uuid, pci_bus_id=cmd.pci_bus_id, action=r.action, outcome=r.outcome, detail=r.detail))
+
+    def _index(self, entry: TimelineEntry) -> int:
+        return next(i for i, e in enumerate(self.scenario.timeline) if e is entry)
 
     def run(self, speed: float = 0.0) -> None:
         """Run the whole scenario. `speed` > 0 sleeps to run that many times faster than real time."""

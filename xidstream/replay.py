@@ -4,7 +4,8 @@ fake NVML + fake kernel log -> the real collector code (parse, identity, merge, 
 -> the real processor (a `xidstream process` worker) -> gpu.alerts, gpu.remediation.
 
 Each scenario runs under a fresh topic prefix (and so a fresh consumer group), so runs never see
-each other's records; its topics are deleted afterwards unless --keep. Scenario time runs as fast
+each other's records; everything it created on the broker (topics of the contract and of the
+processor, changelogs, faust's assignor topic, consumer groups) is deleted afterwards unless --keep. Scenario time runs as fast
 as the pipeline takes it: the processor decides by the records' own timestamps.
 """
 
@@ -22,20 +23,21 @@ from typing import Any, TextIO
 
 import orjson
 
-from collectors.scenario import ScenarioRunner
+from collectors.scenario import ScenarioRunner, pick_command
 from collectors.sink import KafkaSink
 from schemas.base import Record
 from schemas.codec import decode_any, to_dict
-from schemas.errors import DecodeError, XidstreamError
+from schemas.errors import DecodeError, ScenarioError, XidstreamError
 from schemas.models import Alert, DeadLetter, RemediationCommand
 from schemas.scenario import Scenario, load_scenario
 from schemas.topics import INPUT_TOPICS
 from streams.app import internal_topics
-from xidstream.kafka import create_topics, delete_topics, read_all
+from xidstream.kafka import create_topics, delete_run, read_all
 from xidstream.runner import WorkerProcess
 from xidstream.settings import Settings
 
-__all__ = ["ReplayResult", "replay_scenario", "check_scenario", "render_timeline", "run_replay"]
+__all__ = ["ReplayResult", "replay_scenario", "check_scenario", "render_timeline", "run_replay", "KafkaCommandLookup",
+           "EngineCommandLookup"]
 
 
 @dataclass
@@ -45,6 +47,7 @@ class ReplayResult:
     records: list[tuple[str, str, Record]] = field(default_factory=list)  # (logical topic, key, record)
     seconds: float = 0.0
     published: dict = field(default_factory=dict)
+    topic_prefix: str = ""  # the run's topics and groups were named under it (and deleted)
 
     @property
     def alerts(self) -> list[Alert]:
@@ -59,20 +62,107 @@ class ReplayResult:
         return [r for t, _, r in self.records if isinstance(r, DeadLetter)]
 
 
+class KafkaCommandLookup:
+    """The scripted executor's view of the run's `gpu.remediation` (a `CommandLookup`): every
+    command the processor released, read from the beginning by a consumer that joins no group
+    (so it leaves none behind). The scenario runs far ahead of the processor, so a lookup that
+    finds no command waits for one: `before_wait` first (flush the collectors' records, so the
+    processor can see what leads to the command; check the worker is alive), then up to `timeout`
+    seconds of wall clock."""
+
+    def __init__(self, settings: Settings, *, timeout: float = 30.0, before_wait=None) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        from xidstream.kafka import admin, consumer_config
+
+        self.timeout = timeout
+        self.before_wait = before_wait
+        self.commands: list[RemediationCommand] = []
+        topic = settings.topics.name("gpu.remediation")
+        md = admin(settings).list_topics(topic, timeout=10)
+        parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
+        if not parts:
+            raise XidstreamError(f"{topic} does not exist: the replay's topics were not created")
+        # assign(), not subscribe(): no group membership, no committed offsets, nothing to clean up
+        self.consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-replay-executor"))
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        self.topic = topic
+
+    def _read(self, timeout: float) -> None:
+        for m in self.consumer.consume(num_messages=500, timeout=timeout):
+            if m.error() is not None:
+                continue
+            try:
+                rec = decode_any(m.value())
+            except DecodeError:
+                continue
+            if isinstance(rec, RemediationCommand):
+                self.commands.append(rec)
+
+    def __call__(self, node, gpu_uuid, pci_bus_id, action, exclude):
+        found = pick_command(self.commands, node, gpu_uuid, pci_bus_id, action, exclude)
+        if found is not None:
+            return found
+        if self.before_wait is not None:
+            self.before_wait()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            self._read(0.5)
+            found = pick_command(self.commands, node, gpu_uuid, pci_bus_id, action, exclude)
+            if found is not None:
+                return found
+        seen = ", ".join(f"{c.action.value} on {c.node}" for c in self.commands[-8:]) or "none"
+        raise ScenarioError(f"no {action.value} command for node {node}"
+                            + (f" GPU {gpu_uuid or pci_bus_id}" if (gpu_uuid or pci_bus_id) else "")
+                            + f" reached {self.topic} within {self.timeout:g} s (commands seen: {seen})")
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class EngineCommandLookup:
+    """A `CommandLookup` for the pure path (no Kafka): folds what the sink holds so far through a
+    fresh `streams.engine.Engine` and looks among its commands. Quadratic, for scenario-sized runs."""
+
+    def __init__(self, records_so_far, policy=None) -> None:
+        self.records_so_far = records_so_far
+        self.policy = policy
+
+    def __call__(self, node, gpu_uuid, pci_bus_id, action, exclude):
+        from streams.engine import Engine
+
+        engine = Engine(self.policy).run(list(self.records_so_far()))
+        return pick_command(engine.commands, node, gpu_uuid, pci_bus_id, action, exclude)
+
+
 def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, policy: str | None = None,
-                    keep: bool = False, workdir: Path | None = None, log=None) -> ReplayResult:
+                    keep: bool = False, workdir: Path | None = None, log=None,
+                    command_timeout: float = 30.0) -> ReplayResult:
     say = log or (lambda m: None)
     settings = Settings(bootstrap=bootstrap, topic_prefix=f"replay-{scenario.name[:40]}-{uuid.uuid4().hex[:8]}.",
                         partitions=partitions, node="replay")
     tmp = Path(workdir or tempfile.mkdtemp(prefix="xidstream-replay-"))
     t0 = time.monotonic()
-    create_topics(settings)
-    worker = WorkerProcess(settings, tmp, policy=policy).start()
+    worker = None
+    lookup = None
+    # Everything this run creates on the broker is named under its prefix: the contract topics,
+    # the processor's internal topics and changelogs, faust's assignor topic, the consumer groups.
+    # It is all deleted at the end, also when the run fails (unless --keep).
     try:
+        create_topics(settings)
+        worker = WorkerProcess(settings, tmp, policy=policy).start()
         sink = KafkaSink(settings, tmp / "spool")
         start = scenario.start or datetime.now().astimezone().replace(microsecond=0)
         say(f"{scenario.name}: feeding {scenario.duration:.0f} s of scenario time through the collectors")
-        ScenarioRunner(scenario, sink, start=start).run()
+        if any(e.remediation_result is not None for e in scenario.timeline):
+            def before_wait() -> None:
+                if not sink.flush(30):
+                    raise XidstreamError(f"Kafka did not acknowledge the scenario's records: {sink.stats()}")
+                if not worker.alive():
+                    raise XidstreamError(f"the processor exited (code {worker.proc.returncode}):\n{worker.tail()}")
+
+            lookup = KafkaCommandLookup(settings, timeout=command_timeout, before_wait=before_wait)
+        ScenarioRunner(scenario, sink, start=start, command_lookup=lookup).run()
         if not sink.flush(60):
             raise XidstreamError(f"Kafka did not acknowledge the scenario's records: {sink.stats()}")
         published = sink.stats()["published"]
@@ -82,23 +172,31 @@ def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, 
         topics += list(internal_topics(settings))
         if not worker.wait_idle(topics, timeout=240):
             raise XidstreamError(f"the processor did not catch up within 240 s; its log:\n{worker.tail()}")
-    finally:
         worker.stop()
-    reg = settings.topics
-    out_topics = [reg.name(n) for n in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter")]
-    result = ReplayResult(scenario, start, seconds=0.0, published=published)
-    for m in read_all(settings, out_topics, timeout=20, idle=2):
-        try:
-            rec = decode_any(m.value())
-        except DecodeError as exc:
-            raise XidstreamError(f"undecodable record on {m.topic()}: {exc}") from None
-        result.records.append((m.topic()[len(settings.topic_prefix):], (m.key() or b"").decode(), rec))
-    result.records.sort(key=lambda x: (x[2].ts, 0 if isinstance(x[2], Alert) else 1))
-    result.seconds = time.monotonic() - t0
-    if not keep:
-        delete_topics(settings)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return result
+        reg = settings.topics
+        out_topics = [reg.name(n) for n in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter")]
+        result = ReplayResult(scenario, start, seconds=0.0, published=published, topic_prefix=settings.topic_prefix)
+        for m in read_all(settings, out_topics, timeout=20, idle=2):
+            try:
+                rec = decode_any(m.value())
+            except DecodeError as exc:
+                raise XidstreamError(f"undecodable record on {m.topic()}: {exc}") from None
+            result.records.append((m.topic()[len(settings.topic_prefix):], (m.key() or b"").decode(), rec))
+        result.records.sort(key=lambda x: (x[2].ts, 0 if isinstance(x[2], Alert) else 1))
+        result.seconds = time.monotonic() - t0
+        return result
+    finally:
+        if lookup is not None:
+            lookup.close()
+        if worker is not None:
+            worker.stop()
+        if not keep:
+            # after the worker stopped: a live worker would recreate its topics and rejoin its group
+            try:
+                delete_run(settings)
+            except XidstreamError as exc:
+                say(f"{scenario.name}: could not delete the run's topics (prefix {settings.topic_prefix}): {exc}")
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- checking -----------------------------------------------------------------------------------
@@ -221,7 +319,16 @@ def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False
     log = (lambda m: print(f"xidstream replay: {m}", file=sys.stderr, flush=True))
     try:
         for sc in scenarios:
-            result = replay_scenario(sc, bootstrap, partitions=partitions, policy=policy, keep=keep, log=log)
+            try:
+                result = replay_scenario(sc, bootstrap, partitions=partitions, policy=policy, keep=keep, log=log)
+            except ScenarioError as exc:
+                if not check:
+                    raise
+                # e.g. a scripted executor's result with no command to answer: a failed check of
+                # this scenario, and the others still run
+                failed += 1
+                print(f"CHECK FAILED {sc.name}:\n  - {exc}", file=sys.stderr)
+                continue
             if as_json:
                 for topic, key, rec in result.records:
                     out.write(orjson.dumps({"topic": topic, "key": key, "value": to_dict(rec)}).decode() + "\n")

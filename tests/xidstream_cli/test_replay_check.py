@@ -13,7 +13,7 @@ from collectors.scenario import ScenarioRunner
 from collectors.sink import MemorySink
 from schemas import Alert, load_scenario, parse_scenario
 from streams.engine import Engine
-from xidstream.replay import ReplayResult, check_scenario, render_timeline
+from xidstream.replay import EngineCommandLookup, ReplayResult, check_scenario, render_timeline
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -21,7 +21,8 @@ LIBRARY = sorted((ROOT / "scenarios").glob("*.yaml"))
 
 def run_pure(sc):
     sink = MemorySink()
-    ScenarioRunner(sc, sink).run()
+    # a remediation_result answers a command the engine gave for what was published before it
+    ScenarioRunner(sc, sink, command_lookup=EngineCommandLookup(lambda: sink.records)).run()
     e = Engine().run(sink.records)
     recs = sorted(e.alerts + e.commands, key=lambda r: (r.ts, 0 if isinstance(r, Alert) else 1))
     return ReplayResult(sc, sc.start, records=[("gpu.alerts" if isinstance(r, Alert) else "gpu.remediation", "", r) for r in recs])
