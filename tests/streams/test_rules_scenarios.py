@@ -76,6 +76,17 @@ def test_crash_looping_pod_is_one_workload_recorded_never_quarantined():
     assert failures(sc, fold_in_arrival_order(records)) == []
 
 
+def test_crash_looping_pod_is_one_workload_whichever_topic_the_worker_reads_first():
+    """Rule checked: "count workloads, not PIDs", as a worker sees it. A worker reads its five input
+    topics independently: in a replay (everything published within a second) it may fold all of
+    gpu.xid before the process lists that name each PID's pod. A fault whose PID is not yet known
+    to belong to a pod must not make that pod look like several workloads once the process list
+    arrives (`xidstream replay --check` of this scenario shows exactly this when it fails)."""
+    sc, records = collected("crash-looping-pod")
+    xid_first = [r for r in records if r.SCHEMA == XidEvent.SCHEMA] + [r for r in records if r.SCHEMA != XidEvent.SCHEMA]
+    assert failures(sc, fold_in_arrival_order(xid_first)) == []
+
+
 # -- Rule: a driver recovery failure is wedge evidence exactly like Xid 43 ------------------------
 def test_recovery_failure_with_pinned_gpu_is_wedged_with_the_reset_plan():
     sc, records = collected("recovery-failure-pinned")
