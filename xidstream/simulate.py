@@ -142,7 +142,7 @@ class Simulator:
                 raise ConfigError(f"no fault-free nodes left for Xid 45 teardown {k + 1} of {teardowns}: use more nodes")
             onset = round(rnd.uniform(0.1 * d, max(0.1 * d + 1, d - 120)), 1)
             job = f"teardown-{k}"
-            for j, n in enumerate(sorted(rnd.sample(free, min(TEARDOWN_NODES, len(free))))):
+            for n in sorted(rnd.sample(free, min(TEARDOWN_NODES, len(free)))):
                 for g in self._node_gpus(n)[:TEARDOWN_GPUS]:
                     g.fault, g.onset, g.detail = "xid45_teardown", onset, job
                     g.pid = rnd.randint(1000, 4_000_000)
