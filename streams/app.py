@@ -191,7 +191,10 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
                 async def force() -> None:
                     await thread._ensure_consumer()._client.force_metadata_update()
 
-                await thread.call_thread(force)
+                try:
+                    await thread.call_thread(force)
+                except Exception as exc:  # noqa: BLE001 - faust internals; the bounded wait still decides
+                    log.warning("could not ask the consumer for fresh metadata (%r); waiting for its own refresh", exc)
 
             await wait_for_partitions(consumer.topic_partitions, refresh,
                                       [source_topic, table.changelog_topic_name])
