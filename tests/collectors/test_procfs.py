@@ -60,3 +60,92 @@ def test_device_holders_and_pod_lookup_from_a_proc_copy(tmp_path):
     assert fs.pod_of(200).pod_uid is None
     assert fs.pod_of(999).pod_uid is None  # gone: no error
     assert fs.comm(100) == "proc100" and fs.comm(999) is None
+
+
+def _tree(tmp_path):
+    proc, devs = tmp_path / "proc", tmp_path / "dev"
+    devs.mkdir()
+    for name in ("nvidia0", "nvidia1", "null"):
+        (devs / name).write_text("")
+
+    def open_fd(pid, fd, name):
+        d = proc / str(pid) / "fd"
+        d.mkdir(parents=True, exist_ok=True)
+        target = devs / name if name in ("nvidia0", "nvidia1", "null") else name
+        os.symlink(target, d / str(fd))
+
+    return proc, devs, open_fd
+
+
+def test_holder_scan_reads_only_new_descriptors_and_still_sees_every_change(tmp_path):
+    """Issue 9 (cost): a rescan readlinks only descriptors it has not seen, yet new holders, closed
+    descriptors, exited processes and reused PIDs are all reflected."""
+    import shutil
+
+    proc, devs, open_fd = _tree(tmp_path)
+    for fd in range(3, 203):
+        open_fd(100, fd, f"socket:[{fd}]")
+    open_fd(100, 203, "nvidia0")
+    open_fd(200, 3, "null")
+    fs = ProcFs(proc, dev_prefix=str(devs / "nvidia"), verify_every=1000)
+    nv0, nv1 = str(devs / "nvidia0"), str(devs / "nvidia1")
+    assert fs.device_holders() == {nv0: [100]}
+    cold = fs.readlinks
+    assert cold == 202
+    assert fs.device_holders() == {nv0: [100]}
+    assert fs.readlinks == cold  # nothing new: no readlink at all
+    open_fd(200, 4, "nvidia1")  # a new holder
+    os.unlink(proc / "100" / "fd" / "203")  # 100 lets go of nvidia0
+    assert fs.device_holders() == {nv1: [200]}
+    assert fs.readlinks == cold + 1
+    shutil.rmtree(proc / "200")  # 200 exits; its PID is reused by a process without the device
+    open_fd(200, 3, "null")
+    os.utime(proc / "200", ns=(1, 1))
+    assert fs.device_holders() == {}
+
+
+def test_holder_scan_verifies_every_descriptor_now_and_then(tmp_path):
+    """A descriptor number closed and reused between two scans is caught by the periodic full check."""
+    proc, devs, open_fd = _tree(tmp_path)
+    open_fd(100, 3, "socket:[1]")
+    fs = ProcFs(proc, dev_prefix=str(devs / "nvidia"), verify_every=3)
+    assert fs.device_holders() == {}
+    os.unlink(proc / "100" / "fd" / "3")
+    open_fd(100, 3, "nvidia0")  # same number, now the GPU
+    found = [fs.device_holders() for _ in range(3)]
+    assert {str(devs / "nvidia0"): [100]} in found
+
+
+def test_holder_scan_of_the_real_proc_sees_opens_and_closes(tmp_path):
+    """On the real /proc (where the fd count short-cut applies on Linux 6.2+), a process that opens
+    or closes the watched device shows up in the next scan."""
+    import subprocess
+    import sys
+
+    dev = tmp_path / "nvidia-test0"
+    dev.write_text("")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys\nfor cmd in sys.stdin:\n"
+         "    fd = os.open(sys.argv[1], os.O_RDONLY) if cmd.strip() == 'open' else os.close(fd)\n"
+         "    print('done', flush=True)\n", str(dev)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def tell(cmd):
+        child.stdin.write(cmd + "\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done"
+
+    try:
+        fs = ProcFs("/proc", dev_prefix=str(tmp_path / "nvidia-test"), verify_every=1000)
+        assert fs.device_holders() == {}
+        tell("open")
+        assert fs.device_holders() == {str(dev): [child.pid]}
+        listed = fs.listings
+        assert fs.device_holders() == {str(dev): [child.pid]}
+        if fs.fd_count_works:
+            assert fs.listings < listed + 5  # unchanged processes are not listed again
+        tell("close")
+        assert fs.device_holders() == {}
+    finally:
+        child.kill()
+        child.wait()
