@@ -187,3 +187,27 @@ def test_a_gpu_that_refuses_a_handle_is_reported_as_refused():
     reader = NvmlReader(fake)
     assert [g.uuid for g in reader.init()] == ["GPU-aaaa"]
     assert reader.refused == {1: "GPU is lost"}
+
+
+def test_the_fake_uses_only_the_real_pynvml_surface():
+    """Keeps the look-alike honest: every pynvml function and constant the reader reaches through
+    the fake exists in NVIDIA's pynvml with parameters of the same names (no GPU needed)."""
+    import inspect
+
+    import pynvml
+
+    fake = FakePynvml([])
+    for name in dir(fake):
+        if not (name.startswith("nvml") or name.startswith("NVML")):
+            continue
+        assert hasattr(pynvml, name), f"pynvml has no {name}"
+        ours = getattr(fake, name)
+        if callable(ours) and not isinstance(ours, type):
+            real = list(inspect.signature(getattr(pynvml, name)).parameters)
+            mine = list(inspect.signature(ours).parameters)
+            assert len(mine) == len(real), f"{name}{tuple(mine)} vs pynvml {tuple(real)}"
+        elif isinstance(ours, int):
+            assert getattr(pynvml, name) == ours, name
+    assert "version" in inspect.signature(pynvml.nvmlDeviceGetMemoryInfo).parameters
+    assert {"nvmlReturn", "valueType", "value"} <= {f for f, _ in pynvml.c_nvmlFieldValue_t._fields_}
+    assert {"reserved", "used", "total"} <= {f for f, _ in pynvml.c_nvmlMemory_v2_t._fields_}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Real-NVML check of the collector (issue 9). Run on a machine with an NVIDIA GPU and driver:
+#     bash bench/gpu_check.sh [OUT_DIR]
+# 1. `xidstream gpu-check`: every field per GPU through the real pynvml (memory v2 and reserved,
+#    recovery action, remapped rows, volatile DBE, event registration), exit code 0 / 3.
+# 2. The collector's NvmlReader on the real module: the issue-9 fields are present, the NVML error
+#    counter stays at 0 on healthy GPUs (NotSupported/NoData are not errors), 30 samples per GPU
+#    timed, and the event set re-registers without error.
+# 3. One `xidstream collect --sink stdout --once` round, checked against the contract.
+# Prints figures; exits non-zero when a check fails. Takes about 20 s.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${1:-${OUT:-/tmp/xidstream-gpu-check}}
+mkdir -p "$OUT"
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+rc=0
+nvidia-smi -L > "$OUT/nvidia-smi.txt" 2>&1; nvidia-smi >> "$OUT/nvidia-smi.txt" 2>&1
+echo "== xidstream gpu-check"
+"$PY" -m xidstream.cli gpu-check --wait-events 2 > "$OUT/gpu-check.txt" 2>&1
+code=$?
+cat "$OUT/gpu-check.txt"
+echo "gpu-check exit code: $code (0 all read, 3 faults found)"
+for f in memory_reserved_mib recovery_action remapped_rows_pending remapped_rows_failure ecc_dbe_volatile memory_info_version; do
+  grep -q "$f" "$OUT/gpu-check.txt" || { echo "MISSING in gpu-check output: $f"; rc=1; }
+done
+echo "== NvmlReader on the real pynvml"
+"$PY" - <<'PY' > "$OUT/reader.txt" 2>&1 || rc=1
+import statistics, sys, time
+import pynvml
+from collectors.nvml import NEW_SAMPLE_FIELDS, NvmlReader
+r = NvmlReader(pynvml)
+gpus = r.init()
+print(f"{len(gpus)} GPU(s), refused {r.refused}")
+bad = 0
+for g in gpus:
+    print(f"GPU {g.index} {g.uuid} {g.name} memory v{g.memory_info_version} notes={list(g.notes)}")
+    times = []
+    for _ in range(30):
+        t0 = time.perf_counter(); s = r.sample(g); times.append(time.perf_counter() - t0)
+    missing = [k for k in NEW_SAMPLE_FIELDS if k not in s.values]
+    print(f"  status={s.status} sample p50 {1000*statistics.median(times):.2f} ms, max {1000*max(times):.2f} ms")
+    for k in NEW_SAMPLE_FIELDS + ("memory_used_mib", "memory_total_mib"):
+        print(f"  {k:28} {s.values.get(k)!r}")
+    apps = r.compute_apps(g)
+    print(f"  compute apps: {apps!r}" + ("" if apps is not None else f" (unknown: {r.last_error})"))
+    if missing:
+        print("  MISSING:", missing); bad += 1
+print("events registered:", r.register_xid_events(), "re-registered:", r.register_xid_events())
+print("NVML error count (not counting absent answers):", r.error_count)
+r.shutdown()
+sys.exit(1 if bad or r.error_count else 0)
+PY
+cat "$OUT/reader.txt"
+echo "== collect --once"
+"$PY" -m xidstream.cli collect --sink stdout --once --kernel-log none --no-kubernetes --state-dir "$OUT/state" \
+  > "$OUT/collect.jsonl" 2> "$OUT/collect.err" || rc=1
+"$PY" - "$OUT/collect.jsonl" <<'PY' || rc=1
+import sys, orjson
+from schemas import decode_any
+recs = [decode_any(orjson.dumps(orjson.loads(l)["value"])) for l in open(sys.argv[1]) if l.strip()]
+kinds = {}
+for r in recs:
+    kinds[type(r).__name__] = kinds.get(type(r).__name__, 0) + 1
+print("records:", kinds)
+for r in recs:
+    if type(r).__name__ == "GpuSample":
+        print(" ", r.gpu_index, r.status.value, "used", r.memory_used_mib, "reserved", r.memory_reserved_mib,
+              "recovery", r.recovery_action, "rows pending/failure", r.remapped_rows_pending, r.remapped_rows_failure,
+              "dbe", r.ecc_dbe_volatile)
+sys.exit(0 if kinds.get("GpuSample") else 1)
+PY
+echo "== done: rc=$rc (outputs in $OUT)"
+exit $rc
