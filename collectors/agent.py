@@ -39,7 +39,8 @@ from schemas.models import (
 from schemas.vocab import TsSource, XidSource
 from schemas.xid_catalog import lookup
 
-__all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "xid_fields"]
+__all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "xid_fields",
+           "line_time"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,48 @@ def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | No
         info = lookup(rec.xid)
         fields.update(xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution)
     return fields
+
+
+def _local(naive: datetime, tz: tzinfo | None) -> datetime:
+    aware = naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()  # astimezone: this machine's zone
+    return aware.astimezone(timezone.utc)
+
+
+def _syslog_time(parts: tuple, ref_ts: float | None, now: datetime, tz: tzinfo | None) -> datetime | None:
+    """A syslog stamp has no year: take the year of the file's last write (`ref_ts`, its mtime; for
+    a line just read, now). A stamp later than that (by more than a day of clock or zone slack) is
+    from the year before: a file written across New Year holds "Dec 31" lines under a January
+    mtime. Feb 29 goes back to the last leap year."""
+    month, day, hh, mm, ss = parts
+    ref = datetime.fromtimestamp(ref_ts, timezone.utc) if ref_ts is not None else now
+    year = ref.astimezone(tz).year if tz is not None else ref.astimezone().year
+    for y in range(year, year - 5, -1):
+        try:
+            ts = _local(datetime(y, month, day, hh, mm, ss), tz)
+        except ValueError:  # Feb 29 of a common year, or a bad day
+            continue
+        if ts <= ref + timedelta(days=1):
+            return ts
+    return None
+
+
+def line_time(rec: KernelRecord, ref_ts: float | None, now: datetime, *, boot: datetime | None = None,
+              tz: tzinfo | None = None) -> tuple[datetime, TsSource]:
+    """A kernel record's time: the line's own where it has one (issue 9, defect 9), else `now`.
+    `ref_ts`: the file's mtime (anchors a year-less syslog stamp); `boot`: the boot's wall time,
+    for /dev/kmsg stamps (None: they are from an unknown boot); `tz`: zone of local-time stamps."""
+    kind = rec.ts_kind
+    if rec.wall_ts is not None:
+        return rec.wall_ts, TsSource.journal if kind == "journal" else TsSource.line
+    if kind == "ctime" and rec.local_ts is not None:
+        return _local(rec.local_ts, tz), TsSource.line
+    if kind == "syslog" and rec.syslog_ts is not None:
+        ts = _syslog_time(rec.syslog_ts, ref_ts, now, tz)
+        if ts is not None:
+            return ts, TsSource.line
+    if kind == "kmsg" and boot is not None and rec.mono_us is not None:
+        return boot + timedelta(microseconds=rec.mono_us), TsSource.kmsg
+    return now, TsSource.read
 
 
 @dataclass(frozen=True)
@@ -400,41 +443,8 @@ class Collector:
                     self.cursors.hold(line_no)
 
     def _line_time(self, rec: KernelRecord, line: Any, now: datetime) -> tuple[datetime, TsSource]:
-        """The line's own time where it has one (issue 9, defect 9), else when it was read."""
-        kind = rec.ts_kind
-        if rec.wall_ts is not None:
-            return rec.wall_ts, TsSource.journal if kind == "journal" else TsSource.line
-        if kind == "ctime" and rec.local_ts is not None:
-            return self._local(rec.local_ts), TsSource.line
-        if kind == "syslog" and rec.syslog_ts is not None:
-            ts = self._syslog_time(rec.syslog_ts, getattr(line, "ref_ts", None), now)
-            if ts is not None:
-                return ts, TsSource.line
-        if line.source == "kmsg" and rec.mono_us is not None and self.config.kmsg_wall_clock:
-            return self._boot_wall + timedelta(microseconds=rec.mono_us), TsSource.kmsg
-        return now, TsSource.read
-
-    def _local(self, naive: datetime) -> datetime:
-        tz = self.config.log_tz
-        aware = naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()  # astimezone: this machine's zone
-        return aware.astimezone(timezone.utc)
-
-    def _syslog_time(self, parts: tuple, ref_ts: float | None, now: datetime) -> datetime | None:
-        """A syslog stamp has no year: take the year of the file's last write (`ref_ts`, its mtime;
-        for a line just read, now). A stamp later than that (by more than a day of clock or zone
-        slack) is from the year before: a file written across New Year holds "Dec 31" lines under
-        a January mtime. Feb 29 goes back to the last leap year."""
-        month, day, hh, mm, ss = parts
-        ref = datetime.fromtimestamp(ref_ts, timezone.utc) if ref_ts is not None else now
-        year = ref.astimezone(self.config.log_tz).year if self.config.log_tz else ref.astimezone().year
-        for y in range(year, year - 5, -1):
-            try:
-                ts = self._local(datetime(y, month, day, hh, mm, ss))
-            except ValueError:  # Feb 29 of a common year, or a bad day
-                continue
-            if ts <= ref + timedelta(days=1):
-                return ts
-        return None
+        boot = self._boot_wall if line.source == "kmsg" and self.config.kmsg_wall_clock else None
+        return line_time(rec, getattr(line, "ref_ts", None), now, boot=boot, tz=self.config.log_tz)
 
     def _fields_from_kernel(self, rec: KernelRecord, now: datetime, line: Any) -> dict | None:
         if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:

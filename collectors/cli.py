@@ -70,7 +70,9 @@ def _open_text(path: str):
 
 
 def _parse(args: argparse.Namespace, settings: Settings) -> int:
-    from collectors.agent import IdentityMap, xid_fields
+    import os
+
+    from collectors.agent import IdentityMap, line_time, xid_fields
     from collectors.parse.kernel import merge_sxid, parse_line, sxid_continues
     from schemas.models import XidEvent
     from schemas.codec import to_dict
@@ -82,17 +84,21 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
     out = sys.stdout
     pending = None  # an SXid event that later lines may continue
 
+    ref_ts = None  # the file's mtime: the year of a syslog stamp (issue 9, defect 9)
+
     def emit(rec) -> None:
         nonlocal found
         uuid, index, pci = ident.resolve(rec.pci, rec.gpu_ref)
-        event = XidEvent(**xid_fields(rec, node=node, ts=rec.wall_ts or datetime.now(timezone.utc), gpu_uuid=uuid,
-                                      gpu_index=index, pci_bus_id=pci), source="file", sources=["file"])
+        ts, ts_source = line_time(rec, ref_ts, datetime.now(timezone.utc))
+        event = XidEvent(**xid_fields(rec, node=node, ts=ts, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci),
+                         source="file", sources=["file"], ts_source=ts_source)
         out.write(orjson.dumps(to_dict(event)).decode() + "\n")
         found += 1
         kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
 
     for path in args.files or ["-"]:
         try:
+            ref_ts = os.stat(path).st_mtime if path != "-" else None
             fh = _open_text(path)
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror}") from None

@@ -58,3 +58,23 @@ def test_collect_backfill_flag_publishes_history_marked_backfilled(tmp_path, cap
     (rec,) = [orjson.loads(ln)["value"] for ln in capsys.readouterr().out.splitlines() if '"xid":79' in ln]
     assert rec["backfilled"] is True and rec["ts"].startswith("2025-08-14") and rec["ts_source"] == "line"
     assert main(args[:-2] + ["--state-dir", str(tmp_path / "s3"), "--backfill", "nonsense"]) == 2
+
+
+def test_parse_stamps_syslog_lines_with_their_own_time(tmp_path, capsys):
+    """Defect 9 for saved logs: the year of a syslog stamp comes from the file's mtime."""
+    import os
+
+    log = tmp_path / "kern.log.1"
+    log.write_text("Dec 31 23:59:58 node kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=1, name=a, GPU has fallen off the bus.\n")
+    os.utime(log, (1_798_761_605, 1_798_761_605))  # 2027-01-01T00:00:05Z
+    os.environ["TZ"] = "UTC"
+    try:
+        import time as _t
+
+        _t.tzset()
+        assert main(["parse", str(log), "--node", "n1"]) == 0
+    finally:
+        os.environ.pop("TZ")
+        _t.tzset()
+    (rec,) = [orjson.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert (rec["ts"], rec["ts_source"]) == ("2026-12-31T23:59:58.000000Z", "line")
