@@ -127,7 +127,11 @@ class CollectorConfig:
     inventory_interval: float = 60.0
     holders_interval: float = 10.0  # /proc/*/fd scans are the collector's costliest read
     dev_prefix: str = "/dev/nvidia"
-    kmsg_wall_clock: bool = True  # turn kmsg monotonic stamps into wall time (live mode)
+    # Live mode: the loop's clock is the node's, so kmsg monotonic stamps become wall time and
+    # local-time stamps (syslog, dmesg -T) are placed by the node's clock and zone. False (a
+    # scenario replay in its own time): only absolute stamps (ISO, journal) are the line's time;
+    # the rest are stamped with the loop's clock, as scenario lines are copied from other days.
+    kmsg_wall_clock: bool = True
     # When NVML's event wait fails at once (a registered GPU is lost, an unknown error), wait this
     # long before re-creating the event set, doubling up to the second figure (issue 9, defect 6:
     # without it the event thread took a full core).
@@ -443,7 +447,11 @@ class Collector:
                     self.cursors.hold(line_no)
 
     def _line_time(self, rec: KernelRecord, line: Any, now: datetime) -> tuple[datetime, TsSource]:
-        boot = self._boot_wall if line.source == "kmsg" and self.config.kmsg_wall_clock else None
+        if not self.config.kmsg_wall_clock:  # replay in the loop's own time (see CollectorConfig)
+            if rec.wall_ts is not None:
+                return rec.wall_ts, TsSource.journal if rec.ts_kind == "journal" else TsSource.line
+            return now, TsSource.read
+        boot = self._boot_wall if line.source == "kmsg" else None
         return line_time(rec, getattr(line, "ref_ts", None), now, boot=boot, tz=self.config.log_tz)
 
     def _fields_from_kernel(self, rec: KernelRecord, now: datetime, line: Any) -> dict | None:

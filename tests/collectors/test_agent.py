@@ -436,3 +436,15 @@ def test_kmsg_records_are_stamped_from_the_boot_time():
     c.tick(boot + timedelta(hours=1))
     (x,) = _xids(sink)
     assert (x.ts, x.ts_source.value) == (boot + timedelta(microseconds=1843308145), "kmsg")
+
+
+def test_replay_in_the_loops_own_time_keeps_only_absolute_line_times():
+    """A scenario's lines are copied from other days: in replay mode (kmsg_wall_clock=False) a
+    syslog or dmesg -T stamp must not move the record away from scenario time."""
+    sink = MemorySink()
+    c, _, kernel, clock = _rig(sink, window=0.0)  # kmsg_wall_clock=False, like the ScenarioRunner
+    kernel.feed([f"Dec  6 17:49:03 node-e kernel: [  912.5] {X79}",
+                 f"kern  :warn  : 2026-11-28T03:00:05,000000+00:00 {X79}"])
+    c.tick(T0)
+    assert [(x.ts, x.ts_source.value) for x in _xids(sink)] == [
+        (T0, "read"), (T0 + timedelta(seconds=5), "line")]
