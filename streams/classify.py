@@ -99,7 +99,11 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     if isinstance(record, GpuSample):
         _on_sample(state, record, ts, policy, outputs)
     elif isinstance(record, GpuProcesses):
-        fold_processes(state, record, ts)
+        if fold_processes(state, record, ts) and state.occurrences:
+            newest = max(o["ts"] for o in state.occurrences)
+            suspect = suspect_verdict(state, newest, policy)
+            if suspect is not None:
+                _raise(state, suspect, newest, policy, outputs)
         if state.pinned_last is not None:
             _check_pinned(state, state.pinned_last, policy, outputs)
     elif isinstance(record, XidEvent):
@@ -129,6 +133,7 @@ def _material(s: GpuState) -> tuple:
         ps is not None and s.last_nocompute_ts is not None and s.last_nocompute_ts > ps,
         len(s.occurrences), len(s.xids), len(s.workload_failures), s.healthy_since is None, s.last_xid_ts,
         s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
+        s.procs_ts if s.occurrences else None,  # settles occurrences' workloads (evidence.settled)
         None if inc is None else (inc.id, inc.classification, len(inc.emitted), len(inc.timeline), inc.remediated,
                                   sum(1 for e in inc.emitted if e["outcome"] is not None)),
     )
@@ -269,7 +274,8 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
     # application class: the lines of one fault within burst_seconds are one occurrence, per workload
     occ = None
     for o in reversed(state.occurrences):
-        if ts - o["ts"] <= policy.burst_seconds and (o["wl"] == wl or o["wl"] is None or wl is None):
+        # abs(): a line stamped ahead (within the skew bound) must not swallow the faults after it
+        if abs(ts - o["ts"]) <= policy.burst_seconds and (o["wl"] == wl or o["wl"] is None or wl is None):
             occ = o
             break
     if occ is not None:

@@ -25,7 +25,7 @@ from schemas.models import GpuProcesses, GpuSample, WorkloadEvent
 from streams.incident import Incident
 from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
 
-__all__ = ["GpuState", "entry", "nocompute_start", "sustained_pin", "sample_stats", "prune", "workload_of",
+__all__ = ["GpuState", "settled", "entry", "nocompute_start", "sustained_pin", "sample_stats", "prune", "workload_of",
            "fold_sample_pin", "fold_processes", "fold_workload", "event_time"]
 
 # pid -> pod UID pairs kept per GPU, from compute-process lists: enough for the PIDs of the
@@ -52,6 +52,7 @@ class GpuState:
     pin_ids: list = field(default_factory=list)  # event_ids of the first and newest pinned sample
     proc_snapshots: int = 0  # snapshots without compute since pinned_since
     pods: dict = field(default_factory=dict)  # str(pid) -> pod UID, from compute-process lists
+    procs_ts: float | None = None  # newest process snapshot read (known or not)
     occurrences: list = field(default_factory=list)
     xids: list = field(default_factory=list)
     workload_failures: list = field(default_factory=list)
@@ -148,20 +149,35 @@ def fold_sample_pin(state: GpuState, s: GpuSample, ts: float, policy: Policy) ->
     return True
 
 
-def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> None:
+def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
+    """Fold a process snapshot; True when it settled an application occurrence's workload (see
+    `settled`), so the suspect rule must look again."""
+    before = state.procs_ts
+    state.procs_ts = ts if before is None else max(before, ts)
     compute = p.compute_apps
+    learned = False
+    if compute is not None:
+        pods = state.pods
+        for app in compute:
+            if app.pod_uid:
+                k = str(app.pid)
+                if pods.get(k) != app.pod_uid:
+                    pods[k] = app.pod_uid
+                    learned = True
+                    if len(pods) > _PODS_KEPT:
+                        del pods[next(iter(pods))]
+    settling = False
+    for o in state.occurrences:
+        if learned and o["pid"] is not None and (o["wl"] or "").startswith("pid:"):
+            pod = state.pods.get(str(o["pid"]))
+            if pod:  # the fault was read before the process list that names its pod
+                o["wl"], o["pod"] = f"pod:{pod}", pod
+        if (before is None or before < o["ts"]) and state.procs_ts >= o["ts"]:
+            settling = True
     if compute is None:
         # NVML could not list them: unknown is neither "a job is running" nor "no compute process"
         # (issue 9, defect 7). The wedge and phantom rules only count snapshots that were read.
-        return
-    pods = state.pods
-    for app in compute:
-        if app.pod_uid:
-            k = str(app.pid)
-            if pods.get(k) != app.pod_uid:
-                pods[k] = app.pod_uid
-                if len(pods) > _PODS_KEPT:
-                    del pods[next(iter(pods))]
+        return settling
     if compute:
         # A process NVML registered as compute: it is probably really running (incident.md).
         state.last_compute_ts = max(ts, state.last_compute_ts or ts)
@@ -170,6 +186,15 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> None:
             state.last_nocompute_ts, state.nocompute_id = ts, p.event_id
         if state.pinned_since is not None and ts >= state.pinned_since:
             state.proc_snapshots += 1
+    return settling
+
+
+def settled(state: GpuState, occ: dict) -> bool:
+    """Whether an occurrence's workload is known for sure. Topics are read in parallel: a fault may
+    be read before the process list, published earlier, that names its PID's pod. The process
+    lists of a GPU come in order, so once one as new as the fault was read, the PID's pod is known
+    (or there is none). A GPU without a resolved UUID gets no process lists: nothing to wait for."""
+    return state.gpu_uuid is None or (state.procs_ts is not None and state.procs_ts >= occ["ts"])
 
 
 def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) -> dict | None:

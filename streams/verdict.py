@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.vocab import RECOVERY_ACTIONS, Action, Classification
-from streams.evidence import GpuState, entry, nocompute_start, sample_stats, sustained_pin, workload_of
+from streams.evidence import GpuState, entry, nocompute_start, sample_stats, settled, sustained_pin, workload_of
 from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET, remedy_for_xid, _XID154_ACTIONS
 from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
 from streams.render import app_xid_verdict_text, describe_xid, dt
@@ -126,10 +126,12 @@ def app_occurrence_verdict(state: GpuState, occ: dict, x_code: int, who: str, xe
 
 
 def suspect_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None:
-    """Repeats or several workloads faulting one GPU, counted per workload; Xid 45 never counts."""
-    recent = [o for o in state.occurrences if ts - o["ts"] <= policy.suspect_window_s
+    """Repeats or several workloads faulting one GPU, counted per workload; Xid 45 never counts.
+    `ts` is the newest occurrence's time (the verdict is as of the evidence, whenever it settles)."""
+    recent = [o for o in state.occurrences if abs(ts - o["ts"]) <= policy.suspect_window_s
               and any(c != XID45 for c in o["codes"])]
-    workloads = sorted({o["wl"] for o in recent if o["wl"] is not None})
+    # A workload counts once its identity is settled (the process list of its time was read).
+    workloads = sorted({o["wl"] for o in recent if o["wl"] is not None and settled(state, o)})
     unidentified = [o for o in recent if o["wl"] is None]
     counted = len(workloads) + len(unidentified)
     if len(workloads) >= policy.suspect_distinct_pids:

@@ -67,7 +67,8 @@ def test_one_process_repeating_is_one_workload_recorded_with_its_repeat_count():
 
 
 def test_two_pids_in_ten_minutes_make_a_suspect():
-    e = run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2)])
+    # the process list published after the second fault settles who faulted (neither in a pod)
+    e = run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2), procs(101)])
     assert classes(e)[-1] == Classification.GPU_SUSPECT
     assert "2 different processes" in e.alerts[-1].summary
 

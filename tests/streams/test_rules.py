@@ -231,9 +231,20 @@ def test_a_crash_looping_pod_is_one_workload_recorded_never_quarantined():
 
 
 def test_two_pods_faulting_one_gpu_still_make_a_suspect():
-    e = run([inventory(), sample(0), pod_procs(10, 1, "pod-a"), xid(12, 13, pid=1), pod_procs(50, 2, "pod-b"),
-             xid(52, 13, pid=2)])
+    recs = [inventory(), sample(0), pod_procs(10, 1, "pod-a"), xid(12, 13, pid=1), pod_procs(50, 2, "pod-b"),
+            xid(52, 13, pid=2)]
+    # Until a process list as new as the second fault is read, its PID's pod is not known for sure
+    assert Classification.GPU_SUSPECT not in classes(run(recs))
+    e = run(recs + [procs(55)])
     assert classes(e)[-1] == Classification.GPU_SUSPECT and actions(e)[-1] == Action.QUARANTINE_GPU
+    assert e.commands[-1].ts == at(52)  # as of the evidence, not of the list that settled it
+
+
+def test_a_crash_loop_read_before_its_process_lists_is_still_one_workload():
+    recs = [inventory(), sample(0), procs(0)] + crash_loop() + [procs(400)]
+    xids_first = [r for r in recs if isinstance(r, XidEvent)] + [r for r in recs if not isinstance(r, XidEvent)]
+    e = feed(Engine(), xids_first)
+    assert not {c.action for c in e.commands} - {Action.RECORD}
 
 
 def test_a_workload_faulting_two_gpus_is_said_to_follow_the_workload():
