@@ -122,7 +122,12 @@ def create_topics(settings: Settings, names: Iterable[str] | None = None, timeou
 
 
 def delete_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
-    """Delete this prefix's registry topics (test and replay clean-up)."""
+    """Test and benchmark clean-up: with a topic prefix, everything the run created under it
+    (`delete_run`: also the processor's internal topics, changelogs, faust's assignor topic and
+    the consumer groups, which a worker of the run leaves behind); without one, only the registry's
+    topics (never every topic of a cluster)."""
+    if settings.topic_prefix:
+        return delete_run(settings, timeout)["topics"]
     client = admin(settings)
     reg = settings.topics
     existing = _describe(client, timeout)
