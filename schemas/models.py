@@ -100,7 +100,8 @@ class GpuSample(Record):
         None, description="Memory the driver reserves (v2 memory call); not part of memory_used_mib.")
     recovery_action: int | None = Field(
         None, ge=0, le=7, description="NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot, "
-        "3 drain P2P, 4 drain and reset (schemas.vocab.RECOVERY_ACTIONS).")
+        "3 drain P2P, 4 drain and reset, 5 recover IMEX domain, 6 bus reset, 7 system reboot "
+        "(schemas.vocab.RECOVERY_ACTIONS).")
     remapped_rows_correctable: int | None = Field(None, description="nvmlDeviceGetRemappedRows: rows remapped for correctable errors.")
     remapped_rows_uncorrectable: int | None = Field(None, description="Rows remapped for uncorrectable errors.")
     remapped_rows_pending: bool | None = Field(None, description="A remap is pending: it takes effect at the next GPU reset.")

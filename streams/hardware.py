@@ -35,7 +35,10 @@ _RANK = {RECORD: 0, QUARANTINE: 1, RESET: 2, REBOOT: 3}
 
 # Xid 154 "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)": the value after "to".
 _XID154 = re.compile(r"to 0x([0-9a-fA-F]+)")
-_XID154_ACTIONS = {0: RECORD, 1: RESET, 2: REBOOT, 3: QUARANTINE, 4: RESET}
+# nvmlDeviceGpuRecoveryAction_t (nvml.h): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P,
+# 4 drain and reset, 5 recover the IMEX domain (multi-node NVLink: no single-GPU rung fits, so
+# quarantine and a support case), 6 bus reset (a reset of the GPU), 7 system reboot.
+_XID154_ACTIONS = {0: RECORD, 1: RESET, 2: REBOOT, 3: QUARANTINE, 4: RESET, 5: QUARANTINE, 6: RESET, 7: REBOOT}
 
 _NVL = re.compile(r"^\s*(?P<unit>[A-Z0-9_/]+)\s+(?P<sev>Fatal|Nonfatal|Non-fatal)?.*?\((?P<a>0x[0-9a-fA-F]+)\s+(?P<b>0x[0-9a-fA-F]+)")
 

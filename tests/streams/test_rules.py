@@ -355,3 +355,27 @@ def test_a_result_stamped_hours_ahead_does_not_hide_a_second_wedge():
     again = healthy(320, 330, 5) + pinned(400, 500)
     feed(e, [ok] + again)
     assert actions(e)[-1] == Action.REBOOT_NODE
+
+
+# -- issue 9's signals on the processor side ----------------------------------------------------------
+@pytest.mark.parametrize("value, last", [(1, Action.RESET_GPU), (4, Action.RESET_GPU), (6, Action.RESET_GPU),
+                                         (2, Action.REBOOT_NODE), (7, Action.REBOOT_NODE), (3, Action.QUARANTINE_GPU)])
+def test_nvml_recovery_action_is_hardware_evidence_like_xid_154(value, last):
+    hw = sample(10).model_copy(update={"recovery_action": value})
+    e = run([inventory(), sample(0), procs(0, 7), hw, sample(11).model_copy(update={"recovery_action": value})])
+    assert classes(e) == [Classification.GPU_HARDWARE_FAULT]  # once, not per sample
+    assert actions(e)[-1] == last
+    assert "recovery action" in e.alerts[0].summary
+
+
+def test_recovery_action_none_is_not_a_fault():
+    e = run([inventory(), sample(0).model_copy(update={"recovery_action": 0}), sample(1)])
+    assert e.alerts == []
+
+
+def test_a_row_remap_failure_follows_nvidias_xid_64_resolution_and_asks_for_an_rma():
+    bad = sample(10).model_copy(update={"remapped_rows_failure": True, "remapped_rows_uncorrectable": 8})
+    e = run([inventory(), sample(0), procs(0, 7), bad, sample(11).model_copy(update={"remapped_rows_failure": True})])
+    assert classes(e) == [Classification.GPU_HARDWARE_FAULT]
+    assert actions(e) == RESET_PLAN
+    assert any("RMA" in s for s in e.alerts[0].recommended_steps)
