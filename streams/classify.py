@@ -54,8 +54,8 @@ from streams.verdict import (
     hardware_xid_verdict,
     pinned_verdict,
     recovery_action_verdict,
+    earliest_suspect,
     remap_failure_verdict,
-    suspect_verdict,
     workload_label,
 )
 
@@ -100,10 +100,7 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         _on_sample(state, record, ts, policy, outputs)
     elif isinstance(record, GpuProcesses):
         if fold_processes(state, record, ts) and state.occurrences:
-            newest = max(o["ts"] for o in state.occurrences)
-            suspect = suspect_verdict(state, newest, policy)
-            if suspect is not None:
-                _raise(state, suspect, newest, policy, outputs)
+            _check_suspect(state, policy, outputs)
         if state.pinned_last is not None:
             _check_pinned(state, state.pinned_last, policy, outputs)
     elif isinstance(record, XidEvent):
@@ -294,9 +291,13 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         # The fleet agent sees every GPU: one workload faulting several GPUs is the workload's fault.
         outputs.append(("workload_fault", {"pod_uid": pod, "gpu_uuid": state.gpu_uuid, "node": state.node, "ts": ts,
                                            "xid": x.xid, "incident_id": state.incident.id if state.incident else None}))
-    suspect = suspect_verdict(state, ts, policy)
-    if suspect is not None:
-        _raise(state, suspect, ts, policy, outputs)
+    _check_suspect(state, policy, outputs)
+
+
+def _check_suspect(state: GpuState, policy: Policy, outputs: list) -> None:
+    found = earliest_suspect(state, policy)
+    if found is not None:
+        _raise(state, found[1], found[0], policy, outputs)
 
 
 # -- incidents ----------------------------------------------------------------------------------

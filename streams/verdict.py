@@ -33,7 +33,7 @@ from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET, remedy_for_xid, 
 from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
 from streams.render import app_xid_verdict_text, describe_xid, dt
 
-__all__ = ["Verdict", "RANK", "PLANS", "pinned_verdict", "suspect_verdict", "hardware_xid_verdict",
+__all__ = ["Verdict", "RANK", "PLANS", "pinned_verdict", "suspect_verdict", "earliest_suspect", "hardware_xid_verdict",
            "recovery_action_verdict", "XID45"]
 
 RANK = {
@@ -128,7 +128,7 @@ def app_occurrence_verdict(state: GpuState, occ: dict, x_code: int, who: str, xe
 def suspect_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None:
     """Repeats or several workloads faulting one GPU, counted per workload; Xid 45 never counts.
     `ts` is the newest occurrence's time (the verdict is as of the evidence, whenever it settles)."""
-    recent = [o for o in state.occurrences if abs(ts - o["ts"]) <= policy.suspect_window_s
+    recent = [o for o in state.occurrences if 0 <= ts - o["ts"] <= policy.suspect_window_s
               and any(c != XID45 for c in o["codes"])]
     # A workload counts once its identity is settled (the process list of its time was read).
     workloads = sorted({o["wl"] for o in recent if o["wl"] is not None and settled(state, o)})
@@ -145,6 +145,17 @@ def suspect_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | Non
                    f"GPU {state.gpu_index} ({state.gpu_uuid}) on {state.node}: {why} within "
                    f"{policy.suspect_window_s / 60:.0f} min: stop scheduling onto it",
                    [o.get("id") for o in recent])
+
+
+def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] | None:
+    """(when, verdict) at the first occurrence at which the suspect rule holds. Faults and process
+    lists arrive in any order; asking at every occurrence's own time gives the same answer,
+    stamped as of the evidence, whichever arrived last."""
+    for o in sorted(state.occurrences, key=lambda o: o["ts"]):
+        verdict = suspect_verdict(state, o["ts"], policy)
+        if verdict is not None:
+            return o["ts"], verdict
+    return None
 
 
 def hardware_xid_verdict(state: GpuState, code: int, message: str, pci: str | None, event_id: str,
