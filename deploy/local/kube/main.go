@@ -1,0 +1,22 @@
+// Command kube-apiserver is the upstream kube-apiserver main (k8s.io/kubernetes
+// cmd/kube-apiserver/apiserver.go), built from the k8s.io/kubernetes module for xidstream's
+// local API server (xidstream/localkube.py). Never commit the binary: `xidstream kube fetch`
+// builds it into ~/.cache/xidstream/kube-<version>/.
+package main
+
+import (
+	"os"
+	_ "time/tzdata" // for timeZone support in CronJob
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // for JSON log format registration
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // load all the prometheus client-go plugins
+	_ "k8s.io/component-base/metrics/prometheus/version"  // for version metric registration
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	command := app.NewAPIServerCommand()
+	code := cli.Run(command)
+	os.Exit(code)
+}
