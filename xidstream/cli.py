@@ -225,7 +225,13 @@ def _streams(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams]
+def _kube(sub: argparse._SubParsersAction) -> None:
+    from xidstream.localkube import register
+
+    register(sub)
+
+
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube]
 
 
 def main(argv: list[str] | None = None) -> int:
