@@ -2,6 +2,10 @@
 `kafka_bootstrap` run on the real Apache Kafka broker of deploy/local, started once per run.
 
 Set XIDSTREAM_BOOTSTRAP to use a broker you already run instead.
+
+Tests that take `kube` run on a real kube-apiserver + etcd (xidstream/localkube.py), started once
+per run and stopped at the end; set XIDSTREAM_KUBECONFIG to use a cluster you already run instead
+(its current context's bearer token must be allowed everything the tests do).
 """
 
 from __future__ import annotations
@@ -41,3 +45,22 @@ def kafka_settings(kafka_bootstrap):
     create_topics(settings)
     yield settings
     delete_topics(settings)
+
+
+@pytest.fixture(scope="session")
+def kube():
+    """A `xidstream.localkube.KubeHandle`: kubeconfig, server, token, ca_file, request(),
+    ensure_namespace(). No controller-manager, scheduler or kubelet runs."""
+    from xidstream.localkube import KubeHandle, LocalKube
+
+    given = os.environ.get("XIDSTREAM_KUBECONFIG")
+    if given:
+        yield KubeHandle.from_kubeconfig(given)
+        return
+    local = LocalKube()
+    ours = local.pid("kube-apiserver") is None  # leave a server that a developer started running
+    try:
+        yield local.start()
+    finally:
+        if ours:
+            local.stop()
