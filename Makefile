@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
 
-.PHONY: demo test venv jars broker-start broker-stop schemas clean bench
+.PHONY: demo test venv jars kube kube-start kube-stop broker-start broker-stop schemas clean bench
 
 venv: $(VENV)/.installed
 
@@ -19,13 +19,18 @@ $(VENV)/.installed: pyproject.toml
 jars: venv
 	$(XS) broker fetch
 
+# kube-apiserver built from source once into ~/.cache/xidstream (Go 1.24+; about 5 min on 2
+# cores, then nothing), etcd from Debian's etcd-server when missing. Tests taking `kube` start both.
+kube: venv
+	$(XS) kube fetch
+
 # Replays the motivating incident through collectors -> Kafka -> processor; starts and stops the
 # local broker unless one is running.
 demo: jars
 	$(XS) replay scenarios/motivating-incident.yaml
 
-# The test session starts the broker once (tests/conftest.py) and stops it at the end.
-test: jars
+# The test session starts the broker and the API server once (tests/conftest.py) and stops them.
+test: jars kube
 	$(BIN)/pytest -q
 
 broker-start: jars
@@ -33,6 +38,12 @@ broker-start: jars
 
 broker-stop: venv
 	$(XS) broker stop
+
+kube-start: kube
+	$(XS) kube start
+
+kube-stop: venv
+	$(XS) kube stop
 
 schemas: venv
 	$(XS) schemas generate
@@ -44,4 +55,5 @@ bench: jars
 
 clean:
 	-$(XS) broker stop
+	-$(XS) kube stop
 	rm -rf $(VENV) .xidstream .pytest_cache .hypothesis
