@@ -196,8 +196,12 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
                 except Exception as exc:  # noqa: BLE001 - faust internals; the bounded wait still decides
                     log.warning("could not ask the consumer for fresh metadata (%r); waiting for its own refresh", exc)
 
+            t0 = time.monotonic()
             await wait_for_partitions(consumer.topic_partitions, refresh,
                                       [source_topic, table.changelog_topic_name])
+            if time.monotonic() - t0 > 0.1:
+                log.warning("table %s: waited %.1f s for the partition counts of %s and %s before its first write",
+                            table.name, time.monotonic() - t0, source_topic, table.changelog_topic_name)
         verified.add((table.name, source_topic))
 
     def guarded(name: str, body: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:

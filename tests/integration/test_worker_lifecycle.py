@@ -21,11 +21,11 @@ import pytest
 from confluent_kafka.admin import ConfigResource, NewTopic
 from confluent_kafka import Producer
 
-from schemas import encode
+from schemas import decode_any, encode
 from schemas.errors import TopicError
 from streams.app import changelog_topics, internal_topics, wait_for_partitions
 from tests.streams.builders import inventory, sample, xid
-from xidstream.kafka import admin, ensure_processor_topics, producer_config
+from xidstream.kafka import admin, ensure_processor_topics, producer_config, read_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +49,27 @@ def create_app(*args, **kwargs):
 app_module.create_app = create_app
 from xidstream.cli import main
 sys.exit(main(sys.argv[1:]))
+"""
+
+
+# A real worker whose consumer learns the changelogs' partition counts late: for its first DELAY
+# seconds, faust's count of any changelog is 0, as when its metadata has not arrived (defect 7).
+LATE_METADATA_WORKER = """
+import sys, time
+import faust.transport.drivers.aiokafka as driver
+
+DELAY = float(sys.argv[1])
+real = driver.AIOKafkaConsumerThread.topic_partitions
+t0 = time.monotonic()
+
+def late(self, topic):
+    if topic.endswith("-changelog") and time.monotonic() - t0 < DELAY:
+        return 0
+    return real(self, topic)
+
+driver.AIOKafkaConsumerThread.topic_partitions = late
+from xidstream.cli import main
+sys.exit(main(sys.argv[2:]))
 """
 
 
@@ -153,3 +174,25 @@ def test_an_agent_waits_until_the_changelog_partitions_are_known():
         asyncio.run(run(lambda t: 0, 0.2))
     # None: no consumer (agent.test_context()); nothing to wait for
     asyncio.run(run(lambda t: None, 0.2))
+
+
+def test_a_changelog_whose_metadata_arrives_late_delays_the_first_write_not_the_commands(kafka_settings, tmp_path):
+    s = kafka_settings
+    _fatal_xid(s)  # already there when the worker starts: its first table writes come at once
+    log = tmp_path / "worker.log"
+    proc = subprocess.Popen([sys.executable, "-c", LATE_METADATA_WORKER, "15", *_worker_args(s, tmp_path)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        commands = []
+        while time.monotonic() < deadline and len(commands) < 3 and proc.poll() is None:
+            msgs = read_all(s, [s.topics.name("gpu.remediation")], timeout=5, idle=1)
+            commands = [decode_any(m.value()) for m in msgs]
+        alive = proc.poll() is None
+    finally:
+        _stop(proc)
+    text = log.read_text()
+    assert "PartitionsMismatch" not in text, text[-3000:]
+    assert alive, text[-3000:]
+    assert sorted(c.action.value for c in commands) == ["CORDON_NODE", "DRAIN_NODE", "REBOOT_NODE"], text[-3000:]
+    assert "waited" in text and "-changelog before its first write" in text, text[-3000:]
