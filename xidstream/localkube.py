@@ -8,7 +8,7 @@ Steps, each idempotent and each logging to `<state>/kube.log` (etcd: `etcd.log`,
 `apiserver.log`):
 
 - fetch:  builds kube-apiserver once from the k8s.io/kubernetes Go module (the wrapper module in
-          deploy/local/kube/) into ~/.cache/xidstream/kube-<version>/ (about 5 min on 2 cores,
+          deploy/local/kube/) into ~/.cache/xidstream/kube-<version>/ (3-5 min on 2 cores,
           needs the Go toolchain and, on a cold module cache, network); installs Debian's
           `etcd-server` when no `etcd` is on the PATH (as root, with apt-get).
 - start:  writes a CA, a serving cert for 127.0.0.1/localhost, a service-account key pair
@@ -112,6 +112,8 @@ class KubeHandle:
             os.write(fd, base64.b64decode(cluster["certificate-authority-data"]))
             os.close(fd)
             ca = tmp
+        if ca and not Path(ca).is_absolute():  # kubectl reads relative paths from the file's folder
+            ca = str(path.parent / ca)
         return cls(kubeconfig=path, server=cluster["server"].rstrip("/"), token=token,
                    ca_file=Path(ca) if ca else None)
 
@@ -285,8 +287,8 @@ class LocalKube:
             ])
             tmp = self.binary.with_suffix(".tmp")
             cmd = [go, "build", "-trimpath", "-buildvcs=false", "-o", str(tmp), "-ldflags", ldflags, "."]
-            self._log(f"building kube-apiserver {version} into {self.binary} (about 5 min on 2 cores): {' '.join(cmd)}")
-            print(f"building kube-apiserver {version} from source (once; about 5 min on 2 cores) ...",
+            self._log(f"building kube-apiserver {version} into {self.binary} (3-5 min on 2 cores): {' '.join(cmd)}")
+            print(f"building kube-apiserver {version} from source (once; 3-5 min on 2 cores) ...",
                   file=sys.stderr, flush=True)
             started = time.monotonic()
             env = {k: v for k, v in os.environ.items() if k != "GOFLAGS"}
