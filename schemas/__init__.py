@@ -29,6 +29,7 @@ from schemas.models import (
     PmonSample,
     RemediationCommand,
     RemediationResult,
+    Approval,
     WorkloadEvent,
     XidEvent,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "Record",
     "RemediationCommand",
     "RemediationResult",
+    "Approval",
     "SampleStatus",
     "Scenario",
     "ScenarioError",

@@ -39,6 +39,7 @@ __all__ = [
     "Alert",
     "RemediationCommand",
     "RemediationResult",
+    "Approval",
     "DeadLetter",
     "ALL_MODELS",
 ]
@@ -264,6 +265,10 @@ class RemediationCommand(Record):
     requires_approval: bool = False
     dry_run: bool = False
     evidence_ids: list[str] = Field(default_factory=list, description="event_ids of the records it rests on.")
+    # Signed by the processor (issue 10): a detached Ed25519 signature over `schemas.signing`'s
+    # canonical encoding of every other field, and the id of the key that made it.
+    key_id: str | None = Field(None, description="Id of the signing key (schemas.signing.key_id).")
+    signature: str | None = Field(None, description="Base64 Ed25519 signature over the canonical encoding.")
 
 
 class RemediationResult(Record):
@@ -283,6 +288,22 @@ class RemediationResult(Record):
     action: Action
     outcome: Outcome
     detail: str = ""
+
+
+class Approval(Record):
+    """An operator's signed approval of one command that `requires_approval` (e.g. held by the
+    fleet circuit breaker): `xidstream approve COMMAND_ID --key FILE`. Executors carry out a held
+    command only with an authentic, unexpired approval naming it."""
+
+    SCHEMA = "xidstream.approval/1"
+    schema_: Literal["xidstream.approval/1"] = Field(SCHEMA, alias="schema")
+    approval_id: str
+    command_id: str
+    approved_by: str = Field(description="Who approved it, in words (a user name).")
+    reason: str = ""
+    expires_at: UtcDatetime
+    key_id: str | None = None
+    signature: str | None = None
 
 
 class DeadLetter(Record):
@@ -308,6 +329,7 @@ ALL_MODELS: tuple[type[Record], ...] = (
     Alert,
     RemediationCommand,
     RemediationResult,
+    Approval,
     DeadLetter,
 )
 

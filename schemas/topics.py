@@ -12,6 +12,7 @@ from typing import Callable
 from schemas.base import Record
 from schemas.models import (
     Alert,
+    Approval,
     DeadLetter,
     GpuInventory,
     GpuProcesses,
@@ -98,6 +99,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec(
             "gpu.remediation.results", RemediationResult, "node", _key_node, 30 * DAY_MS,
         ),
+        TopicSpec("gpu.remediation.approvals", Approval, "node", _key_node, 30 * DAY_MS),
         TopicSpec("xidstream.deadletter", DeadLetter, "source topic", _key_deadletter, 14 * DAY_MS),
     )
 }

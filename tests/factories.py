@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+from schemas.models import Approval
 from schemas import (
     Action,
     Alert,
@@ -73,6 +74,8 @@ def one_of_each(node: str = NODE, uuid: str = UUID1) -> list[Record]:
                            pci_bus_id=pci, evidence_ids=["e43", "s1"]),
         RemediationResult(ts=T0, node=node, command_id="c1", incident_id="i1", gpu_uuid=uuid, pci_bus_id=pci,
                           action=Action.RESET_GPU, outcome=Outcome.failed, detail="GPU busy"),
+        Approval(ts=T0, node=node, approval_id="a1", command_id="c1", approved_by="alice", reason="storm reviewed",
+                 expires_at=T0 + timedelta(hours=1)),
         DeadLetter(ts=T0, node=node, original=b"\x00\xffnot json", original_key=b"k",
                    source_topic="gpu.samples", source_partition=3, source_offset=42,
                    error="cannot decode record: not JSON", error_type="DecodeError"),

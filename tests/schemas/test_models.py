@@ -74,8 +74,9 @@ CONTRACT_FIELDS = {
     "xidstream.workload/1": "gpu_uuid pod_uid namespace pod container event reason exit_code",
     "xidstream.alert/1": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps",
     "xidstream.remediation_command/2": "command_id incident_id gpu_uuid pci_bus_id action step preconditions expires_at "
-    "requires_approval dry_run evidence_ids",
+    "requires_approval dry_run evidence_ids key_id signature",
     "xidstream.remediation_result/2": "command_id incident_id gpu_uuid pci_bus_id action outcome detail",
+    "xidstream.approval/1": "approval_id command_id approved_by reason expires_at key_id signature",
     "xidstream.deadletter/1": "original source_topic source_partition source_offset error",
 }
 

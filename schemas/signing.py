@@ -1,0 +1,158 @@
+"""Signed records: remediation commands and approvals carry a detached Ed25519 signature.
+
+Anyone who can write to `gpu.remediation` could otherwise order a fleet-wide drain (issue 10).
+The processor signs every command as it leaves the fleet agent; executors verify with one or more
+public keys (several during a key rotation) and refuse anything unsigned, forged or signed by an
+unknown key.
+
+What is signed is the record's canonical encoding: its JSON contract form (`schemas.codec.to_dict`)
+without the `signature` field, keys sorted, no whitespace, UTF-8. `key_id` is inside what is
+signed, so a signature cannot be re-labelled as another key's. Key files are PEM: PKCS#8 for the
+private key, SubjectPublicKeyInfo for the public one (what `openssl pkey` reads).
+
+`cryptography` is imported when a key is loaded, not at import: decoding records needs only
+pydantic and orjson.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+from typing import Any, Iterable, TypeVar
+
+import orjson
+
+from schemas.base import Record
+from schemas.codec import to_dict
+from schemas.errors import ConfigError
+
+__all__ = ["SigningKey", "VerifyKeys", "canonical", "key_id", "generate_keys", "SignatureError"]
+
+R = TypeVar("R", bound=Record)
+
+
+class SignatureError(ValueError):
+    """A record that is not authentic: unsigned, forged, or signed by a key we do not trust."""
+
+
+def canonical(record: Record) -> bytes:
+    doc = to_dict(record)
+    doc.pop("signature", None)
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+
+
+def key_id(public_raw: bytes) -> str:
+    """A short, stable name for a public key: the first 16 hex digits of its SHA-256."""
+    return hashlib.sha256(public_raw).hexdigest()[:16]
+
+
+def _crypto() -> Any:
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:  # pragma: no cover - a dependency of the package
+        raise ConfigError("signing needs the 'cryptography' package (pip install cryptography)") from None
+    return serialization, ed25519
+
+
+def _read(path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read key file {path}: {exc.strerror}") from None
+
+
+class SigningKey:
+    """The processor's (or an operator's) private key."""
+
+    def __init__(self, private: Any) -> None:
+        serialization, _ = _crypto()
+        self._key = private
+        raw = private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.key_id = key_id(raw)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "SigningKey":
+        serialization, ed25519 = _crypto()
+        try:
+            key = serialization.load_pem_private_key(_read(path), password=None)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{path}: not a PEM private key: {exc}") from None
+        if not isinstance(key, ed25519.Ed25519PrivateKey):
+            raise ConfigError(f"{path}: not an Ed25519 private key")
+        return cls(key)
+
+    def sign(self, record: R) -> R:
+        """A copy of `record` with `key_id` and `signature` set."""
+        stamped = record.model_copy(update={"key_id": self.key_id, "signature": None})
+        sig = self._key.sign(canonical(stamped))
+        return stamped.model_copy(update={"signature": base64.b64encode(sig).decode("ascii")})
+
+
+class VerifyKeys:
+    """The public keys an executor trusts, by key id."""
+
+    def __init__(self, keys: dict[str, Any]) -> None:
+        self._keys = keys
+
+    @classmethod
+    def load(cls, paths: Iterable[str | Path]) -> "VerifyKeys":
+        serialization, ed25519 = _crypto()
+        keys: dict[str, Any] = {}
+        for path in paths:
+            try:
+                key = serialization.load_pem_public_key(_read(path))
+            except ValueError as exc:
+                raise ConfigError(f"{path}: not a PEM public key: {exc}") from None
+            if not isinstance(key, ed25519.Ed25519PublicKey):
+                raise ConfigError(f"{path}: not an Ed25519 public key")
+            raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+            keys[key_id(raw)] = key
+        if not keys:
+            raise ConfigError("no verify key given: an executor acts only on signed commands (--verify-key FILE)")
+        return cls(keys)
+
+    @property
+    def key_ids(self) -> list[str]:
+        return sorted(self._keys)
+
+    def verify(self, record: Record) -> None:
+        """Raise `SignatureError` naming what is wrong; return None when authentic."""
+        sig = getattr(record, "signature", None)
+        kid = getattr(record, "key_id", None)
+        if not sig or not kid:
+            raise SignatureError("unsigned: no signature or key_id")
+        key = self._keys.get(kid)
+        if key is None:
+            raise SignatureError(f"signed by unknown key {kid} (trusted: {', '.join(self.key_ids)})")
+        try:
+            raw = base64.b64decode(sig, validate=True)
+        except ValueError:
+            raise SignatureError("signature is not base64") from None
+        from cryptography.exceptions import InvalidSignature
+
+        try:
+            key.verify(raw, canonical(record))
+        except InvalidSignature:
+            raise SignatureError(f"forged or altered: the signature does not match key {kid}") from None
+
+
+def generate_keys(directory: str | Path) -> tuple[Path, Path, str]:
+    """Write DIR/signing.key (mode 0600) and DIR/signing.pub; return their paths and the key id.
+    Refuses to overwrite an existing key."""
+    serialization, ed25519 = _crypto()
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    priv_path, pub_path = out / "signing.key", out / "signing.pub"
+    if priv_path.exists() or pub_path.exists():
+        raise ConfigError(f"{out} already holds a key pair; remove it first or choose another --out")
+    key = ed25519.Ed25519PrivateKey.generate()
+    priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+    pub = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    priv_path.touch(mode=0o600)
+    priv_path.write_bytes(priv)
+    pub_path.write_bytes(pub)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return priv_path, pub_path, key_id(raw)
