@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from schemas.models import Approval
 from schemas import (
     Action,
     Alert,
+    Approval,
     Classification,
     ComputeApp,
     DeadLetter,
