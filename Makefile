@@ -1,6 +1,7 @@
-# xidstream: two commands on a fresh machine (Python 3.11+, Java 17 and Maven on PATH):
+# xidstream: two commands on a fresh machine (Python 3.11+, Java 17 and Maven on PATH; for
+# `make test` also Go 1.24+ and, as root, apt-get for Debian's etcd-server):
 #   make demo   set everything up, start the local Kafka, replay the motivating incident
-#   make test   set everything up and run every test, the real broker included
+#   make test   set everything up and run every test, the real broker and API server included
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
