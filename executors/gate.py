@@ -1,0 +1,216 @@
+"""The gate every command passes before an executor touches anything (issue 10).
+
+`decide` is pure: the command, the trusted keys, the executor's wall clock, its scope and node, what
+its journal says about the command and the approvals it holds -> refuse (a result to publish) or
+proceed. Nothing here talks to Kubernetes, Kafka or the GPU, so every refusal leaves the cluster
+unchanged by construction: the caller acts only on `Decision.proceed`.
+
+Order of the checks (each one names itself in the result's `detail`):
+
+1. signature: unsigned, forged, altered or signed by an unknown key -> refused (the SignatureError
+   text). First, so nothing an attacker wrote (not even a command_id) selects what we answer.
+2. journal: a command_id already carried out is answered again with the journal's result, never
+   executed twice (also when it has expired since: the answer is what happened).
+3. expiry: `expires_at` <= now by the executor's wall clock -> outcome `expired`.
+4. node: a node executor acts only on commands for its own node.
+5. scope: an action this executor does not carry out (e.g. RESET_GPU sent to the cluster executor).
+6. approval: `requires_approval` needs an authentic, unexpired Approval naming the command_id;
+   without one the command is refused with `awaiting_approval` set (the Kafka runner holds it until
+   an approval arrives or it expires; `--stdin` answers refused at the end of its input).
+
+Dry run (the default; `--apply` turns it off, a command's own `dry_run: true` turns it back on) is
+not decided here: the executor describes the action instead of doing it and answers outcome
+`refused` with a detail starting ``dry run: would ...``. Not `succeeded`: the processor's fold
+treats a succeeded RESET_GPU/REBOOT_NODE as a repair, and a dry run repaired nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Literal
+
+import orjson
+
+from schemas.base import format_ts, new_event_id
+from schemas.models import Approval, RemediationCommand, RemediationResult
+from schemas.signing import SignatureError, VerifyKeys
+from schemas.vocab import Action, Outcome
+
+__all__ = ["Scope", "CLUSTER_ACTIONS", "NODE_ACTIONS", "Decision", "decide", "result_for", "Journal",
+           "Approvals", "DRY_RUN_PREFIX"]
+
+Scope = Literal["cluster", "node"]
+
+# Which executor carries out what: the node executor does what needs the node's own hands (NVML,
+# the kured sentinel); everything that is an API call is the cluster executor's.
+CLUSTER_ACTIONS = frozenset({Action.RECORD, Action.CORDON_NODE, Action.UNCORDON_NODE, Action.DRAIN_NODE,
+                             Action.QUARANTINE_GPU, Action.RELEASE_GPU, Action.REPLACE_NODE})
+NODE_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
+SCOPE_ACTIONS = {"cluster": CLUSTER_ACTIONS, "node": NODE_ACTIONS}
+
+DRY_RUN_PREFIX = "dry run: would "
+
+
+def result_for(cmd: RemediationCommand, outcome: Outcome | str, detail: str, node: str | None = None) -> RemediationResult:
+    """A result answering `cmd`: command_id, incident_id, gpu_uuid and pci_bus_id echoed."""
+    return RemediationResult(node=node or cmd.node, command_id=cmd.command_id, incident_id=cmd.incident_id,
+                             gpu_uuid=cmd.gpu_uuid, pci_bus_id=cmd.pci_bus_id, action=cmd.action,
+                             outcome=Outcome(outcome), detail=detail)
+
+
+@dataclass(frozen=True)
+class Decision:
+    proceed: bool
+    result: RemediationResult | None = None  # the answer when not proceeding
+    reason: str = ""  # short name of the check that refused ("signature", "expired", ...)
+    awaiting_approval: bool = False
+    from_journal: bool = False
+
+
+class Approvals:
+    """Authentic approvals by command_id. Only verified, unexpired approvals count; a forged one is
+    dropped with its reason (kept in `rejected` for the log)."""
+
+    def __init__(self, keys: VerifyKeys) -> None:
+        self._keys = keys
+        self._by_command: dict[str, list[Approval]] = {}
+        self.rejected: list[tuple[str, str]] = []  # (approval_id, why)
+
+    def add(self, approval: Approval) -> str | None:
+        """Keep an approval; return why it was rejected (None when kept)."""
+        try:
+            self._keys.verify(approval)
+        except SignatureError as exc:
+            self.rejected.append((approval.approval_id, str(exc)))
+            return str(exc)
+        self._by_command.setdefault(approval.command_id, []).append(approval)
+        return None
+
+    def valid_for(self, command_id: str, now: datetime) -> Approval | None:
+        for a in self._by_command.get(command_id, ()):
+            if a.expires_at > now:
+                return a
+        return None
+
+    def expired_for(self, command_id: str, now: datetime) -> list[Approval]:
+        return [a for a in self._by_command.get(command_id, ()) if a.expires_at <= now]
+
+
+def decide(cmd: RemediationCommand, *, keys: VerifyKeys, now: datetime, scope: Scope, node: str | None,
+           journal: "Journal", approvals: Approvals) -> Decision:
+    def refuse(reason: str, detail: str, outcome: Outcome = Outcome.refused, **kw: bool) -> Decision:
+        return Decision(False, result_for(cmd, outcome, detail, node=node), reason, **kw)
+
+    try:
+        keys.verify(cmd)
+    except SignatureError as exc:
+        return refuse("signature", f"refused: not authentic: {exc}; nothing was done")
+    done = journal.answer(cmd.command_id)
+    if done is not None:
+        prior = done.detail
+        # A new event_id and time: the answer is a new record; outcome and detail are the original's.
+        return Decision(False, done.model_copy(update={"detail": f"already carried out (journal): {prior}",
+                                                       "event_id": new_event_id(), "ts": now}),
+                        "duplicate", from_journal=True)
+    if cmd.expires_at <= now:
+        return refuse("expired", f"expired at {format_ts(cmd.expires_at)} (executor clock {format_ts(now)}); "
+                                 f"nothing was done", Outcome.expired)
+    if scope == "node" and cmd.node != node:
+        return refuse("node", f"refused: command is for node {cmd.node}, this executor acts only on {node}; "
+                              f"nothing was done")
+    if cmd.action not in SCOPE_ACTIONS[scope]:
+        other = "node" if scope == "cluster" else "cluster"
+        return refuse("scope", f"refused: the {scope} executor does not carry out {cmd.action.value} "
+                               f"(the {other} executor does); nothing was done")
+    if cmd.requires_approval:
+        approval = approvals.valid_for(cmd.command_id, now)
+        if approval is None:
+            stale = approvals.expired_for(cmd.command_id, now)
+            why = (f"its approval {stale[0].approval_id} expired at {format_ts(stale[0].expires_at)}" if stale
+                   else "no authentic approval names it")
+            return refuse("approval", f"refused: requires approval and {why} "
+                                      f"(xidstream approve {cmd.command_id} --key FILE --node {cmd.node}); "
+                                      f"nothing was done", awaiting_approval=True)
+    return Decision(True)
+
+
+class Journal:
+    """What this executor carried out, by command_id: a JSON-lines file in its state dir, each line
+    fsynced before the action starts ("started") and after it ends ("done", with the result).
+
+    A command found "started" without "done" (the executor died while acting) is answered
+    `failed`, "interrupted", never run again: whether the first attempt changed something is
+    unknown, and running a drain or a reset twice is the worse mistake. Dry runs are not journaled
+    (a later `--apply` run must still be able to carry the command out), nor are refusals (an
+    unapproved command may be approved later)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._done: dict[str, RemediationResult] = {}
+        self._started: dict[str, dict] = {}
+        self.held: dict[str, dict] = {}  # command_id -> raw command, awaiting an approval
+        if self.path.exists():
+            for line in self.path.read_bytes().splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    entry = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue  # a torn last line after a crash: the entry never completed
+                self._apply(entry)
+
+    def _apply(self, entry: dict) -> None:
+        cid, kind = entry.get("command_id"), entry.get("kind")
+        if kind == "started":
+            self._started[cid] = entry
+        elif kind == "done":
+            self._done[cid] = RemediationResult.model_validate(entry["result"])
+            self.held.pop(cid, None)
+        elif kind == "held":
+            self.held[cid] = entry["command"]
+        elif kind == "released":
+            self.held.pop(cid, None)
+
+    def _append(self, entry: dict) -> None:
+        with self.path.open("ab") as fh:
+            fh.write(orjson.dumps(entry) + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._apply(entry)
+
+    def answer(self, command_id: str) -> RemediationResult | None:
+        if command_id in self._done:
+            return self._done[command_id]
+        started = self._started.get(command_id)
+        if started is not None:
+            return RemediationResult.model_validate({
+                **started["stub"], "outcome": "failed",
+                "detail": f"interrupted: the executor stopped while carrying it out (started {started['at']}); "
+                          f"outcome unknown, not run again"})
+        return None
+
+    def started(self, cmd: RemediationCommand, now: datetime, node: str | None = None) -> None:
+        stub = orjson.loads(result_for(cmd, Outcome.failed, "", node=node).model_dump_json(by_alias=True))
+        self._append({"kind": "started", "command_id": cmd.command_id, "at": format_ts(now), "stub": stub})
+
+    def done(self, result: RemediationResult) -> None:
+        self._append({"kind": "done", "command_id": result.command_id,
+                      "result": orjson.loads(result.model_dump_json(by_alias=True))})
+
+    def hold(self, command_id: str, raw_command: dict) -> None:
+        if command_id not in self.held:
+            self._append({"kind": "held", "command_id": command_id, "command": raw_command})
+
+    def release(self, command_id: str) -> None:
+        if command_id in self.held:
+            self._append({"kind": "released", "command_id": command_id})
+
+    def __contains__(self, command_id: str) -> bool:
+        return command_id in self._done or command_id in self._started
+
+    def ids(self) -> Iterable[str]:
+        return list(self._done)

@@ -1,0 +1,142 @@
+"""The gate (executors/gate.py) and the journal: pure, no server, no broker."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from executors.gate import Approvals, Journal, decide, result_for
+from executors.runner import Executor
+from schemas.models import RemediationCommand
+from schemas.vocab import Outcome
+from tests.executors.helpers import approval, command, keypair
+
+NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def env(tmp_path):
+    key, keys, _, _ = keypair(tmp_path)
+    return key, keys, Journal(tmp_path / "journal.jsonl"), Approvals(keys)
+
+
+def _decide(cmd, keys, journal, approvals, *, scope="cluster", node=None, now=NOW):
+    return decide(cmd, keys=keys, now=now, scope=scope, node=node, journal=journal, approvals=approvals)
+
+
+def test_a_signed_fresh_command_in_scope_proceeds(env):
+    key, keys, journal, approvals = env
+    assert _decide(key.sign(command("n1", "CORDON_NODE", now=NOW)), keys, journal, approvals).proceed
+
+
+def test_unsigned_forged_and_unknown_key_are_refused_with_the_reason(env, tmp_path):
+    key, keys, journal, approvals = env
+    cmd = command("n1", "CORDON_NODE", now=NOW)
+    d = _decide(cmd, keys, journal, approvals)
+    assert not d.proceed and d.result.outcome == Outcome.refused and "unsigned" in d.result.detail
+    forged = key.sign(cmd).model_copy(update={"node": "n2"})  # altered after signing
+    d = _decide(forged, keys, journal, approvals)
+    assert d.reason == "signature" and "forged or altered" in d.result.detail
+    other, _, _, _ = keypair(tmp_path, "other")
+    d = _decide(other.sign(cmd), keys, journal, approvals)
+    assert "unknown key" in d.result.detail
+    # the answer echoes the command's identity so the processor can match it
+    assert (d.result.command_id, d.result.incident_id, d.result.gpu_uuid, d.result.pci_bus_id) == \
+        (cmd.command_id, cmd.incident_id, cmd.gpu_uuid, cmd.pci_bus_id)
+
+
+def test_expired_by_the_executor_clock(env):
+    key, keys, journal, approvals = env
+    cmd = key.sign(command("n1", "DRAIN_NODE", now=NOW, ttl=60))
+    assert _decide(cmd, keys, journal, approvals, now=NOW + timedelta(seconds=59)).proceed
+    d = _decide(cmd, keys, journal, approvals, now=NOW + timedelta(seconds=60))  # expires_at <= now
+    assert d.result.outcome == Outcome.expired and "expired at" in d.result.detail
+
+
+def test_node_executor_refuses_another_nodes_command_and_scopes_are_kept(env):
+    key, keys, journal, approvals = env
+    d = _decide(key.sign(command("n2", "RESET_GPU", now=NOW)), keys, journal, approvals, scope="node", node="n1")
+    assert d.reason == "node" and "for node n2" in d.result.detail
+    d = _decide(key.sign(command("n1", "RESET_GPU", now=NOW)), keys, journal, approvals)
+    assert d.reason == "scope" and "cluster executor does not carry out RESET_GPU" in d.result.detail
+    d = _decide(key.sign(command("n1", "CORDON_NODE", now=NOW)), keys, journal, approvals, scope="node", node="n1")
+    assert d.reason == "scope"
+
+
+def test_requires_approval_needs_an_authentic_unexpired_approval(env, tmp_path):
+    key, keys, journal, approvals = env
+    cmd = key.sign(command("n1", "DRAIN_NODE", requires_approval=True))  # expires 10 min from the real clock
+    d = _decide(cmd, keys, journal, approvals)
+    assert d.reason == "approval" and d.awaiting_approval and "no authentic approval" in d.result.detail
+    intruder, _, _, _ = keypair(tmp_path, "intruder")
+    assert "unknown key" in approvals.add(approval(intruder, cmd))
+    assert not _decide(cmd, keys, journal, approvals).proceed
+    approvals.add(approval(key, cmd, ttl=-1))  # authentic but already expired
+    d = _decide(cmd, keys, journal, approvals, now=datetime.now(timezone.utc))
+    assert "expired" in d.result.detail and not d.proceed
+    approvals.add(approval(key, cmd))
+    assert _decide(cmd, keys, journal, approvals, now=datetime.now(timezone.utc)).proceed
+
+
+def test_journal_answers_a_duplicate_and_survives_a_restart(env, tmp_path):
+    key, keys, journal, approvals = env
+    cmd = key.sign(command("n1", "CORDON_NODE", now=NOW))
+    journal.started(cmd, NOW)
+    journal.done(result_for(cmd, Outcome.succeeded, "cordoned node n1"))
+    again = Journal(journal.path)  # a restarted executor
+    d = _decide(cmd, keys, again, approvals, now=NOW + timedelta(days=1))  # even once expired
+    assert d.from_journal and d.result.outcome == Outcome.succeeded
+    assert d.result.detail == "already carried out (journal): cordoned node n1"
+
+
+def test_a_command_interrupted_mid_action_is_never_run_again(env):
+    key, keys, journal, approvals = env
+    cmd = key.sign(command("n1", "DRAIN_NODE", now=NOW))
+    journal.started(cmd, NOW)  # ... and the executor died
+    d = _decide(cmd, keys, Journal(journal.path), approvals)
+    assert d.result.outcome == Outcome.failed and d.result.detail.startswith("already carried out (journal): interrupted")
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls: list[tuple[str, bool]] = []
+
+    def execute(self, cmd: RemediationCommand, dry_run: bool):
+        self.calls.append((cmd.command_id, dry_run))
+        return ("refused", "dry run: would cordon") if dry_run else ("succeeded", "cordoned")
+
+
+def test_dry_run_is_the_default_and_is_not_journaled(tmp_path):
+    key, keys, _, _ = keypair(tmp_path)
+    rec = _Recorder()
+    cmd = key.sign(command("n1", "CORDON_NODE"))
+    dry = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s")
+    r = dry.handle(cmd)
+    assert r.outcome == Outcome.refused and r.detail.startswith("dry run: would ")
+    applying = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s", apply=True)
+    assert applying.handle(cmd).outcome == Outcome.succeeded  # the dry run did not block it
+    assert applying.handle(cmd).detail.startswith("already carried out")
+    assert rec.calls == [(cmd.command_id, True), (cmd.command_id, False)]  # carried out once
+    # a command marked dry_run by the processor's policy stays a dry run under --apply
+    marked = key.sign(command("n1", "CORDON_NODE", dry_run=True))
+    assert applying.handle(marked).detail.endswith("(the command itself is marked dry_run)")
+
+
+def test_held_command_is_released_by_an_approval_or_expires(tmp_path):
+    key, keys, _, _ = keypair(tmp_path)
+    rec = _Recorder()
+    clock = [datetime.now(timezone.utc)]
+    ex = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s", apply=True, clock=lambda: clock[0])
+    held = key.sign(command("n1", "DRAIN_NODE", requires_approval=True))
+    assert ex.handle(held, hold=True) is None and ex.held == [held.command_id]
+    assert Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s").held == [held.command_id]
+    ex.approve(approval(key, held))
+    [r] = ex.due()
+    assert r.outcome == Outcome.succeeded and rec.calls == [(held.command_id, False)]
+    late = key.sign(command("n1", "DRAIN_NODE", requires_approval=True, ttl=30))
+    assert ex.handle(late, hold=True) is None
+    clock[0] += timedelta(seconds=31)
+    [r] = ex.due()
+    assert r.outcome == Outcome.expired and "never came" in r.detail
+    assert len(rec.calls) == 1
