@@ -1,0 +1,335 @@
+"""The cluster executor's actions (`xidstream execute --scope cluster`): API calls only.
+
+Each action reads what it needs, then either describes what it would do (dry run: nothing is
+written, not even an Event) or does it and records an Event on the Node. Each returns
+(outcome, detail); the caller (executors.runner) wraps that into a RemediationResult.
+
+Ownership: what xidstream changes on a Node is marked, so UNCORDON_NODE and RELEASE_GPU undo only
+that: the `xidstream.io/gpu-fault` NoSchedule taint and the `xidstream.io/cordon` annotation (JSON:
+incident, command, time, and whether the node was already unschedulable before us).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from lightkube import ApiError, Client
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from executors.gate import DRY_RUN_PREFIX
+from executors.kube import (device_taint_rule_resource, discover_version, is_daemonset_pod, is_mirror_pod,
+                            node_or_none, pods_on_node, record_event)
+from schemas.models import RemediationCommand
+from schemas.vocab import Action
+
+__all__ = ["ClusterActions", "TAINT_KEY", "CORDON_ANNOTATION", "REPLACE_LABEL", "quarantine_rule_name",
+           "DRA_DRIVER"]
+
+log = logging.getLogger(__name__)
+
+TAINT_KEY = "xidstream.io/gpu-fault"
+CORDON_ANNOTATION = "xidstream.io/cordon"
+REPLACE_LABEL = "xidstream.io/replace"
+QUARANTINE_LABEL_PREFIX = "gpu-quarantine.xidstream.io/"  # advisory fallback: <prefix>gpu-<index>
+# NVIDIA's DRA driver publishes one ResourceSlice pool per node (named after it) with devices
+# named gpu-<index>; a DeviceTaintRule selecting driver + pool + device hits exactly one GPU.
+DRA_DRIVER = "gpu.nvidia.com"
+
+Outcome = tuple[str, str]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def quarantine_rule_name(node: str, gpu: str) -> str:
+    """A DNS-1123 name, stable per (node, GPU), so QUARANTINE is idempotent and RELEASE finds it."""
+    digest = hashlib.sha256(f"{node}/{gpu}".encode()).hexdigest()[:10]
+    base = re.sub(r"[^a-z0-9-]", "-", node.lower())[:40].strip("-")
+    return f"xidstream-quarantine-{base}-{digest}"
+
+
+def _label_value(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63].strip("-._") or "x"
+
+
+class ClusterActions:
+    def __init__(self, client: Client, *, drain_timeout: float = 120.0, eviction_retry: float = 2.0) -> None:
+        self.client = client
+        self.drain_timeout = drain_timeout
+        self.eviction_retry = eviction_retry
+        self._dtr_version: str | None | bool = False  # False: not discovered yet
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def execute(self, cmd: RemediationCommand, dry_run: bool) -> Outcome:
+        node = node_or_none(self.client, cmd.node)
+        if node is None:
+            return "failed", f"node {cmd.node} does not exist on the API server; nothing was done"
+        handler = {
+            Action.RECORD: self._record, Action.CORDON_NODE: self._cordon, Action.UNCORDON_NODE: self._uncordon,
+            Action.DRAIN_NODE: self._drain, Action.QUARANTINE_GPU: self._quarantine,
+            Action.RELEASE_GPU: self._release, Action.REPLACE_NODE: self._replace,
+        }[cmd.action]
+        return handler(cmd, node, dry_run)
+
+    def _event(self, node: Any, cmd: RemediationCommand, reason: str, message: str, warning: bool = True) -> None:
+        record_event(self.client, node, reason=reason, type_="Warning" if warning else "Normal",
+                     message=f"xidstream {cmd.action.value} (incident {cmd.incident_id}, command {cmd.command_id}"
+                             f"{', GPU ' + cmd.gpu_uuid if cmd.gpu_uuid else ''}): {message}")
+
+    def _patch_node(self, node: Any, patch: dict) -> Any:
+        """A merge patch carrying the resourceVersion we read: a concurrent change makes it fail
+        with 409 instead of overwriting someone else's taints."""
+        patch.setdefault("metadata", {})["resourceVersion"] = node.metadata.resourceVersion
+        return self.client.patch(Node, node.metadata.name, patch, patch_type=PatchType.MERGE)
+
+    def _retrying(self, cmd: RemediationCommand, fn: Any) -> Outcome:
+        for _ in range(5):
+            node = node_or_none(self.client, cmd.node)
+            if node is None:
+                return "failed", f"node {cmd.node} disappeared while acting"
+            try:
+                return fn(node)
+            except ApiError as exc:
+                if exc.status.code != 409:
+                    raise
+        return "failed", f"node {cmd.node} kept changing under us (5 conflicts); nothing more was done"
+
+    # -- RECORD ------------------------------------------------------------------------------
+    def _record(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        msg = cmd.reason or "fault recorded"
+        if dry_run:
+            return "refused", f"{DRY_RUN_PREFIX}record an Event on node {cmd.node}: {msg}"
+        self._event(node, cmd, "XidstreamRecorded", msg, warning=False)
+        return "succeeded", f"recorded an Event on node {cmd.node}: {msg}"
+
+    # -- CORDON / UNCORDON ------------------------------------------------------------------------
+    def _cordon(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        def ours(n: Any) -> bool:
+            return any(t.key == TAINT_KEY for t in (n.spec.taints or []))
+
+        if dry_run:
+            if ours(node) and node.spec.unschedulable:
+                return "refused", f"{DRY_RUN_PREFIX}nothing: node {cmd.node} is already cordoned by xidstream"
+            return "refused", (f"{DRY_RUN_PREFIX}cordon node {cmd.node} (spec.unschedulable, NoSchedule taint "
+                               f"{TAINT_KEY}, annotation {CORDON_ANNOTATION}) for incident {cmd.incident_id}")
+
+        def act(n: Any) -> Outcome:
+            if ours(n) and n.spec.unschedulable:
+                return "succeeded", f"node {cmd.node} was already cordoned by xidstream; unchanged"
+            was = bool(n.spec.unschedulable)
+            taints = [_plain(t) for t in (n.spec.taints or [])]
+            taints.append({"key": TAINT_KEY, "value": _label_value(cmd.gpu_uuid or cmd.incident_id),
+                           "effect": "NoSchedule", "timeAdded": _now()})
+            note = {"incident": cmd.incident_id, "command": cmd.command_id, "gpu": cmd.gpu_uuid, "at": _now(),
+                    "was_unschedulable": was}
+            self._patch_node(n, {"spec": {"unschedulable": True, "taints": taints},
+                                 "metadata": {"annotations": {CORDON_ANNOTATION: json.dumps(note, sort_keys=True)}}})
+            extra = " (it was already unschedulable: someone else's cordon stays when xidstream uncordons)" if was else ""
+            self._event(n, cmd, "XidstreamCordon", f"cordoned: unschedulable and NoSchedule taint {TAINT_KEY}{extra}")
+            return "succeeded", f"cordoned node {cmd.node}: spec.unschedulable, NoSchedule taint {TAINT_KEY}{extra}"
+
+        return self._retrying(cmd, act)
+
+    def _uncordon(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        def decide(n: Any) -> tuple[str, str, dict | None]:
+            note_raw = (n.metadata.annotations or {}).get(CORDON_ANNOTATION)
+            has_taint = any(t.key == TAINT_KEY for t in (n.spec.taints or []))
+            if note_raw is None and not has_taint:
+                if n.spec.unschedulable:
+                    return "refused", (f"node {cmd.node} is cordoned by someone else (no xidstream annotation or "
+                                       f"taint): left cordoned; nothing was done"), None
+                return "succeeded", f"node {cmd.node} is not cordoned; nothing to undo", None
+            try:
+                note = json.loads(note_raw) if note_raw else {}
+            except ValueError:
+                note = {}
+            was = bool(note.get("was_unschedulable"))
+            taints = [_plain(t) for t in (n.spec.taints or []) if t.key != TAINT_KEY]
+            patch: dict = {"spec": {"taints": taints or None}, "metadata": {"annotations": {CORDON_ANNOTATION: None}}}
+            if not was:
+                patch["spec"]["unschedulable"] = None
+            keep = " ; it stays unschedulable: it was cordoned before xidstream cordoned it" if was else ""
+            return "succeeded", f"uncordoned node {cmd.node}: removed taint {TAINT_KEY} and the annotation{keep}", patch
+
+        if dry_run:
+            outcome, detail, patch = decide(node)
+            if patch is None:
+                return "refused", f"{DRY_RUN_PREFIX}nothing: {detail}"
+            return "refused", DRY_RUN_PREFIX + detail.replace("uncordoned", "uncordon", 1).replace("removed", "remove", 1)
+
+        def act(n: Any) -> Outcome:
+            outcome, detail, patch = decide(n)
+            if patch is not None:
+                self._patch_node(n, patch)
+                self._event(n, cmd, "XidstreamUncordon", detail, warning=False)
+            return outcome, detail
+
+        return self._retrying(cmd, act)
+
+    # -- DRAIN -----------------------------------------------------------------------------------
+    def _drain(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        if not node.spec.unschedulable:
+            # Draining a schedulable node refills it: the precondition the plan states, checked now.
+            return "failed", f"precondition failed: node {cmd.node} is not cordoned; nothing was evicted"
+        pods = pods_on_node(self.client, cmd.node)
+        kept = [p for p in pods if is_daemonset_pod(p) or is_mirror_pod(p)]
+        todo = [p for p in pods if p not in kept]
+        kept_txt = f"; kept {len(kept)} DaemonSet/mirror pod(s): {', '.join(_names(kept))}" if kept else ""
+        if dry_run:
+            return "refused", (f"{DRY_RUN_PREFIX}evict {len(todo)} pod(s) from node {cmd.node} through the Eviction "
+                               f"API (PodDisruptionBudgets honoured): {', '.join(_names(todo)) or 'none'}{kept_txt}")
+        deadline = time.monotonic() + self.drain_timeout
+        evicted: list[str] = []
+        blocked: dict[str, str] = {}
+        pending = list(todo)
+        while pending:
+            still = []
+            for pod in pending:
+                name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+                try:
+                    self.client.create(Pod.Eviction(metadata=ObjectMeta(name=pod.metadata.name,
+                                                                         namespace=pod.metadata.namespace)),
+                                       name=pod.metadata.name, namespace=pod.metadata.namespace)
+                    evicted.append(name)
+                    blocked.pop(name, None)
+                except ApiError as exc:
+                    if exc.status.code == 404:  # gone already: drained all the same
+                        evicted.append(name)
+                        blocked.pop(name, None)
+                    elif exc.status.code == 429:  # a PodDisruptionBudget says not now: retry until the deadline
+                        causes = (exc.status.details.causes if exc.status.details else None) or []
+                        blocked[name] = "; ".join(c.message for c in causes if c.message) or exc.status.message
+                        still.append(pod)
+                    else:
+                        blocked[name] = f"HTTP {exc.status.code}: {exc.status.message}"
+                        still.append(pod)
+            pending = still
+            if pending and time.monotonic() + self.eviction_retry > deadline:
+                break
+            if pending:
+                time.sleep(self.eviction_retry)
+        if blocked:
+            names = "; ".join(f"{k} ({v})" for k, v in blocked.items())
+            detail = (f"drain of node {cmd.node} blocked after {self.drain_timeout:.0f}s: {len(blocked)} pod(s) not "
+                      f"evicted, never forced: {names}; evicted {len(evicted)}: {', '.join(evicted) or 'none'}{kept_txt}")
+            self._event(node, cmd, "XidstreamDrainBlocked", detail)
+            return "failed", detail
+        detail = f"drained node {cmd.node}: evicted {len(evicted)} pod(s): {', '.join(evicted) or 'none'}{kept_txt}"
+        self._event(node, cmd, "XidstreamDrain", detail)
+        return "succeeded", detail
+
+    # -- QUARANTINE / RELEASE ----------------------------------------------------------------------
+    def _dtr(self) -> Any:
+        if self._dtr_version is False:
+            self._dtr_version = discover_version(self.client, "resource.k8s.io", "devicetaintrules")
+        return device_taint_rule_resource(self._dtr_version) if self._dtr_version else None
+
+    def _gpu_ref(self, cmd: RemediationCommand) -> tuple[str | None, str]:
+        gpu = cmd.gpu_uuid or (f"pci {cmd.pci_bus_id}" if cmd.pci_bus_id else "")
+        device = f"gpu-{cmd.gpu_index}" if cmd.gpu_index is not None else None
+        return device, gpu
+
+    def _quarantine(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        device, gpu = self._gpu_ref(cmd)
+        if device is None:
+            return "failed", "cannot select one device: the command names no gpu_index; nothing was done"
+        res = self._dtr()
+        name = quarantine_rule_name(cmd.node, cmd.gpu_uuid or device)
+        if res is None:
+            label = f"{QUARANTINE_LABEL_PREFIX}{device}"
+            what = (f"label node {cmd.node} {label}={_label_value(cmd.incident_id)} and record an Event naming GPU "
+                    f"{gpu}; advisory only: this server does not serve DeviceTaintRule (resource.k8s.io)")
+            if dry_run:
+                return "refused", DRY_RUN_PREFIX + what
+            self._patch_node(node, {"metadata": {"labels": {label: _label_value(cmd.incident_id)}}})
+            self._event(node, cmd, "XidstreamGpuQuarantine", f"GPU {device} ({gpu}) quarantined (advisory: no "
+                                                              f"DeviceTaintRule API; schedulers must honour label {label})")
+            return "succeeded", "quarantine is advisory: " + what.replace("label node", "labelled node", 1).replace(
+                "and record", "and recorded", 1)
+        spec = {"deviceSelector": {"driver": DRA_DRIVER, "pool": cmd.node, "device": device},
+                "taint": {"key": TAINT_KEY, "value": _label_value(cmd.gpu_uuid or device), "effect": "NoSchedule"}}
+        if dry_run:
+            return "refused", (f"{DRY_RUN_PREFIX}create DeviceTaintRule {name} (resource.k8s.io/{self._dtr_version}) "
+                               f"selecting driver {DRA_DRIVER} pool {cmd.node} device {device} (GPU {gpu}), "
+                               f"NoSchedule")
+        obj = res.from_dict({
+            "apiVersion": f"resource.k8s.io/{self._dtr_version}", "kind": "DeviceTaintRule",
+            "metadata": {"name": name, "labels": {"xidstream.io/incident": _label_value(cmd.incident_id),
+                                                  "xidstream.io/node": _label_value(cmd.node)},
+                         "annotations": {"xidstream.io/gpu": gpu, "xidstream.io/command": cmd.command_id}},
+            "spec": spec})
+        try:
+            self.client.create(obj)
+            created = True
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise
+            created = False
+        detail = (f"{'created' if created else 'already present:'} DeviceTaintRule {name} "
+                  f"(resource.k8s.io/{self._dtr_version}): GPU {device} ({gpu}) on node {cmd.node} takes no new "
+                  f"work (NoSchedule)")
+        if created:
+            self._event(node, cmd, "XidstreamGpuQuarantine", detail)
+        return "succeeded", detail
+
+    def _release(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        device, gpu = self._gpu_ref(cmd)
+        if device is None:
+            return "failed", "cannot select one device: the command names no gpu_index; nothing was done"
+        res = self._dtr()
+        if res is None:
+            label = f"{QUARANTINE_LABEL_PREFIX}{device}"
+            if label not in (node.metadata.labels or {}):
+                return "succeeded", f"GPU {device} ({gpu}) on node {cmd.node} is not quarantined (no label {label})"
+            if dry_run:
+                return "refused", f"{DRY_RUN_PREFIX}remove label {label} from node {cmd.node} (advisory quarantine)"
+            self._patch_node(node, {"metadata": {"labels": {label: None}}})
+            self._event(node, cmd, "XidstreamGpuRelease", f"GPU {device} ({gpu}) released", warning=False)
+            return "succeeded", f"released GPU {device} ({gpu}): removed label {label} from node {cmd.node}"
+        name = quarantine_rule_name(cmd.node, cmd.gpu_uuid or device)
+        if dry_run:
+            return "refused", f"{DRY_RUN_PREFIX}delete DeviceTaintRule {name} (GPU {device}, {gpu}, node {cmd.node})"
+        try:
+            self.client.delete(res, name)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            return "succeeded", f"GPU {device} ({gpu}) on node {cmd.node} is not quarantined (no DeviceTaintRule {name})"
+        detail = f"released GPU {device} ({gpu}) on node {cmd.node}: deleted DeviceTaintRule {name}"
+        self._event(node, cmd, "XidstreamGpuRelease", detail, warning=False)
+        return "succeeded", detail
+
+    # -- REPLACE -----------------------------------------------------------------------------------
+    def _replace(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        what = f"label node {cmd.node} {REPLACE_LABEL}=true for replacement (incident {cmd.incident_id})"
+        if dry_run:
+            return "refused", DRY_RUN_PREFIX + what
+        self._patch_node(node, {"metadata": {
+            "labels": {REPLACE_LABEL: "true"},
+            "annotations": {"xidstream.io/replace-reason": f"incident {cmd.incident_id}: {cmd.reason}"[:1000]}}})
+        self._event(node, cmd, "XidstreamReplaceNode", f"node marked for replacement: {cmd.reason or 'see incident'}")
+        return "succeeded", f"labelled node {cmd.node} {REPLACE_LABEL}=true for replacement and recorded an Event"
+
+
+def _names(pods: list[Any]) -> list[str]:
+    return [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods]
+
+
+def _plain(taint: Any) -> dict:
+    """A taint as JSON-ready data (timeAdded back to RFC 3339 text)."""
+    out = {}
+    for k, v in taint.to_dict().items():
+        if isinstance(v, datetime):
+            v = v.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if v is not None:
+            out[k] = v
+    return out

@@ -1,0 +1,152 @@
+"""The one Kubernetes client (lightkube) and the few things the executors need on top of it.
+
+Why lightkube (issue 10, "One Kubernetes client"): it is small (pure Python over httpx, ~4 MB
+with its models) where the official `kubernetes` package is a large generated client; its
+in-cluster config authenticates with `BearerTokenFileAuth`, which re-reads the projected
+service-account token when the server answers 401 (bound tokens are rotated by the kubelet and
+expire within the hour; a client that reads the token once stops working); `list` returns the
+collection's resourceVersion and `watch(resource_version=...)` resumes from it (on 410 Gone we
+re-list, `list_then_watch`); the Eviction subresource is `Pod.Eviction`; and any resource, served
+or not in its models, is reachable as a generic resource (`create_global_resource`), which is how
+DeviceTaintRule is addressed in whichever resource.k8s.io version the server serves.
+
+Everything here is a thin helper; the actions are in `executors.cluster` and `executors.node`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from lightkube import ApiError, Client, KubeConfig
+from lightkube.generic_resource import create_global_resource
+from lightkube.resources.core_v1 import Event, Node, Pod
+
+from schemas.errors import ConfigError
+
+__all__ = ["make_client", "discover_version", "record_event", "pods_on_node", "is_daemonset_pod", "is_mirror_pod",
+           "list_then_watch", "ApiError", "EVENT_NAMESPACE", "COMPONENT"]
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "xidstream-executor"
+# Events about cluster-scoped objects (Nodes) live in `default`: where `kubectl describe node` looks.
+EVENT_NAMESPACE = "default"
+
+
+def make_client(kubeconfig: str | Path | None = None, *, timeout: float = 15.0) -> Client:
+    """A client for `kubeconfig`, or the in-cluster config (service-account token re-read on 401)
+    when none is given. A clear ConfigError when neither works."""
+    try:
+        if kubeconfig:
+            config = KubeConfig.from_file(str(kubeconfig))
+        else:
+            config = KubeConfig.from_service_account()
+    except Exception as exc:  # noqa: BLE001 - lightkube raises several kinds; one clear message
+        where = kubeconfig or "the in-cluster service account (/var/run/secrets/kubernetes.io/serviceaccount)"
+        raise ConfigError(f"cannot load a Kubernetes config from {where}: {exc} "
+                          f"(give --kubeconfig FILE outside a cluster)") from None
+    return Client(config, timeout=timeout, field_manager=COMPONENT)
+
+
+def discover_version(client: Client, group: str, resource: str, preferred: tuple[str, ...] = ()) -> str | None:
+    """The version of `group` that serves `resource` (API discovery: GET /apis/<group>, then each
+    version's resource list), the server's preferred version first; None when none serves it.
+
+    lightkube has no discovery call, so this goes through its own HTTP client (same auth and TLS)."""
+    http = client._client._client  # lightkube's httpx client; no public raw-GET exists
+    resp = http.get(f"/apis/{group}")
+    if resp.status_code == 404:
+        return None
+    resp.raise_for_status()
+    doc = resp.json()
+    versions = [v["version"] for v in doc.get("versions", [])]
+    pref = (doc.get("preferredVersion") or {}).get("version")
+    order = [v for v in (*preferred, pref, *versions) if v]
+    seen: set[str] = set()
+    for version in order:
+        if version in seen or version not in versions:
+            continue
+        seen.add(version)
+        r = http.get(f"/apis/{group}/{version}")
+        if r.status_code == 200 and resource in [x.get("name") for x in r.json().get("resources", [])]:
+            return version
+    return None
+
+
+def device_taint_rule_resource(version: str) -> Any:
+    return create_global_resource("resource.k8s.io", version, "DeviceTaintRule", "devicetaintrules")
+
+
+def record_event(client: Client, node: Any, *, reason: str, message: str, type_: str = "Normal",
+                 action: str = "") -> None:
+    """A core/v1 Event on the Node, so `kubectl describe node` shows why. Never fails the action it
+    describes: a refused Event is logged (the result still carries the detail)."""
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    name = node.metadata.name
+    ev = Event.from_dict({
+        "metadata": {"generateName": f"{name}.xidstream-", "namespace": EVENT_NAMESPACE},
+        "involvedObject": {"kind": "Node", "name": name, "uid": node.metadata.uid, "apiVersion": "v1"},
+        "reason": reason, "message": message[:1024], "type": type_, "action": action or reason,
+        "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    })
+    try:
+        client.create(ev, namespace=EVENT_NAMESPACE)
+    except ApiError as exc:
+        log.warning("could not record Event %s on node %s: %s", reason, name, exc)
+
+
+def is_daemonset_pod(pod: Any) -> bool:
+    return any(o.kind == "DaemonSet" for o in (pod.metadata.ownerReferences or []))
+
+
+def is_mirror_pod(pod: Any) -> bool:
+    # A static pod's API mirror: the kubelet owns it, the API cannot evict it.
+    return "kubernetes.io/config.mirror" in (pod.metadata.annotations or {})
+
+
+def pods_on_node(client: Client, node: str) -> list[Any]:
+    """Pods bound to `node` that still run or may run (not Succeeded/Failed)."""
+    pods = client.list(Pod, namespace="*", fields={"spec.nodeName": node})
+    return [p for p in pods if (p.status.phase if p.status else None) not in ("Succeeded", "Failed")]
+
+
+def list_then_watch(client: Client, res: Any, on_event: Callable[[str, Any], bool], *, namespace: str | None = None,
+                    fields: dict | None = None, labels: dict | None = None) -> None:
+    """List, then watch from the list's resourceVersion; on 410 Gone (the version was compacted
+    away) list again and resume from the new one, so no change is lost. `on_event(type, obj)` gets
+    ("LISTED", obj) for each listed object; return False to stop."""
+    kw: dict[str, Any] = {"fields": fields, "labels": labels}
+    if namespace is not None:
+        kw["namespace"] = namespace
+    while True:
+        listing = client.list(res, **kw)
+        for obj in listing:
+            if on_event("LISTED", obj) is False:
+                return
+        rv = listing.resourceVersion
+        try:
+            for typ, obj in client.watch(res, resource_version=rv, **kw):
+                if on_event(typ, obj) is False:
+                    return
+        except ApiError as exc:
+            if exc.status.code != 410:
+                raise
+            log.info("watch of %s: resourceVersion %s is gone (410); listing again", res.__name__, rv)
+
+
+def node_or_none(client: Client, name: str) -> Any:
+    try:
+        return client.get(Node, name)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+
+
+def iter_names(pods: list[Any]) -> Iterator[str]:
+    for p in pods:
+        yield f"{p.metadata.namespace}/{p.metadata.name}"
