@@ -1,7 +1,7 @@
 """Where the collector's records go: Kafka (through the spool) or stdout (JSON lines).
 
 `KafkaSink` appends every record to an on-disk `Spool` first, then hands spooled records to an
-idempotent confluent-kafka producer (acks=all, murmur2 partitioner: xidstream.kafka.producer_config).
+idempotent confluent-kafka producer (acks=all, murmur2 partitioner: transport.kafka.producer_config).
 `message.timeout.ms=0` makes librdkafka retry a message until the broker takes it, so a broker
 that goes away and comes back gets every record exactly once and in order per key; the number in
 flight is capped so the rest waits on disk, not in memory.
@@ -25,8 +25,8 @@ from confluent_kafka import KafkaError, Producer
 from schemas.base import Record
 from schemas.codec import encode, to_dict
 from schemas.models import GpuProcesses, GpuSample
-from xidstream.kafka import producer_config
-from xidstream.settings import Settings
+from transport.kafka import producer_config
+from transport.config import KafkaConfig
 
 __all__ = ["Sink", "KafkaSink", "StdoutSink", "MemorySink"]
 
@@ -53,7 +53,7 @@ class Sink(Protocol):
 class StdoutSink:
     """JSON lines on stdout, one per record, with its topic and key: what `--sink stdout` prints."""
 
-    def __init__(self, settings: Settings, stream=None) -> None:
+    def __init__(self, settings: KafkaConfig, stream=None) -> None:
         import orjson
 
         self._dumps = orjson.dumps
@@ -120,7 +120,7 @@ class _Lane:
 
 
 class KafkaSink:
-    def __init__(self, settings: Settings, spool_dir: str | Path, *, max_inflight: int = 10_000,
+    def __init__(self, settings: KafkaConfig, spool_dir: str | Path, *, max_inflight: int = 10_000,
                  critical_bytes: int = 512 << 20, telemetry_bytes: int = 256 << 20,
                  producer_overrides: dict | None = None) -> None:
         self.settings = settings

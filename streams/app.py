@@ -1,4 +1,5 @@
-"""The faust-streaming app, built by `create_app(settings, policy)`; importing registers nothing.
+"""The faust-streaming app, built by `create_app(config, policy)` from a `transport.config.KafkaConfig`
+(the command layer passes its Settings, which is one); importing registers nothing.
 
 Topology (aiokafka transport):
 
@@ -46,7 +47,7 @@ from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step
 from streams.policy import Policy
 from streams.routing import FLEET_KEY, fan_out, state_key
-from xidstream.settings import Settings
+from transport.config import KafkaConfig
 
 __all__ = ["create_app", "internal_topics", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY"]
 
@@ -62,13 +63,13 @@ _MODELS = {
 GPU_TABLE, FLEET_TABLE = "gpu-state", "fleet-state"
 
 
-def internal_topics(settings: Settings) -> dict[str, int]:
+def internal_topics(settings: KafkaConfig) -> dict[str, int]:
     """Topics the processor needs besides the contract's: name -> partitions."""
     p = settings.topic_prefix
     return {f"{p}xidstream.results-by-gpu": settings.partitions, f"{p}xidstream.fleet": 1}
 
 
-def changelog_topics(settings: Settings, app_id: str) -> dict[str, int]:
+def changelog_topics(settings: KafkaConfig, app_id: str) -> dict[str, int]:
     """The tables' changelog topics (faust names them ``<app id>-<table>-changelog``): name ->
     partitions. The GPU table is co-partitioned with the inputs; the fleet table has one row."""
     return {f"{app_id}-{GPU_TABLE}-changelog": settings.partitions, f"{app_id}-{FLEET_TABLE}-changelog": 1}
@@ -117,7 +118,7 @@ class ProcessorApp:
         self.__dict__.update(parts)
 
 
-def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str | None = None,
+def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: str | None = None,
                web_port: int | None = None, store: str = "memory://", datadir: str | None = None,
                fast_rebalance: bool = False, batch: int = 500, within: float = 0.05) -> ProcessorApp:
     policy = policy or Policy()
@@ -158,7 +159,7 @@ def create_app(settings: Settings, policy: Policy | None = None, *, app_id: str 
         # shows them, so the consumer's first metadata has them (defect 7: a changelog faust
         # created a moment before counted 0 partitions and the fleet agent crashed on its first
         # table write). A changelog with a wrong count stops the worker here, with its name.
-        from xidstream.kafka import ensure_processor_topics
+        from transport.kafka import ensure_processor_topics
 
         ensure_processor_topics(settings, internal_topics(settings), compacted=changelogs)
 

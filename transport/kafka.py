@@ -1,4 +1,4 @@
-"""Kafka plumbing shared by the collectors and the tools: client configs, topic creation.
+"""Kafka plumbing shared by the libraries and the commands: client configs, topic administration.
 
 Every confluent-kafka producer that writes a topic the stream processor reads must hash keys the
 way aiokafka and the Java client do (murmur2), or a GPU's records land on a different partition
@@ -14,13 +14,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from schemas.errors import TopicError
 from schemas.topics import TOPICS
-from xidstream.settings import Settings
+from transport.config import KafkaConfig
 
 __all__ = ["producer_config", "consumer_config", "admin", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag"]
 
 
-def producer_config(settings: Settings, **overrides: object) -> dict:
+def producer_config(settings: KafkaConfig, **overrides: object) -> dict:
     config: dict = {
         "bootstrap.servers": settings.bootstrap,
         "enable.idempotence": True,  # retries never duplicate or reorder
@@ -35,7 +35,7 @@ def producer_config(settings: Settings, **overrides: object) -> dict:
     return config
 
 
-def consumer_config(settings: Settings, group_id: str, **overrides: object) -> dict:
+def consumer_config(settings: KafkaConfig, group_id: str, **overrides: object) -> dict:
     config: dict = {
         "bootstrap.servers": settings.bootstrap,
         "group.id": group_id,
@@ -47,7 +47,7 @@ def consumer_config(settings: Settings, group_id: str, **overrides: object) -> d
     return config
 
 
-def admin(settings: Settings) -> AdminClient:
+def admin(settings: KafkaConfig) -> AdminClient:
     return AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_extra})
 
 
@@ -59,7 +59,7 @@ def _describe(client: AdminClient, timeout: float) -> dict[str, int]:
     return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
 
 
-def check_copartitioning(settings: Settings, existing: dict[str, int]) -> None:
+def check_copartitioning(settings: KafkaConfig, existing: dict[str, int]) -> None:
     """Raise `TopicError` unless every input topic has `settings.partitions` partitions."""
     reg = settings.topics
     wrong = {
@@ -77,7 +77,7 @@ def check_copartitioning(settings: Settings, existing: dict[str, int]) -> None:
         )
 
 
-def create_topics(settings: Settings, names: Iterable[str] | None = None, timeout: float = 30.0) -> dict[str, str]:
+def create_topics(settings: KafkaConfig, names: Iterable[str] | None = None, timeout: float = 30.0) -> dict[str, str]:
     """Create the registry's topics that do not exist; check those that do.
 
     Returns physical topic name -> "created" | "exists". Idempotent.
@@ -121,7 +121,7 @@ def create_topics(settings: Settings, names: Iterable[str] | None = None, timeou
     return dict(sorted(result.items()))
 
 
-def delete_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+def delete_topics(settings: KafkaConfig, timeout: float = 30.0) -> list[str]:
     """Test and benchmark clean-up: with a topic prefix, everything the run created under it
     (`delete_run`: also the processor's internal topics, changelogs, faust's assignor topic and
     the consumer groups, which a worker of the run leaves behind); without one, only the registry's
@@ -142,7 +142,7 @@ def delete_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     return names
 
 
-def read_all(settings: Settings, topics: list[str], *, timeout: float = 10.0, idle: float = 1.5,
+def read_all(settings: KafkaConfig, topics: list[str], *, timeout: float = 10.0, idle: float = 1.5,
              expected: int | None = None) -> list:
     """Read physical `topics` from the beginning until `expected` messages arrived, or nothing
     new came for `idle` seconds after the end offsets were reached, or `timeout` passed.
@@ -192,7 +192,7 @@ def _wait_visible(client: AdminClient, wanted: dict[str, int], timeout: float) -
         time.sleep(0.2)
 
 
-def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeout: float = 30.0, *,
+def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], timeout: float = 30.0, *,
                             compacted: dict[str, int] | None = None) -> None:
     """Check the processor's inputs (they must exist, co-partitioned), then create its internal
     topics (`internal`, 7 days' retention) and its tables' changelogs (`compacted`: the latest row
@@ -242,7 +242,7 @@ def ensure_processor_topics(settings: Settings, internal: dict[str, int], timeou
                          f"{timeout:g} s: " + ", ".join(f"{n} has {c}, needs {wanted[n]}" for n, c in sorted(wrong.items())))
 
 
-def delete_run(settings: Settings, timeout: float = 30.0) -> dict[str, list[str]]:
+def delete_run(settings: KafkaConfig, timeout: float = 30.0) -> dict[str, list[str]]:
     """Delete every topic and consumer group named under this run's topic prefix: the contract
     topics, the processor's internal ones, its changelogs, faust's assignor topic and the groups.
     For runs that own a unique prefix (replay, tests): refuses an empty prefix, which names the
@@ -284,7 +284,7 @@ class LagProbe:
     """Messages in `topics` that consumer group `group` has not committed; reuses its clients, so
     it can be asked every second without loading a small machine."""
 
-    def __init__(self, settings: Settings, group: str, topics: list[str], timeout: float = 10.0) -> None:
+    def __init__(self, settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0) -> None:
         from confluent_kafka import Consumer
 
         self.settings, self.group, self.topics, self.timeout = settings, group, topics, timeout
@@ -330,7 +330,7 @@ class LagProbe:
         self.probe.close()
 
 
-def consumer_lag(settings: Settings, group: str, topics: list[str], timeout: float = 10.0) -> int | None:
+def consumer_lag(settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0) -> int | None:
     """One-off `LagProbe.lag()`."""
     probe = LagProbe(settings, group, topics, timeout)
     try:

@@ -1,39 +1,24 @@
 """One frozen settings object per process, built by the CLI and passed down.
 
-Library code never reads `os.environ`; `Settings.from_env()` is called once, in the CLI, and flags
-override what the environment says.
+Library code never reads `os.environ` and never imports this module: `Settings` is a
+`transport.config.KafkaConfig` (what the libraries take) plus how the commands build it.
+`Settings.from_env()` is called once, in the CLI, and flags override what the environment says.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from schemas.errors import ConfigError
-from schemas.topics import DEFAULT_PARTITIONS, TopicRegistry
+from transport.config import DEFAULT_BOOTSTRAP, KafkaConfig
 
 __all__ = ["Settings", "DEFAULT_BOOTSTRAP"]
 
-# The local broker of deploy/local (non-default port, loopback only).
-DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
-
 
 @dataclass(frozen=True)
-class Settings:
-    bootstrap: str = DEFAULT_BOOTSTRAP
-    topic_prefix: str = ""
-    partitions: int = DEFAULT_PARTITIONS
-    replication_factor: int = 1
-    node: str = field(default_factory=socket.gethostname)
-    # Extra librdkafka settings (security.protocol, sasl.*, ...) for every client we create.
-    kafka_extra: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def topics(self) -> TopicRegistry:
-        return TopicRegistry(self.topic_prefix, self.partitions)
-
+class Settings(KafkaConfig):
     def with_(self, **changes: object) -> "Settings":
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 

@@ -1,0 +1,34 @@
+"""`KafkaConfig`: what a library part needs to reach Kafka, and nothing about where it came from.
+
+The command layer (`xidstream.settings.Settings`) builds it from flags and the environment; the
+collectors' sink, the processor and the executors take it as it is, so they never read
+`os.environ` and never import the command layer.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from schemas.topics import DEFAULT_PARTITIONS, TopicRegistry
+
+__all__ = ["KafkaConfig", "DEFAULT_BOOTSTRAP"]
+
+# The local broker of deploy/local (non-default port, loopback only).
+DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str = DEFAULT_BOOTSTRAP
+    topic_prefix: str = ""
+    partitions: int = DEFAULT_PARTITIONS
+    replication_factor: int = 1
+    node: str = field(default_factory=socket.gethostname)
+    # Extra librdkafka settings (security.protocol, sasl.*, ...) for every client we create.
+    kafka_extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def topics(self) -> TopicRegistry:
+        return TopicRegistry(self.topic_prefix, self.partitions)
