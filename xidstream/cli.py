@@ -231,7 +231,13 @@ def _kube(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube]
+def _executors(sub: argparse._SubParsersAction) -> None:
+    from xidstream.execute_cmd import register
+
+    register(sub)
+
+
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _executors]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,170 @@
+"""`xidstream keys generate|sign`, `xidstream approve`, `xidstream execute` (issue 10).
+
+    xidstream keys generate --out DIR             # DIR/signing.key (0600) + DIR/signing.pub, prints the key id
+    xidstream keys sign --key DIR/signing.key < commands.jsonl > signed.jsonl
+    xidstream approve COMMAND_ID --key FILE --node NODE [--by NAME] [--ttl S] [--publish]
+    xidstream execute --scope cluster --verify-key DIR/signing.pub [--apply] [--kubeconfig FILE]
+    xidstream execute --scope node --node NAME --verify-key FILE [--apply] [--reboot-sentinel PATH]
+    xidstream execute ... --stdin                  # command JSON lines in, one result line each out; no Kafka
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from schemas.errors import ConfigError
+from xidstream.cliargs import add_kafka_args
+from xidstream.settings import Settings
+
+__all__ = ["register"]
+
+
+def _keys(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.signing import SigningKey, generate_keys
+
+    if args.action == "generate":
+        if not args.out:
+            raise ConfigError("keys generate needs --out DIR")
+        priv, pub, kid = generate_keys(args.out)
+        print(f"key id {kid}\nprivate key {priv} (keep it with the processor; mode 0600)\n"
+              f"public key  {pub} (give it to every executor: --verify-key {pub})")
+        return 0
+    if not args.key:
+        raise ConfigError("keys sign needs --key FILE (a private key from `xidstream keys generate`)")
+    from schemas.codec import decode_any, encode
+    from schemas.errors import DecodeError
+    from schemas.models import Approval, RemediationCommand
+
+    key = SigningKey.load(args.key)
+    bad = 0
+    for n, line in enumerate(sys.stdin.buffer, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = decode_any(line)
+        except DecodeError as exc:
+            print(f"xidstream keys sign: line {n}: {exc}", file=sys.stderr)
+            bad += 1
+            continue
+        if not isinstance(rec, (RemediationCommand, Approval)):
+            print(f"xidstream keys sign: line {n}: a {rec.schema_} record is not signed (commands and approvals are)",
+                  file=sys.stderr)
+            bad += 1
+            continue
+        sys.stdout.buffer.write(encode(key.sign(rec)) + b"\n")
+    sys.stdout.flush()
+    return 1 if bad else 0
+
+
+def _approve(args: argparse.Namespace, settings: Settings) -> int:
+    from schemas.codec import encode
+    from schemas.models import Approval
+    from schemas.signing import SigningKey
+
+    key = SigningKey.load(args.key)
+    approval = key.sign(Approval(
+        node=args.node, approval_id=uuid.uuid4().hex, command_id=args.command_id,
+        approved_by=args.by or getpass.getuser(), reason=args.reason or "",
+        expires_at=datetime.now(timezone.utc) + timedelta(seconds=args.ttl)))
+    raw = encode(approval)
+    if args.publish:
+        from confluent_kafka import Producer
+
+        from xidstream.kafka import producer_config
+
+        topic = settings.topics.name("gpu.remediation.approvals")
+        producer = Producer(producer_config(settings))
+        producer.produce(topic, key=args.node.encode(), value=raw)
+        if producer.flush(30) != 0:
+            raise ConfigError(f"could not publish the approval to {topic} on {settings.bootstrap} within 30 s")
+        print(f"approved command {args.command_id} on {args.node} until {approval.expires_at:%Y-%m-%dT%H:%M:%SZ} "
+              f"(approval {approval.approval_id}, key {key.key_id}); published to {topic}", file=sys.stderr)
+    else:
+        sys.stdout.buffer.write(raw + b"\n")
+        sys.stdout.flush()
+    return 0
+
+
+def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
+    from executors.runner import Executor
+    from schemas.signing import VerifyKeys
+
+    if args.scope == "node" and not args.node:
+        raise ConfigError("--scope node needs --node NAME (the node this executor runs on)")
+    keys = VerifyKeys.load(args.verify_key or [])
+    client = None
+    if not (args.scope == "node" and args.no_kube):
+        from executors.kube import make_client
+
+        client = make_client(args.kubeconfig)
+    if args.scope == "cluster":
+        from executors.cluster import ClusterActions
+
+        actions = ClusterActions(client, drain_timeout=args.drain_timeout)
+    else:
+        from executors.node import NodeActions, NvmlGpuOps
+
+        try:
+            import pynvml
+
+            gpu_ops = NvmlGpuOps(pynvml)
+        except ImportError:
+            gpu_ops = None
+        actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel)
+    state = Path(args.state_dir)
+    return Executor(scope=args.scope, keys=keys, actions=actions, state_dir=state, apply=args.apply,
+                    node=args.node if args.scope == "node" else None)
+
+
+def _execute(args: argparse.Namespace, settings: Settings) -> int:
+    ex = build_executor(args)
+    mode = "APPLY" if args.apply else "dry run (nothing is changed; --apply to act)"
+    print(f"xidstream execute: {args.scope} executor{' for node ' + args.node if args.node else ''}, {mode}, "
+          f"trusting key(s) {', '.join(ex.keys.key_ids)}, journal {ex.journal.path}", file=sys.stderr, flush=True)
+    if args.stdin:
+        from executors.runner import run_stdin
+
+        return run_stdin(ex, sys.stdin.buffer, sys.stdout.buffer)
+    from executors.runner import run_kafka
+
+    return run_kafka(ex, settings)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("keys", help="Ed25519 keys that sign remediation commands and approvals")
+    p.add_argument("action", choices=["generate", "sign"])
+    p.add_argument("--out", help="generate: the folder for signing.key and signing.pub")
+    p.add_argument("--key", help="sign: the private key file; command/approval JSON lines stdin -> signed lines stdout")
+    p.set_defaults(handler=_keys)
+
+    p = sub.add_parser("approve", help="sign an approval that releases one held command")
+    p.add_argument("command_id")
+    p.add_argument("--key", required=True, help="the approver's private key (its public key must be an executor's --verify-key)")
+    p.add_argument("--node", required=True, help="the node the command is for (the approvals topic is keyed by node)")
+    p.add_argument("--by", help="who approves (default: the login name)")
+    p.add_argument("--reason", help="why, in words")
+    p.add_argument("--ttl", type=float, default=900.0, help="seconds the approval stays valid (default 900)")
+    p.add_argument("--publish", action="store_true", help="publish to gpu.remediation.approvals (default: print the JSON line)")
+    add_kafka_args(p, partitions=False)
+    p.set_defaults(handler=_approve)
+
+    p = sub.add_parser("execute", help="carry out signed remediation commands (dry run unless --apply)")
+    p.add_argument("--scope", choices=["cluster", "node"], required=True)
+    p.add_argument("--node", help="node scope: the node this executor runs on (required)")
+    p.add_argument("--verify-key", action="append", metavar="FILE",
+                   help="a trusted public key (repeat it during a key rotation); at least one")
+    p.add_argument("--apply", action="store_true", help="act; without it every command is answered with what it would do")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
+    p.add_argument("--no-kube", action="store_true", help="node scope: no API server (RESET_GPU then fails its "
+                                                           "cordoned/drained precondition; REBOOT_NODE records no Event)")
+    p.add_argument("--stdin", action="store_true", help="command JSON lines on stdin, one result line each on stdout; no Kafka")
+    p.add_argument("--state-dir", default=".xidstream/executor", help="the journal of carried-out commands (default .xidstream/executor)")
+    p.add_argument("--drain-timeout", type=float, default=120.0, help="cluster scope: seconds a drain waits on blocking PodDisruptionBudgets (default 120)")
+    p.add_argument("--reboot-sentinel", default="/var/run/reboot-required", help="node scope: kured's sentinel file (default /var/run/reboot-required)")
+    add_kafka_args(p, partitions=False)
+    p.set_defaults(handler=_execute)
