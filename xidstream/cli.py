@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Later subsystems (collectors, stream processor, replay) add their subcommands here.
 def _collectors(sub: argparse._SubParsersAction) -> None:
-    from collectors.cli import register
+    from xidstream.collect_cmd import register
 
     register(sub)
 

@@ -1,4 +1,4 @@
-"""`xidstream collect` and `xidstream parse`."""
+"""`xidstream collect` and `xidstream parse`: the commands over the collector library (`collectors/`)."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def _check_topics(settings: Settings, create: bool) -> None:
     from confluent_kafka import KafkaException
 
     from schemas.topics import TOPICS
-    from xidstream.kafka import admin, create_topics
+    from transport.kafka import admin, create_topics
 
     if create:
         create_topics(settings)
