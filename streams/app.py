@@ -120,7 +120,10 @@ class ProcessorApp:
 
 def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: str | None = None,
                web_port: int | None = None, store: str = "memory://", datadir: str | None = None,
-               fast_rebalance: bool = False, batch: int = 500, within: float = 0.05) -> ProcessorApp:
+               fast_rebalance: bool = False, batch: int = 500, within: float = 0.05,
+               signing_key: Any = None) -> ProcessorApp:
+    """`signing_key` (a `schemas.signing.SigningKey`): every command is signed as it leaves the
+    fleet agent, the last place that changes it (issue 10); executors refuse unsigned commands."""
     policy = policy or Policy()
     reg = settings.topics
     partitions = settings.partitions
@@ -342,6 +345,8 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             for kind, out in outputs:
                 if isinstance(out, RemediationCommand):
                     stats["commands"] += 1
+                    if signing_key is not None:
+                        out = signing_key.sign(out)
                     await remediation.send(key=out.node.encode(), value=encode(out))
                 elif isinstance(out, Alert):
                     stats["alerts"] += 1

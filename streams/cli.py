@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--app-id", default=None, help="consumer group / app id (default <prefix>xidstream-processor)")
     p.add_argument("--node", help="name of this worker's host on dead-letter records")
     p.add_argument("--loglevel", default="warning", help="worker log level (default warning)")
+    p.add_argument("--signing-key", help="Ed25519 private key (xidstream keys generate) that signs every command; "
+                                         "executors refuse unsigned ones")
     p.add_argument("--fast-rebalance", action="store_true", help="short session timeouts, for a one-broker test setup")
     add_kafka_args(p)
     p.set_defaults(handler=_process)
@@ -68,6 +70,11 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions, node=args.node)
     settings.validate()
     policy = load_policy(args.policy or conf.get("policy"))
+    signing_key = None
+    if args.signing_key or conf.get("signing_key"):
+        from schemas.signing import SigningKey
+
+        signing_key = SigningKey.load(args.signing_key or conf.get("signing_key"))
     from streams.app import create_app, internal_topics
     from xidstream.kafka import ensure_processor_topics
 
@@ -81,7 +88,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     data_dir = args.data_dir or conf.get("data_dir") or ".xidstream/processor"
     web_port = args.web_port if args.web_port is not None else conf.get("web_port")
     proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, store=store,
-                      datadir=data_dir, fast_rebalance=args.fast_rebalance)
+                      datadir=data_dir, fast_rebalance=args.fast_rebalance, signing_key=signing_key)
     import faust
 
     try:
