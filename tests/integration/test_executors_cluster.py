@@ -279,3 +279,19 @@ def test_dry_run_describes_and_writes_nothing(kube, keys, tmp_path, ns):
         r = ex.handle(key.sign(command(node, action)))
         assert r.outcome == Outcome.refused and r.detail.startswith("dry run: would "), (action, r.detail)
     assert snapshot(kube, node, ns) == before
+
+
+def test_quarantine_is_advisory_where_device_taints_are_not_served(kube, executor, keys):
+    """What discovery answers on a server without DRA device taints (None): a node label and an
+    Event naming the GPU, and the result says the quarantine is advisory."""
+    key, _ = keys
+    executor.actions._dtr_version = None  # as discover_version returns when no version serves it
+    node = make_node(kube, "advisory")
+    r = executor.handle(key.sign(command(node, "QUARANTINE_GPU", gpu_index=3)))
+    assert r.outcome == Outcome.succeeded and r.detail.startswith("quarantine is advisory"), r.detail
+    assert "gpu-quarantine.xidstream.io/gpu-3" in get_node(kube, node)["metadata"]["labels"]
+    [ev] = [e for e in node_events(kube, node) if e["reason"] == "XidstreamGpuQuarantine"]
+    assert "GPU-8d2e4b7a" in ev["message"]
+    r = executor.handle(key.sign(command(node, "RELEASE_GPU", gpu_index=3)))
+    assert r.outcome == Outcome.succeeded and "removed label" in r.detail
+    assert "gpu-quarantine.xidstream.io/gpu-3" not in get_node(kube, node)["metadata"]["labels"]
