@@ -33,6 +33,7 @@ from schemas.errors import DecodeError
 from schemas.models import Approval, RemediationCommand, RemediationResult
 from schemas.signing import VerifyKeys
 from schemas.vocab import Outcome
+from transport.config import KafkaConfig
 
 __all__ = ["Executor", "run_stdin", "run_kafka"]
 
@@ -175,11 +176,11 @@ def run_stdin(ex: Executor, stdin: IO[bytes], stdout: IO[bytes]) -> int:
     return 1 if bad else 0
 
 
-def run_kafka(ex: Executor, settings: Any, *, group: str | None = None, stop: threading.Event | None = None,
+def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None, stop: threading.Event | None = None,
               poll: float = 0.5) -> int:
     from confluent_kafka import Consumer, KafkaError, Producer
 
-    from xidstream.kafka import consumer_config, producer_config
+    from transport.kafka import consumer_config, producer_config
 
     reg = settings.topics
     cmd_topic, appr_topic = reg.name("gpu.remediation"), reg.name("gpu.remediation.approvals")

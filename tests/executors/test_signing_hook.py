@@ -41,8 +41,9 @@ def test_fleet_agent_signs_every_command(tmp_path):
         keys.verify(c)  # raises when not authentic
 
 
-def test_executors_never_import_faust_or_the_stream_processor():
-    """Executors run in the collector DaemonSet and a small Deployment: no faust, no streams."""
+def test_executors_never_import_faust_the_stream_processor_or_the_command_layer():
+    """Executors run in the collector DaemonSet and a small Deployment: no faust, no streams; and,
+    like the other library packages, they take a KafkaConfig, never the command layer."""
     from pathlib import Path
 
     import executors
@@ -50,5 +51,5 @@ def test_executors_never_import_faust_or_the_stream_processor():
     root = Path(executors.__file__).parent
     offenders = [f"{p.name}: {line.strip()}" for p in root.rglob("*.py") for line in p.read_text().splitlines()
                  if line.strip().split()[:1] in (["import"], ["from"])
-                 and line.strip().split()[1].split(".")[0] in {"faust", "streams"}]
+                 and line.strip().split()[1].split(".")[0] in {"faust", "streams", "xidstream"}]
     assert not offenders
