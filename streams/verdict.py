@@ -100,9 +100,14 @@ def pinned_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None
         if inc is not None and inc.reset_ok_at is not None and start > inc.reset_ok_at:
             return Verdict(Classification.GPU_WEDGED, RESET, f"GPU {state.gpu_index} wedged again after the GPU reset",
                            ids, climb=Action.REBOOT_NODE)
-        last = wedge[-1]
-        what = f"Xid 43 at {dt(last['ts']).strftime('%H:%M:%S')}Z" if last.get("xid") == 43 else \
-            f"the driver's failure to recover the GPU at {dt(last['ts']).strftime('%H:%M:%S')}Z"
+        x43 = [x for x in wedge if x.get("xid") == 43]
+        failed = [x for x in wedge if x.get("kind") == "recovery_failure"]
+        parts = []
+        if x43:
+            parts.append(f"Xid 43 at {dt(x43[-1]['ts']).strftime('%H:%M:%S')}Z")
+        if failed:
+            parts.append(f"the driver's failure to recover the GPU at {dt(failed[-1]['ts']).strftime('%H:%M:%S')}Z")
+        what = " and ".join(parts)
         summary = (f"{base} after {what}: GPU context wedged"
                    + (f"; {len(failures)} later workload failure(s)" if failures else ""))
         return Verdict(Classification.GPU_WEDGED, RESET, summary, ids, entry=stats_entry)
