@@ -45,7 +45,7 @@ from collectors.sink import KafkaSink  # noqa: E402
 from collectors.sources.kernel import FileSource  # noqa: E402
 from collectors.scenario import FakeProcFs  # noqa: E402
 from collectors.sources.procfs import ProcFs  # noqa: E402
-from xidstream.kafka import create_topics  # noqa: E402
+from transport.kafka import create_topics  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 
 

@@ -34,7 +34,7 @@ from executors.kube import list_then_watch, make_client  # noqa: E402
 from schemas import GpuSample, XidEvent, encode  # noqa: E402
 from schemas.signing import generate_keys  # noqa: E402
 from schemas.xid_catalog import lookup  # noqa: E402
-from xidstream.kafka import create_topics, delete_run, producer_config  # noqa: E402
+from transport.kafka import create_topics, delete_run, producer_config  # noqa: E402
 from xidstream.localbroker import LocalBroker  # noqa: E402
 from xidstream.localkube import LocalKube  # noqa: E402
 from xidstream.runner import WorkerProcess  # noqa: E402

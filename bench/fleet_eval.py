@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from collectors.sink import KafkaSink  # noqa: E402
 from schemas.topics import INPUT_TOPICS  # noqa: E402
 from streams.app import internal_topics  # noqa: E402
-from xidstream.kafka import consumer_lag, create_topics  # noqa: E402
+from transport.kafka import consumer_lag, create_topics  # noqa: E402
 from xidstream.runner import WorkerProcess  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 from xidstream.simulate import Simulator, evaluate  # noqa: E402

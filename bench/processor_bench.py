@@ -36,7 +36,7 @@ from collectors.sink import KafkaSink  # noqa: E402
 from schemas import INPUT_TOPICS, XidEvent, encode  # noqa: E402
 from schemas.xid_catalog import lookup  # noqa: E402
 from streams.app import internal_topics  # noqa: E402
-from xidstream.kafka import LagProbe, consumer_config, consumer_lag, create_topics, delete_topics, producer_config  # noqa: E402
+from transport.kafka import LagProbe, consumer_config, consumer_lag, create_topics, delete_topics, producer_config  # noqa: E402
 from xidstream.runner import WorkerProcess  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 from xidstream.simulate import FaultRates, Simulator  # noqa: E402

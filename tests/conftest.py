@@ -38,7 +38,7 @@ def kafka_bootstrap():
 def kafka_settings(kafka_bootstrap):
     """Settings with a fresh topic prefix (all registry topics created), so tests never see each
     other's records; the topics are deleted afterwards."""
-    from xidstream.kafka import create_topics, delete_topics
+    from transport.kafka import create_topics, delete_topics
 
     settings = Settings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
                         partitions=8, node="node-a")

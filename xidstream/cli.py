@@ -71,7 +71,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
             part = f"{settings.partitions} partitions" + (" (co-partitioned input)" if spec.co_partitioned else "")
             print(f"{reg.name(name):32} key: {spec.key:42} {keep:10} {part:38} {spec.model.SCHEMA}")
         return 0
-    from xidstream.kafka import create_topics
+    from transport.kafka import create_topics
 
     for name, state in create_topics(settings).items():
         print(f"{name:32} {state}")
@@ -100,7 +100,7 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
     from collectors.sink import KafkaSink
-    from xidstream.kafka import create_topics
+    from transport.kafka import create_topics
     from xidstream.simulate import FaultRates, Simulator
 
     if args.create_topics:
@@ -220,7 +220,7 @@ def _collectors(sub: argparse._SubParsersAction) -> None:
 
 
 def _streams(sub: argparse._SubParsersAction) -> None:
-    from streams.cli import register
+    from xidstream.process_cmd import register
 
     register(sub)
 

@@ -75,7 +75,7 @@ def _approve(args: argparse.Namespace, settings: Settings) -> int:
     if args.publish:
         from confluent_kafka import Producer
 
-        from xidstream.kafka import producer_config
+        from transport.kafka import producer_config
 
         topic = settings.topics.name("gpu.remediation.approvals")
         producer = Producer(producer_config(settings))

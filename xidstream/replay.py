@@ -32,7 +32,7 @@ from schemas.models import Alert, DeadLetter, RemediationCommand
 from schemas.scenario import Scenario, load_scenario
 from schemas.topics import INPUT_TOPICS
 from streams.app import internal_topics
-from xidstream.kafka import create_topics, delete_run, read_all
+from transport.kafka import create_topics, delete_run, read_all
 from xidstream.runner import WorkerProcess
 from xidstream.settings import Settings
 
@@ -73,7 +73,7 @@ class KafkaCommandLookup:
     def __init__(self, settings: Settings, *, timeout: float = 30.0, before_wait=None) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        from xidstream.kafka import admin, consumer_config
+        from transport.kafka import admin, consumer_config
 
         self.timeout = timeout
         self.before_wait = before_wait

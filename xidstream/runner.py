@@ -67,7 +67,7 @@ class WorkerProcess:
 
     def wait_idle(self, topics: list[str], timeout: float = 180.0, settle: float = 3.0) -> bool:
         """Until the worker has committed every message of `topics`, and stayed so for `settle` s."""
-        from xidstream.kafka import LagProbe
+        from transport.kafka import LagProbe
 
         probe = LagProbe(self.settings, self.group, topics)
         deadline = time.monotonic() + timeout

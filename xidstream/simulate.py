@@ -415,7 +415,7 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, tim
     """Precision and recall per classification, node actions on app-fault-only GPUs, latencies:
     the processor's output read back from Kafka, scored by `score`."""
     from schemas.codec import decode_any
-    from xidstream.kafka import read_all
+    from transport.kafka import read_all
 
     meta, truth = read_truth(truth_path)
     reg = settings.topics
@@ -424,7 +424,7 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, tim
     w = out.write
     try:
         from schemas.topics import INPUT_TOPICS
-        from xidstream.kafka import consumer_lag
+        from transport.kafka import consumer_lag
 
         lag = consumer_lag(settings, f"{settings.topic_prefix}xidstream-processor",
                            [reg.name(n) for n in INPUT_TOPICS])

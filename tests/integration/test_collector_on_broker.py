@@ -17,7 +17,7 @@ from collectors.sink import KafkaSink
 from collectors.sources.kernel import MemoryKernelSource
 from schemas import decode_any
 from xidstream.cli import main as cli
-from xidstream.kafka import create_topics, read_all
+from transport.kafka import create_topics, read_all
 from xidstream.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

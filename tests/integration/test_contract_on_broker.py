@@ -14,7 +14,7 @@ from schemas import DecodeError, GpuSample, TopicError, decode, decode_any, enco
 from schemas.topics import TOPICS
 from tests.factories import one_of_each
 from xidstream.cli import main as cli
-from xidstream.kafka import admin, create_topics, producer_config, read_all
+from transport.kafka import admin, create_topics, producer_config, read_all
 
 
 def _produce(settings, items):

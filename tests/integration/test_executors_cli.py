@@ -91,7 +91,7 @@ def test_commands_through_kafka_to_results(kube, kafka_settings, keydir, tmp_pat
     from executors.runner import Executor, run_kafka
     from schemas.models import Approval
     from schemas.signing import SigningKey, VerifyKeys
-    from xidstream.kafka import producer_config, read_all
+    from transport.kafka import producer_config, read_all
 
     settings = kafka_settings
     node = make_node(kube, "kafka")

@@ -16,7 +16,7 @@ from collectors.scenario import ScenarioRunner
 from collectors.sink import KafkaSink
 from schemas import Action, Classification, decode_any, encode, load_scenario
 from tests.streams.builders import GPU, wedge
-from xidstream.kafka import producer_config, read_all
+from transport.kafka import producer_config, read_all
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU1 = "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 from schemas import load_scenario
-from xidstream.kafka import admin
+from transport.kafka import admin
 from xidstream.replay import replay_scenario
 from xidstream.settings import Settings
 

@@ -11,7 +11,7 @@ import pytest
 
 from schemas import Action, RemediationResult, decode_any, load_scenario, parse_scenario
 from schemas.errors import ScenarioError
-from xidstream.kafka import admin, delete_run, read_all
+from transport.kafka import admin, delete_run, read_all
 from xidstream.replay import replay_scenario
 from xidstream.settings import Settings
 

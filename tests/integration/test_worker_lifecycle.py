@@ -25,7 +25,7 @@ from schemas import decode_any, encode
 from schemas.errors import TopicError
 from streams.app import changelog_topics, internal_topics, wait_for_partitions
 from tests.streams.builders import inventory, sample, xid
-from xidstream.kafka import admin, ensure_processor_topics, producer_config, read_all
+from transport.kafka import admin, ensure_processor_topics, producer_config, read_all
 
 ROOT = Path(__file__).resolve().parents[2]
 

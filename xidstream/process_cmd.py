@@ -76,7 +76,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
 
         signing_key = SigningKey.load(args.signing_key or conf.get("signing_key"))
     from streams.app import create_app, internal_topics
-    from xidstream.kafka import ensure_processor_topics
+    from transport.kafka import ensure_processor_topics
 
     ensure_processor_topics(settings, internal_topics(settings))
     store = args.store or conf.get("store") or "memory://"
@@ -112,7 +112,7 @@ def _breaker(args: argparse.Namespace, settings: Settings) -> int:
     from confluent_kafka import KafkaException, Producer
 
     from streams.app import FLEET_KEY, internal_topics
-    from xidstream.kafka import admin, producer_config
+    from transport.kafka import admin, producer_config
 
     fleet = list(internal_topics(settings))[1]
     try:
