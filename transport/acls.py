@@ -1,0 +1,85 @@
+"""The least-privilege ACLs the topic contract implies, one principal per role.
+
+    collector  WRITE the input topics (nothing else: a compromised node cannot write commands)
+    processor  READ the inputs and gpu.remediation.results; WRITE gpu.alerts, gpu.remediation,
+               xidstream.deadletter; ALL on its two internal topics
+               (`<prefix>xidstream.results-by-gpu`, `<prefix>xidstream.fleet`) and on its changelogs and faust's assignor
+               topic (prefix `<app id>-`); its consumer group (prefix `<app id>`)
+    executor   READ gpu.remediation and gpu.remediation.approvals; WRITE gpu.remediation.results;
+               its consumer groups (prefix `<prefix>xidstream-executor`)
+    admin      a super user (the broker's `super.users`): topics, ACLs, approvals
+
+`acl_bindings()` is a pure function (tests read it); `apply_acls()` creates them through the Admin
+API (idempotent: an existing binding is created again without error). The principals are
+`User:<role>` by default; a cluster with other user names passes `principals`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from schemas.errors import TopicError
+from transport.config import KafkaConfig
+
+__all__ = ["INPUT_TOPICS", "ROLE_NAMES", "acl_bindings", "apply_acls"]
+
+INPUT_TOPICS = ("gpu.inventory", "gpu.samples", "gpu.processes", "gpu.xid", "gpu.workloads")
+ROLE_NAMES = ("collector", "processor", "executor")
+
+
+def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
+                 principals: Mapping[str, str] | None = None) -> list:
+    """confluent-kafka `AclBinding`s for every role, for topics under `topic_prefix` and a
+    processor whose app id is `app_id` (default `<prefix>xidstream-processor`, as `create_app`)."""
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, ResourcePatternType,
+                                       ResourceType)
+
+    p = topic_prefix
+    app_id = app_id or f"{p}xidstream-processor"
+    who = {role: f"User:{role}" for role in ROLE_NAMES}
+    who.update(principals or {})
+    out: list = []
+
+    def allow(role: str, rtype, name: str, ops, pattern=ResourcePatternType.LITERAL) -> None:
+        for op in ops:
+            out.append(AclBinding(rtype, name, pattern, who[role], "*", op, AclPermissionType.ALLOW))
+
+    T, G = ResourceType.TOPIC, ResourceType.GROUP
+    W, R, D = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
+    PREFIXED = ResourcePatternType.PREFIXED
+    for t in INPUT_TOPICS:
+        allow("collector", T, p + t, (W, D))
+    # processor
+    for t in (*INPUT_TOPICS, "gpu.remediation.results"):
+        allow("processor", T, p + t, (R, D))
+    for t in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter"):
+        allow("processor", T, p + t, (W, D))
+    allow("processor", T, p + "gpu.remediation.approvals", (D,))  # its start-up check lists every contract topic
+    allow("processor", T, p + "xidstream.results-by-gpu", (AclOperation.ALL,))
+    allow("processor", T, p + "xidstream.fleet", (AclOperation.ALL,))
+    allow("processor", T, app_id + "-", (AclOperation.ALL,), PREFIXED)  # changelogs, faust's assignor topic
+    allow("processor", G, app_id, (R, D), PREFIXED)
+    # executor
+    for t in ("gpu.remediation", "gpu.remediation.approvals"):
+        allow("executor", T, p + t, (R, D))
+    allow("executor", T, p + "gpu.remediation.results", (W, D))
+    allow("executor", G, p + "xidstream-executor", (R, D), PREFIXED)
+    return out
+
+
+def apply_acls(settings: KafkaConfig, *, app_id: str | None = None, principals: Mapping[str, str] | None = None,
+               timeout: float = 30.0) -> int:
+    """Create the bindings of `acl_bindings(settings.topic_prefix, ...)` with `settings`' client
+    (a principal allowed to ALTER the cluster, e.g. a super user). Returns how many."""
+    from confluent_kafka import KafkaException
+
+    from transport.kafka import admin
+
+    bindings = acl_bindings(settings.topic_prefix, app_id=app_id, principals=principals)
+    client = admin(settings)
+    for binding, fut in client.create_acls(bindings, request_timeout=timeout).items():
+        try:
+            fut.result()
+        except KafkaException as exc:
+            raise TopicError(f"cannot create ACL {binding}: {exc.args[0]}") from None
+    return len(bindings)
