@@ -48,6 +48,7 @@ from streams.fleet import FleetState, fleet_step
 from streams.policy import Policy
 from streams.routing import FLEET_KEY, fan_out, state_key
 from transport.config import KafkaConfig
+from transport.faust_auth import faust_kwargs
 
 __all__ = ["create_app", "internal_topics", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY"]
 
@@ -137,7 +138,8 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     app_name = app_id or f"{settings.topic_prefix}xidstream-processor"
     app = _App(
         app_name,
-        broker=[f"kafka://{h.strip()}" for h in settings.bootstrap.split(",")],
+        # broker URLs and credentials from the same librdkafka settings every client reads
+        **faust_kwargs(settings),
         autodiscover=False,
         topic_partitions=partitions,
         topic_replication_factor=settings.replication_factor,

@@ -24,7 +24,12 @@ class KafkaConfig:
     bootstrap: str = DEFAULT_BOOTSTRAP
     topic_prefix: str = ""
     partitions: int = DEFAULT_PARTITIONS
+    # Of every topic xidstream creates (the contract's, the processor's internal ones and its
+    # changelogs): 1 for the local broker, 3 for a production cluster of 3+ brokers.
     replication_factor: int = 1
+    # The topics' min.insync.replicas (None: the broker's default); with acks=all a write then
+    # needs this many replicas, e.g. 2 of 3 survives one broker down without losing a record.
+    min_insync_replicas: int | None = None
     node: str = field(default_factory=socket.gethostname)
     # Extra librdkafka settings (security.protocol, sasl.*, ...) for every client we create.
     kafka_extra: Mapping[str, str] = field(default_factory=dict)

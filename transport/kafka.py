@@ -7,7 +7,7 @@ than faust expects (runtime-notes section 2: 1 of 40 keys matched with librdkafk
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -16,7 +16,7 @@ from schemas.errors import TopicError
 from schemas.topics import TOPICS
 from transport.config import KafkaConfig
 
-__all__ = ["producer_config", "consumer_config", "admin", "create_topics", "check_copartitioning", "delete_topics",
+__all__ = ["producer_config", "consumer_config", "admin", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag"]
 
 
@@ -47,16 +47,79 @@ def consumer_config(settings: KafkaConfig, group_id: str, **overrides: object) -
     return config
 
 
+def explain_error(err: object, config: Mapping[str, object]) -> str | None:
+    """A sentence naming the cause of a librdkafka error that retrying will not cure (a refused
+    password, an untrusted certificate, a missing ACL), or None for any other (a broker that is
+    down or starting: librdkafka retries those). `config` is the client's settings."""
+    from confluent_kafka import KafkaError
+
+    code = err.code() if hasattr(err, "code") else None
+    text = err.str() if hasattr(err, "str") else str(err)
+    user = config.get("sasl.username")
+    where = config.get("bootstrap.servers", "?")
+    auth_codes = {KafkaError._AUTHENTICATION, getattr(KafkaError, "SASL_AUTHENTICATION_FAILED", -1)}
+    if code in auth_codes or "SASL authentication error" in text or "Authentication failed" in text:
+        return (f"authentication failed for user {user or '(none)'} on {where} "
+                f"(sasl.mechanisms={config.get('sasl.mechanisms', 'GSSAPI')}): {text}")
+    if code == KafkaError._SSL or "SSL handshake failed" in text or "certificate verify failed" in text:
+        cause = "certificate verify failed" if "verify failed" in text or "could not be verified" in text else "handshake failed"
+        return (f"TLS: {cause} connecting to {where} (ssl.ca.location={config.get('ssl.ca.location', 'the system CAs')}): "
+                f"{text}")
+    if code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+                KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED):
+        return f"not authorized (user {user or 'ANONYMOUS'} on {where}): {text}"
+    return None
+
+
+class ClientErrors:
+    """A librdkafka `error_cb` that keeps the last error that retrying will not cure, explained
+    (`explain_error`), so a caller waiting on a client can stop waiting and say why."""
+
+    def __init__(self, config: Mapping[str, object]) -> None:
+        self.config = {k: v for k, v in config.items() if k != "sasl.password"}
+        self.fatal: str | None = None
+
+    def __call__(self, err: object) -> None:
+        why = explain_error(err, self.config)
+        if why:
+            self.fatal = why
+
+
 def admin(settings: KafkaConfig) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap, **settings.kafka_extra})
+    config = {"bootstrap.servers": settings.bootstrap, **settings.kafka_extra}
+    errors = ClientErrors(config)
+    client = AdminClient({**config, "error_cb": errors})
+    client.xidstream_errors = errors  # type: ignore[attr-defined]
+    return client
 
 
 def _describe(client: AdminClient, timeout: float) -> dict[str, int]:
-    try:
-        md = client.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise TopicError(f"cannot reach Kafka to list topics: {exc}") from None
+    """Topic name -> partitions. A refused password, an untrusted CA: `TopicError` naming it as
+    soon as librdkafka reports it, not after `timeout`."""
+    import time
+
+    errors: ClientErrors | None = getattr(client, "xidstream_errors", None)
+    deadline = time.monotonic() + timeout
+    while True:
+        step = max(0.1, min(2.0, deadline - time.monotonic()))
+        try:
+            md = client.list_topics(timeout=step)
+            break
+        except KafkaException as exc:
+            client.poll(0)  # serves error_cb
+            if errors is not None and errors.fatal:
+                raise TopicError(errors.fatal) from None
+            if time.monotonic() >= deadline:
+                raise TopicError(f"cannot reach Kafka to list topics: {exc}") from None
     return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
+
+
+def topic_config(settings: KafkaConfig, config: Mapping[str, str]) -> dict[str, str]:
+    """A new topic's configuration with the settings' min.insync.replicas, when one is set."""
+    out = dict(config)
+    if settings.min_insync_replicas is not None:
+        out["min.insync.replicas"] = str(settings.min_insync_replicas)
+    return out
 
 
 def check_copartitioning(settings: KafkaConfig, existing: dict[str, int]) -> None:
@@ -89,7 +152,7 @@ def create_topics(settings: KafkaConfig, names: Iterable[str] | None = None, tim
     check_copartitioning(settings, existing)
     new = [
         NewTopic(reg.name(n), num_partitions=settings.partitions,
-                 replication_factor=settings.replication_factor, config=TOPICS[n].config())
+                 replication_factor=settings.replication_factor, config=topic_config(settings, TOPICS[n].config()))
         for n in wanted if reg.name(n) not in existing
     ]
     result = {reg.name(n): "exists" for n in wanted if reg.name(n) in existing}
@@ -227,7 +290,8 @@ def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], tim
                                  f"or set --partitions to {existing[name]}")
             continue
         config = {"cleanup.policy": "compact"} if name in compacted else {"retention.ms": str(7 * 24 * 3600 * 1000)}
-        new.append(NewTopic(name, num_partitions=parts, replication_factor=settings.replication_factor, config=config))
+        new.append(NewTopic(name, num_partitions=parts, replication_factor=settings.replication_factor,
+                            config=topic_config(settings, config)))
     if new:
         for name, fut in client.create_topics(new, operation_timeout=timeout).items():
             try:

@@ -13,6 +13,7 @@ from typing import Callable
 
 from schemas.errors import XidstreamError
 from xidstream.cliargs import add_kafka_args as _add_kafka_args
+from xidstream.cliargs import add_replication_args as _add_replication_args
 from xidstream.settings import Settings
 
 __all__ = ["main", "build_parser"]
@@ -21,12 +22,14 @@ Handler = Callable[[argparse.Namespace, Settings], int]
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    base = Settings.from_env()
+    base = Settings.from_env(kafka_config=getattr(args, "kafka_config", None))
     settings = base.with_(
         bootstrap=getattr(args, "bootstrap", None),
         topic_prefix=getattr(args, "topic_prefix", None),
         partitions=getattr(args, "partitions", None),
         node=getattr(args, "node", None),
+        replication_factor=getattr(args, "replication_factor", None),
+        min_insync_replicas=getattr(args, "min_insync_replicas", None),
     )
     settings.validate()
     return settings
@@ -36,12 +39,17 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _broker(args: argparse.Namespace, settings: Settings) -> int:
     from xidstream.localbroker import LocalBroker
 
-    broker = LocalBroker(port=args.port, controller_port=args.port + 1)
+    broker = LocalBroker(port=args.port, secure=args.secure)
     if args.action == "fetch":
         print(f"Kafka jars in {broker.fetch()}")
     elif args.action == "start":
-        print(f"starting the local Kafka broker (log: {broker.log_file}) ...", file=sys.stderr)
+        kind = "secure (SASL_SSL) " if args.secure else ""
+        print(f"starting the local {kind}Kafka broker (log: {broker.log_file}) ...", file=sys.stderr)
         print(f"Kafka is up on {broker.start()}")
+        if args.secure:
+            print(f"CA: {broker.ca_file}")
+            for role in ("collector", "processor", "executor", "admin"):
+                print(f"{role:9} --kafka-config {broker.client_file(role)}")
     elif args.action == "stop":
         print("stopped" if broker.stop() else "not running")
     elif args.action == "status":
@@ -156,12 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("broker", help="the local single-node Kafka for the demo and tests")
     p.add_argument("action", choices=["fetch", "start", "stop", "status", "reset"])
-    p.add_argument("--port", type=int, default=19092, help="client port (controller: port+1); default 19092")
+    p.add_argument("--port", type=int, default=None, help="client port (controller: port+1); default 19092, "
+                                                          "19392 with --secure")
+    p.add_argument("--secure", action="store_true",
+                   help="the separate SASL_SSL instance (.xidstream/broker-secure/): TLS, SCRAM-SHA-512 users "
+                        "collector, processor, executor, admin, ACLs; writes clients/ROLE.properties")
     p.set_defaults(handler=_broker)
 
-    p = sub.add_parser("topics", help="create or list the contract's topics")
+    p = sub.add_parser("topics", help="create or list the contract's topics",
+                       epilog="On a production cluster of 3+ brokers: --replication-factor 3 --min-insync-replicas 2 "
+                              "(and the same on `xidstream process`, which creates its internal and changelog topics).")
     p.add_argument("action", choices=["create", "list"])
     _add_kafka_args(p)
+    _add_replication_args(p)
     p.set_defaults(handler=_topics)
 
     p = sub.add_parser("schemas", help="generate or check the JSON Schema files in schemas/json/")

@@ -4,13 +4,28 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_kafka_args"]
+__all__ = ["add_kafka_args", "add_replication_args"]
 
 
 def add_kafka_args(p: argparse.ArgumentParser, *, partitions: bool = True, prefix: bool = True) -> None:
     g = p.add_argument_group("kafka")
     g.add_argument("--bootstrap", help="Kafka bootstrap servers (env XIDSTREAM_BOOTSTRAP; default: the local broker 127.0.0.1:19092)")
+    g.add_argument("--kafka-config", metavar="FILE",
+                   help="librdkafka properties file (key=value, as `kcat -F` reads): bootstrap.servers, "
+                        "security.protocol, sasl.*, ssl.*; for every client, the processor's included "
+                        "(env XIDSTREAM_KAFKA_CONFIG; XIDSTREAM_KAFKA_<NAME> variables and --bootstrap win over it)")
     if prefix:
         g.add_argument("--topic-prefix", help="prefix for every topic name (env XIDSTREAM_TOPIC_PREFIX)")
     if partitions:
         g.add_argument("--partitions", type=int, help="partitions of every topic (env XIDSTREAM_PARTITIONS; default 8)")
+
+
+def add_replication_args(p: argparse.ArgumentParser) -> None:
+    """For commands that create topics: how each is replicated."""
+    g = p.add_argument_group("replication")
+    g.add_argument("--replication-factor", type=int,
+                   help="replicas of every topic created, the processor's internal and changelog topics included "
+                        "(env XIDSTREAM_REPLICATION; default 1, for the local broker; use 3 on a cluster of 3+ brokers)")
+    g.add_argument("--min-insync-replicas", type=int,
+                   help="min.insync.replicas of every topic created (env XIDSTREAM_MIN_INSYNC_REPLICAS; default: "
+                        "the broker's; use 2 with a replication factor of 3, so acks=all survives one broker down)")

@@ -9,7 +9,7 @@ import sys
 import time
 
 from schemas.errors import ConfigError, TopicError
-from xidstream.cliargs import add_kafka_args
+from xidstream.cliargs import add_kafka_args, add_replication_args
 from xidstream.settings import Settings
 
 __all__ = ["register"]
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          "executors refuse unsigned ones")
     p.add_argument("--fast-rebalance", action="store_true", help="short session timeouts, for a one-broker test setup")
     add_kafka_args(p)
+    add_replication_args(p)
     p.set_defaults(handler=_process)
 
     p = sub.add_parser("breaker", help="the fleet circuit breaker")
@@ -66,8 +67,9 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
 
     from_file = {f"XIDSTREAM_{k.upper()}": str(conf[k]) for k in ("bootstrap", "topic_prefix", "partitions", "node")
                  if k in conf}
-    settings = Settings.from_env({**from_file, **os.environ}).with_(
-        bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions, node=args.node)
+    settings = Settings.from_env({**from_file, **os.environ}, kafka_config=args.kafka_config).with_(
+        bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions, node=args.node,
+        replication_factor=args.replication_factor, min_insync_replicas=args.min_insync_replicas)
     settings.validate()
     policy = load_policy(args.policy or conf.get("policy"))
     signing_key = None
