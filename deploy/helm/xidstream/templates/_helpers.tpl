@@ -1,0 +1,146 @@
+{{/* Names, labels and the pieces every component shares. */}}
+
+{{- define "xidstream.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "xidstream.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* selector labels of one component: include "xidstream.selector" (list . "collector") */}}
+{{- define "xidstream.selector" -}}
+{{- $ctx := index . 0 -}}
+app.kubernetes.io/name: {{ $ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "xidstream.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Kafka settings every command reads from the environment. */}}
+{{- define "xidstream.kafkaEnv" -}}
+- name: XIDSTREAM_BOOTSTRAP
+  value: {{ required "kafka.bootstrap is required" .Values.kafka.bootstrap | quote }}
+- name: XIDSTREAM_TOPIC_PREFIX
+  value: {{ .Values.kafka.topicPrefix | quote }}
+- name: XIDSTREAM_PARTITIONS
+  value: {{ .Values.kafka.partitions | quote }}
+{{- end -}}
+
+{{/* --kafka-config for a role: include "xidstream.kafkaArgs" (list . "collector") */}}
+{{- define "xidstream.kafkaArgs" -}}
+{{- $ctx := index . 0 -}}
+{{- $c := index $ctx.Values.kafka.clientConfig (index . 1) -}}
+{{- if $c.secretName }}
+- --kafka-config
+- /etc/xidstream/kafka/{{ $c.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "xidstream.kafkaMount" -}}
+{{- $ctx := index . 0 -}}
+{{- $c := index $ctx.Values.kafka.clientConfig (index . 1) -}}
+{{- if $c.secretName }}
+- name: kafka-{{ index . 1 }}
+  mountPath: /etc/xidstream/kafka
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "xidstream.kafkaVolume" -}}
+{{- $ctx := index . 0 -}}
+{{- $c := index $ctx.Values.kafka.clientConfig (index . 1) -}}
+{{- if $c.secretName }}
+- name: kafka-{{ index . 1 }}
+  secret:
+    secretName: {{ $c.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/* --verify-key per public key of the verify Secret (mounted at /etc/xidstream/verify). */}}
+{{- define "xidstream.verifyArgs" -}}
+{{- range .Values.verifyKeys.keys }}
+- --verify-key
+- /etc/xidstream/verify/{{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod spec parts of the non-root components (processor, cluster executor, topics Job):
+     they pass Pod Security `restricted`. */}}
+{{- define "xidstream.restrictedPod" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "xidstream.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{/* The GPU node match: one nodeSelectorTerm per label, so any label matches. */}}
+{{- define "xidstream.gpuNodeTerms" -}}
+{{- range .Values.gpuNodeLabels }}
+- matchExpressions:
+    - key: {{ . }}
+      operator: In
+      values: ["true"]
+{{- end }}
+{{- end -}}
+
+{{/* How NVML and nvidia-smi reach the node containers (values: nvml.mode). */}}
+{{- define "xidstream.nvmlEnv" -}}
+{{- if eq .Values.nvml.mode "runtimeClass" }}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: utility
+{{- else if eq .Values.nvml.mode "hostLibrary" }}
+- name: LD_LIBRARY_PATH
+  value: /usr/local/nvidia/lib64
+- name: PATH
+  value: /usr/local/nvidia/bin:/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin
+{{- end }}
+{{- end -}}
+
+{{- define "xidstream.nvmlMounts" -}}
+{{- if eq .Values.nvml.mode "hostLibrary" }}
+- {name: libnvidia-ml, mountPath: /usr/local/nvidia/lib64/libnvidia-ml.so.1, readOnly: true}
+- {name: nvidia-smi, mountPath: /usr/local/nvidia/bin/nvidia-smi, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "xidstream.nvmlVolumes" -}}
+{{- if eq .Values.nvml.mode "hostLibrary" }}
+- name: libnvidia-ml
+  hostPath: {path: {{ .Values.nvml.hostLibrary }}, type: File}
+- name: nvidia-smi
+  hostPath: {path: {{ .Values.nvml.hostNvidiaSmi }}, type: File}
+{{- end }}
+{{- end -}}
+
+{{/* Labels of a component's objects and pods: include "xidstream.componentLabels" (list . "node") */}}
+{{- define "xidstream.componentLabels" -}}
+{{- $ctx := index . 0 -}}
+{{ include "xidstream.selector" . }}
+app.kubernetes.io/version: {{ $ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version }}
+{{- end -}}
