@@ -155,8 +155,11 @@ class NodeActions:
             else:
                 if not node.spec.unschedulable:
                     failed.append(f"node {self.node} is not cordoned")
-                left = [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods_on_node(self.client, self.node)
-                        if not is_daemonset_pod(p) and not is_mirror_pod(p)]
+                # an evicted pod still terminating counts: its processes may hold the GPU until
+                # the kubelet has stopped them
+                left = [f"{p.metadata.namespace}/{p.metadata.name}"
+                        + (" (terminating)" if p.metadata.deletionTimestamp else "")
+                        for p in pods_on_node(self.client, self.node) if not is_daemonset_pod(p) and not is_mirror_pod(p)]
                 if left:
                     failed.append(f"node {self.node} is not drained: {len(left)} pod(s) still on it: {', '.join(left[:10])}")
         gpu = None

@@ -252,7 +252,14 @@ def _executors(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _executors]
+def _demo_cluster(sub: argparse._SubParsersAction) -> None:
+    from xidstream.demo_cluster import register
+
+    register(sub)
+
+
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _executors,
+                                                                       _demo_cluster]
 
 
 def main(argv: list[str] | None = None) -> int:
