@@ -258,8 +258,14 @@ def _demo_cluster(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _exporters(sub: argparse._SubParsersAction) -> None:
+    from xidstream.export_cmd import register
+
+    register(sub)
+
+
 _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _executors,
-                                                                       _demo_cluster]
+                                                                       _demo_cluster, _exporters]
 
 
 def main(argv: list[str] | None = None) -> int:
