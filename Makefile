@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
 
-.PHONY: demo test venv jars kube helm image kube-start kube-stop broker-start broker-stop schemas clean bench
+.PHONY: demo demo-cluster test venv jars kube helm image kube-start kube-stop broker-start broker-stop schemas clean bench
 
 venv: $(VENV)/.installed
 
@@ -47,6 +47,13 @@ image:
 # local broker unless one is running.
 demo: jars
 	$(XS) replay scenarios/motivating-incident.yaml
+
+# The closed loop: the motivating incident through collectors -> Kafka -> the signing processor ->
+# both executors (--apply) on the local Kubernetes API server; prints the node's taints, the
+# evictions and the results. Starts and stops the broker and the API server unless they run.
+# Needs what `make kube` builds (Go 1.24+, etcd); `make demo` does not.
+demo-cluster: jars kube
+	$(XS) demo-cluster
 
 # The test session starts the broker and the API server once (tests/conftest.py) and stops them.
 test: jars kube helm

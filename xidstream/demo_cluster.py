@@ -291,7 +291,7 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
     loop.pods = pods["items"]
     ev = _ok(*kube.request("GET", f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{node}"),
              "listing events")
-    loop.events = sorted(ev["items"], key=lambda e: e.get("lastTimestamp") or "")
+    loop.events = sorted(ev["items"], key=lambda e: int(e["metadata"]["resourceVersion"]))  # etcd's order
     loop.seconds = time.monotonic() - started
     return loop
 
@@ -341,7 +341,7 @@ def render(loop: ClosedLoop, out: TextIO) -> None:
         w(f"\n   the incident's timeline ({a.classification.value}, {a.state}: {_short(a.summary, 110)}):\n")
         for e in a.evidence.timeline:
             if e.kind == "remediation":
-                mark = "matched" if e.data.get("matched") else "unmatched"
+                mark = ("matched" if e.data["matched"] else "unmatched") if "matched" in e.data else "plan"
                 w(f"     {e.ts:%H:%M:%S}  [{mark}] {_short(e.summary, 130)}\n")
     out.flush()
 
