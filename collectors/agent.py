@@ -347,6 +347,11 @@ class Collector:
             except NvmlUnavailable as exc:
                 log.error("%s; collecting kernel Xid records only", exc)
                 self.nvml = None
+                self.metrics.set_source("nvml", False, str(exc))  # not ready: running blind
+            else:
+                self.metrics.set_source("nvml", True)
+        if self.kernel is not None:
+            self.metrics.set_source("kernel_log", True)
         if self.nvml is not None:
             self._merge_saved_inventory()
             self.identity.learn_nvml(self.gpus + self.lost)
@@ -428,7 +433,10 @@ class Collector:
             m.nvml_event_failures.set(self.nvml.event_wait_failures)
         if self.kernel is not None:
             m.kmsg_lost.set(self.kernel.lost)
+            failed = getattr(self.kernel, "failed", None)  # e.g. journalctl exited
+            m.set_source("kernel_log", failed is None, failed or "")
         m.loop_seconds.observe(time.perf_counter() - started)
+        m.tick_done()
 
     # -- kernel log ------------------------------------------------------------------------
     def _read_kernel(self, now: datetime, mono: float) -> None:

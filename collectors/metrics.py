@@ -1,14 +1,44 @@
-"""The collector's own Prometheus metrics, on a private registry, served on 127.0.0.1 by default."""
+"""The collector's own Prometheus metrics, on a private registry, served on 127.0.0.1 by default,
+with the health endpoints a kubelet probes on the same port:
+
+- ``/healthz`` (liveness): the collection loop ticked within ``stale_after`` seconds (or the
+  process started less than that ago). A hung loop fails it; the kubelet restarts the container.
+- ``/readyz`` (readiness): alive, ticked at least once, and every source the collector was asked
+  to read is open (``nvml``, ``kernel_log``). A collector that runs blind (NVML refused at start,
+  journalctl exited) keeps publishing what it can but is not ready, and
+  ``xidstream_collector_source_up{source}`` says which source is down.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import threading
+import time
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 __all__ = ["CollectorMetrics"]
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:  # noqa: A002 - probes every few seconds: no access log
+        pass
+
+
 class CollectorMetrics:
-    def __init__(self) -> None:
+    def __init__(self, stale_after: float = 120.0, clock=time.monotonic) -> None:
+        self.stale_after = stale_after
+        self._clock = clock
+        self._started = clock()
+        self._last_tick: float | None = None
+        self._sources: dict[str, tuple[bool, str]] = {}
+        self._lock = threading.Lock()
+        self._server: WSGIServer | None = None
         self.registry = CollectorRegistry()
         r = self.registry
         self.published = Gauge("xidstream_collector_records_published", "Records acknowledged by Kafka (or printed), per topic", ["topic"], registry=r)
@@ -23,9 +53,68 @@ class CollectorMetrics:
         self.gpu_status = Gauge("xidstream_collector_gpu_status", "1 for the GPU's current NVML status", ["gpu_uuid", "status"], registry=r)
         self.loop_seconds = Histogram("xidstream_collector_loop_seconds", "Duration of one collection tick",
                                       buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=r)
+        self.source_up = Gauge("xidstream_collector_source_up",
+                               "1 when the source is open and read, 0 when it is unavailable (then /readyz fails)",
+                               ["source"], registry=r)
+
+    # -- health ------------------------------------------------------------------------------
+    def set_source(self, name: str, up: bool, reason: str = "") -> None:
+        """A source the collector was asked to read (`nvml`, `kernel_log`) is open, or not and why."""
+        with self._lock:
+            self._sources[name] = (up, reason)
+        self.source_up.labels(name).set(1 if up else 0)
+
+    def tick_done(self) -> None:
+        self._last_tick = self._clock()
+
+    def liveness(self) -> tuple[bool, str]:
+        now = self._clock()
+        if self._last_tick is None:
+            age = now - self._started
+            return age < self.stale_after, f"no tick yet, {age:.0f} s after start (limit {self.stale_after:.0f} s)"
+        age = now - self._last_tick
+        return age < self.stale_after, f"last tick {age:.1f} s ago (limit {self.stale_after:.0f} s)"
+
+    def readiness(self) -> tuple[bool, str]:
+        alive, why = self.liveness()
+        lines = [f"alive: {why}" if alive else f"not alive: {why}"]
+        ok = alive
+        if self._last_tick is None:
+            ok = False
+            lines.append("not ready: no collection tick yet")
+        with self._lock:
+            sources = dict(self._sources)
+        for name, (up, reason) in sorted(sources.items()):
+            ok = ok and up
+            lines.append(f"{name}: {'up' if up else 'down'}" + (f" ({reason})" if reason else ""))
+        return ok, "\n".join(lines) + "\n"
+
+    def wsgi_app(self):
+        """/metrics (any other path too, as prometheus_client serves), /healthz and /readyz."""
+        metrics = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):
+            path = environ.get("PATH_INFO", "")
+            if path in ("/healthz", "/readyz"):
+                ok, text = self.liveness() if path == "/healthz" else self.readiness()
+                if path == "/healthz":
+                    text += "\n"
+                start_response("200 OK" if ok else "503 Service Unavailable",
+                               [("Content-Type", "text/plain; charset=utf-8")])
+                return [text.encode()]
+            return metrics(environ, start_response)
+
+        return app
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+        self._server = make_server(addr, port, self.wsgi_app(), _Server, handler_class=_QuietHandler)
+        threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True).start()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def update_sink(self, stats: dict) -> None:
         for topic, n in stats.get("published", {}).items():

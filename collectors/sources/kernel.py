@@ -237,6 +237,14 @@ class JournalSource:
             out.append(LogLine(text, cursor, "journal", history))
         return out
 
+    @property
+    def failed(self) -> str | None:
+        """Why no more lines will come (journalctl exited and its output is read), else None."""
+        rc = self.proc.poll()
+        if rc is None or not self._lines.eof:
+            return None
+        return f"journalctl exited with status {rc}"
+
     def commit(self, cursor: Any) -> None:
         if cursor:
             _save_json(self.cursor_file, {"cursor": cursor})

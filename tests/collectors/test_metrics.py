@@ -35,3 +35,118 @@ def test_self_metrics_are_served_on_loopback():
     assert 'xidstream_collector_gpu_status{gpu_uuid="GPU-aaaa",status="lost"} 1.0' in body
     assert "xidstream_collector_loop_seconds_count 1.0" in body
     assert 'xidstream_collector_records_published{topic="memory"}' in body
+
+
+# -- health endpoints: the kubelet's liveness (/healthz) and readiness (/readyz) probes -------------
+
+import stat  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+
+from collectors.sources.kernel import JournalSource  # noqa: E402
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _served(metrics: CollectorMetrics) -> int:
+    port = _free_port()
+    metrics.serve(port)
+    return port
+
+
+def test_ready_only_after_a_tick_with_nvml_and_kernel_log_open():
+    metrics = CollectorMetrics()
+    port = _served(metrics)
+    try:
+        fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0")])
+        c = Collector(CollectorConfig(node="n"), MemorySink(), nvml=NvmlReader(fake), kernel=MemoryKernelSource(),
+                      metrics=metrics, nvml_events_thread=False)
+        assert _get(port, "/healthz")[0] == 200          # just started: alive
+        status, body = _get(port, "/readyz")
+        assert status == 503 and "no collection tick yet" in body
+        c.start(datetime.now(timezone.utc))
+        c.tick(datetime.now(timezone.utc))
+        status, body = _get(port, "/readyz")
+        assert status == 200, body
+        assert "nvml: up" in body and "kernel_log: up" in body
+        text = _get(port, "/metrics")[1]
+        assert 'xidstream_collector_source_up{source="nvml"} 1.0' in text
+        assert 'xidstream_collector_source_up{source="kernel_log"} 1.0' in text
+    finally:
+        metrics.close()
+
+
+def test_nvml_unavailable_is_alive_but_not_ready_and_says_why():
+    metrics = CollectorMetrics()
+    port = _served(metrics)
+    try:
+        fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0")])
+        fake.available = False                           # nvmlInit fails (no driver library, no device)
+        c = Collector(CollectorConfig(node="n"), MemorySink(), nvml=NvmlReader(fake), kernel=MemoryKernelSource(),
+                      metrics=metrics, nvml_events_thread=False)
+        c.start(datetime.now(timezone.utc))
+        c.tick(datetime.now(timezone.utc))
+        assert _get(port, "/healthz")[0] == 200          # the kernel log is still read: no restart loop
+        status, body = _get(port, "/readyz")
+        assert status == 503
+        assert "nvml: down (NVML could not be initialised" in body and "kernel_log: up" in body
+        assert 'xidstream_collector_source_up{source="nvml"} 0.0' in _get(port, "/metrics")[1]
+    finally:
+        metrics.close()
+
+
+def test_without_nvml_asked_for_readiness_needs_only_the_kernel_log():
+    metrics = CollectorMetrics()
+    c = Collector(CollectorConfig(node="n"), MemorySink(), kernel=MemoryKernelSource(), metrics=metrics)
+    c.start(datetime.now(timezone.utc))
+    c.tick(datetime.now(timezone.utc))
+    ok, body = metrics.readiness()
+    assert ok, body
+    assert "nvml" not in body
+
+
+def test_a_hung_loop_fails_liveness():
+    now = [1000.0]
+    metrics = CollectorMetrics(stale_after=60, clock=lambda: now[0])
+    port = _served(metrics)
+    try:
+        c = Collector(CollectorConfig(node="n"), MemorySink(), kernel=MemoryKernelSource(), metrics=metrics)
+        c.start(datetime.now(timezone.utc))
+        c.tick(datetime.now(timezone.utc))
+        now[0] += 59
+        assert _get(port, "/healthz")[0] == 200
+        now[0] += 2                                      # no tick for 61 s
+        status, body = _get(port, "/healthz")
+        assert status == 503 and "last tick 61.0 s ago" in body
+        assert _get(port, "/readyz")[0] == 503
+    finally:
+        metrics.close()
+
+
+def test_journalctl_exiting_makes_the_kernel_log_down(tmp_path):
+    # A journalctl that prints one kernel record and exits 1, as the real one does when it cannot
+    # read the journal files (e.g. the host's journal not mounted).
+    exe = tmp_path / "journalctl"
+    exe.write_text('#!/bin/sh\necho \'{"__CURSOR":"s=1","__REALTIME_TIMESTAMP":"1","MESSAGE":"hello"}\'\nexit 1\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    source = JournalSource(tmp_path / "cursor.json", journalctl=str(exe))
+    metrics = CollectorMetrics()
+    c = Collector(CollectorConfig(node="n"), MemorySink(), kernel=source, metrics=metrics)
+    c.start(datetime.now(timezone.utc))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        c.tick(datetime.now(timezone.utc))
+        if source.failed:
+            c.tick(datetime.now(timezone.utc))
+            break
+        time.sleep(0.05)
+    ok, body = metrics.readiness()
+    assert not ok
+    assert "kernel_log: down (journalctl exited with status 1)" in body
+    c.stop()
