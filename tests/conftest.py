@@ -3,6 +3,10 @@
 
 Set XIDSTREAM_BOOTSTRAP to use a broker you already run instead.
 
+Tests that take `secure_kafka` run on a second, separate local broker (`xidstream broker start
+--secure`: SASL_SSL on 127.0.0.1:19392, SCRAM users per role, ACLs), started once per run and
+stopped at the end; it never touches the plaintext broker.
+
 Tests that take `kube` run on a real kube-apiserver + etcd (xidstream/localkube.py), started once
 per run and stopped at the end; set XIDSTREAM_KUBECONFIG to use a cluster you already run instead
 (its current context's bearer token must be allowed everything the tests do).
@@ -64,3 +68,19 @@ def kube():
     finally:
         if ours:
             local.stop()
+
+
+@pytest.fixture(scope="session")
+def secure_kafka():
+    """The secure local broker (`xidstream.localbroker.LocalBroker(secure=True)`): its
+    `client_file(role)` is each role's librdkafka properties file, `ca_file` its CA."""
+    from xidstream.localbroker import LocalBroker
+
+    broker = LocalBroker(secure=True)
+    ours = broker.pid() is None  # leave a broker that a developer started running
+    try:
+        broker.start()
+        yield broker
+    finally:
+        if ours:
+            broker.stop()
