@@ -1,0 +1,368 @@
+"""The Helm chart (deploy/helm/xidstream): what `helm template` renders with the default and the
+secure values, checked three ways:
+
+- by content: the objects a platform team needs, and the chart's refusals (more processor replicas
+  than partitions; kmsg without a privileged container);
+- by `kubernetes-validate --strict` (its Python API, the same schemas) against Kubernetes 1.30-1.34;
+- by the real local kube-apiserver (the `kube` fixture): `kubectl apply --dry-run=server` of every
+  object into a namespace carrying the chart's Pod Security labels, and each workload's pod template
+  created as a Pod with dryRun=All, so Pod Security Admission enforces the labels on it.
+
+Helm is built once by `make helm` (~/.cache/xidstream/helm-v3.16.4/helm); a `helm` on the PATH or
+XIDSTREAM_HELM=FILE is used instead when there. ServiceMonitor's CRD is absent on the local server:
+the server checks render without it (as `helm install` does where the operator is not installed).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "xidstream"
+SECURE = CHART / "values-secure.yaml"
+HELM_CACHE = Path.home() / ".cache" / "xidstream" / "helm-v3.16.4" / "helm"
+KUBE_VERSIONS = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0"]
+RUN = uuid.uuid4().hex[:6]
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    for cand in (os.environ.get("XIDSTREAM_HELM"), str(HELM_CACHE), shutil.which("helm")):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    pytest.fail("helm not found: run `make helm` (builds helm v3.16.4 into ~/.cache/xidstream once)")
+
+
+def render(helm: str, *args: str, namespace: str = "xidstream", release: str = "xs", check: bool = True):
+    """`helm template` -> (list of objects, completed process)."""
+    # --kube-version: a helm built with `go install` has no ldflags and defaults to 1.20.
+    cmd = [helm, "template", release, str(CHART), "-n", namespace, "--kube-version", "1.34.0", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d] if proc.returncode == 0 else []
+    return objs, proc
+
+
+def by_kind(objs: list[dict]) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for o in objs:
+        out.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+    return out
+
+
+def containers(obj: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
+
+
+def pod_spec(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]
+
+
+EXPECTED_DEFAULT = {
+    "ServiceAccount": {"xs-xidstream-node", "xs-xidstream-cluster-executor"},
+    "ClusterRole": {"xs-xidstream-node", "xs-xidstream-cluster-executor", "xs-xidstream-events"},
+    "ClusterRoleBinding": {"xs-xidstream-node", "xs-xidstream-cluster-executor"},
+    "RoleBinding": {"xs-xidstream-node-events", "xs-xidstream-cluster-executor-events"},
+    "ConfigMap": {"xs-xidstream-processor-policy"},
+    "Service": {"xs-xidstream-collector-metrics"},
+    "DaemonSet": {"xs-xidstream-node"},
+    "Deployment": {"xs-xidstream-processor", "xs-xidstream-cluster-executor"},
+    "PodDisruptionBudget": {"xs-xidstream-processor"},
+    "Job": {"xs-xidstream-topics"},
+}
+
+
+# -- content -------------------------------------------------------------------------------------
+def test_default_values_render_every_component(helm):
+    objs, _ = render(helm)
+    kinds = by_kind(objs)
+    assert {k: set(v) for k, v in kinds.items()} == EXPECTED_DEFAULT
+
+    ds = kinds["DaemonSet"]["xs-xidstream-node"]
+    spec = pod_spec(ds)
+    assert spec["hostPID"] is True
+    assert spec["runtimeClassName"] == "nvidia"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    # two terms = OR: either label schedules the collector
+    assert [t["matchExpressions"][0]["key"] for t in terms] == [
+        "nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"]
+    assert {"operator": "Exists"} in spec["tolerations"]
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}
+
+    c = containers(ds)
+    col = c["collector"]
+    assert col["args"][:3] == ["collect", "--kernel-log", "kmsg"]
+    assert col["securityContext"]["privileged"] is True  # /dev/kmsg opens only privileged
+    assert col["resources"] == {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "200m", "memory": "192Mi"}}
+    assert col["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert col["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert {"name": "metrics", "containerPort": 9464} in col["ports"]
+    i = col["args"].index("--metrics-addr")
+    assert col["args"][i + 1] == "0.0.0.0"
+    env = {e["name"]: e for e in col["env"]}
+    assert env["XIDSTREAM_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["XIDSTREAM_BOOTSTRAP"]["value"] == "kafka-kafka-bootstrap.kafka.svc:9092"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert "--kafka-config" not in col["args"]  # plaintext by default
+
+    nx = c["node-executor"]
+    assert nx["args"][:5] == ["execute", "--scope", "node", "--node", "$(XIDSTREAM_NODE)"]
+    assert "--apply" not in nx["args"]  # dry run by default
+    assert ["--verify-key", "/etc/xidstream/verify/signing.pub"] == nx["args"][nx["args"].index("--verify-key"):][:2]
+
+    proc = kinds["Deployment"]["xs-xidstream-processor"]
+    p = containers(proc)["processor"]
+    assert proc["spec"]["replicas"] == 2
+    assert p["args"][p["args"].index("--signing-key") + 1] == "/etc/xidstream/signing/signing.key"
+    assert p["args"][p["args"].index("--store") + 1] == "memory://"
+    assert pod_spec(proc)["securityContext"]["runAsNonRoot"] is True
+    assert {"startupProbe", "livenessProbe", "readinessProbe"} <= set(p)
+    pref = pod_spec(proc)["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert {e["key"] for e in pref["preference"]["matchExpressions"]} == {
+        "nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
+    assert all(e["operator"] == "DoesNotExist" for e in pref["preference"]["matchExpressions"])
+    assert kinds["PodDisruptionBudget"]["xs-xidstream-processor"]["spec"]["maxUnavailable"] == 1
+
+    job = kinds["Job"]["xs-xidstream-topics"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert containers(job)["topics"]["args"] == ["topics", "create"]
+
+
+def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
+    kinds = by_kind(render(helm)[0])
+    rules = kinds["ClusterRole"]["xs-xidstream-cluster-executor"]["rules"]
+    grants = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert grants == {
+        ("", "nodes", "get"), ("", "nodes", "patch"),
+        ("", "pods", "list"), ("", "pods/eviction", "create"),
+        ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "delete"),
+    }
+    assert kinds["ClusterRole"]["xs-xidstream-events"]["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    for rb in kinds["RoleBinding"].values():  # Events only in `default`, where the executors write them
+        assert rb["metadata"]["namespace"] == "default"
+        assert rb["roleRef"]["name"] == "xs-xidstream-events"
+    node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
+    assert {(r["resources"][0], tuple(r["verbs"])) for r in node_rules} == {
+        ("pods", ("get", "list", "watch")), ("nodes", ("get",))}
+
+
+def test_secure_values_render_sasl_ssl_journal_and_rocksdb(helm):
+    objs, _ = render(helm, "-f", str(SECURE))
+    kinds = by_kind(objs)
+    assert {k: set(v) for k, v in kinds.items()} == EXPECTED_DEFAULT
+    roles = {"collector": "xidstream-kafka-collector", "node-executor": "xidstream-kafka-executor",
+             "processor": "xidstream-kafka-processor", "executor": "xidstream-kafka-executor",
+             "topics": "xidstream-kafka-admin"}
+    for obj in [*kinds["DaemonSet"].values(), *kinds["Deployment"].values(), *kinds["Job"].values()]:
+        vols = {v["name"]: v for v in pod_spec(obj)["volumes"]}
+        for name, c in containers(obj).items():
+            args = c["args"]
+            assert args[args.index("--kafka-config") + 1] == "/etc/xidstream/kafka/client.properties", name
+            mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/xidstream/kafka")
+            assert mount["readOnly"] is True
+            assert vols[mount["name"]]["secret"]["secretName"] == roles[name]
+
+    ds = kinds["DaemonSet"]["xs-xidstream-node"]
+    col = containers(ds)["collector"]
+    assert col["args"][:3] == ["collect", "--kernel-log", "journal"]
+    sc = col["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    mounts = {m["mountPath"]: m for m in col["volumeMounts"]}
+    for path in ("/var/log/journal", "/run/log/journal", "/etc/machine-id"):
+        assert mounts[path]["readOnly"] is True
+    assert "/dev/kmsg" not in mounts
+    vols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    assert vols[mounts["/var/log/journal"]["name"]]["hostPath"]["path"] == "/var/log/journal"
+
+    proc = kinds["Deployment"]["xs-xidstream-processor"]
+    p = containers(proc)["processor"]
+    assert p["args"][p["args"].index("--store") + 1] == "rocksdb://"
+    data = next(v for v in pod_spec(proc)["volumes"] if v["name"] == "data")
+    assert data["emptyDir"]["sizeLimit"] == "20Gi"
+    job = containers(kinds["Job"]["xs-xidstream-topics"])["topics"]["args"]
+    assert job[:6] == ["topics", "create", "--replication-factor", "3", "--min-insync-replicas", "2"]
+
+
+def test_more_processor_replicas_than_partitions_is_refused(helm):
+    _, proc = render(helm, "--set", "processor.replicas=9", "--set", "kafka.partitions=8", check=False)
+    assert proc.returncode != 0
+    assert "processor.replicas (9) must not exceed kafka.partitions (8)" in proc.stderr
+    objs, _ = render(helm, "--set", "processor.replicas=8", "--set", "kafka.partitions=8")
+    assert by_kind(objs)["Deployment"]["xs-xidstream-processor"]["spec"]["replicas"] == 8
+
+
+def test_kmsg_without_privilege_is_refused_and_says_to_use_journal(helm):
+    _, proc = render(helm, "--set", "collector.privileged=false", check=False)
+    assert proc.returncode != 0
+    assert "kmsg needs collector.privileged true" in proc.stderr and "journal" in proc.stderr
+
+
+def test_host_library_mode_mounts_nvml_without_a_runtime_class(helm):
+    objs, _ = render(helm, "--set", "nvml.mode=hostLibrary")
+    ds = by_kind(objs)["DaemonSet"]["xs-xidstream-node"]
+    assert "runtimeClassName" not in pod_spec(ds)
+    col = containers(ds)["collector"]
+    assert {"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"} in col["env"]
+    vols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    assert vols["libnvidia-ml"]["hostPath"] == {"path": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "type": "File"}
+
+
+def test_service_monitor_only_where_the_operator_crd_is_served(helm):
+    assert "ServiceMonitor" not in by_kind(render(helm)[0])
+    kinds = by_kind(render(helm, "--api-versions", "monitoring.coreos.com/v1")[0])
+    sm = kinds["ServiceMonitor"]["xs-xidstream-collector"]
+    svc = kinds["Service"]["xs-xidstream-collector-metrics"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] == "metrics"
+    ds = kinds["DaemonSet"]["xs-xidstream-node"]
+    assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+# -- kubernetes-validate --strict ------------------------------------------------------------------
+@pytest.mark.parametrize("values", ["default", "secure"])
+def test_every_object_passes_kubernetes_validate_strict(helm, values):
+    import kubernetes_validate
+    from kubernetes_validate.utils import all_versions
+
+    shipped = set(all_versions())
+    args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
+    objs, _ = render(helm, *args)
+    assert len(objs) == 17
+    checked = 0
+    for version in KUBE_VERSIONS:
+        assert version in shipped, f"kubernetes-validate ships no schemas for {version} (it would fall back)"
+        for obj in objs:
+            # raises ValidationError (with the path) on any schema error or unknown field
+            kubernetes_validate.validate(obj, version, strict=True)
+            checked += 1
+    assert checked == 17 * len(KUBE_VERSIONS)
+
+
+# -- the real API server -------------------------------------------------------------------------------
+def _kubectl(kube, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["kubectl", "--kubeconfig", str(kube.kubeconfig), *args], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _as_pod(obj: dict, namespace: str) -> dict:
+    tmpl = copy.deepcopy(obj["spec"]["template"])
+    name = f"{obj['metadata']['name']}-psa-check"[:63]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": tmpl["metadata"].get("labels", {})},
+            "spec": tmpl["spec"]}
+
+
+def _dry_run_pod(kube, pod: dict) -> tuple[int, dict]:
+    ns = pod["metadata"]["namespace"]
+    return kube.request("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", pod)
+
+
+def _prepare_namespace(kube, objs: list[dict], ns: str) -> None:
+    """Create for real what the dry run of the rest needs: the chart's Namespace (with its Pod
+    Security labels), its ServiceAccounts (and `default`, which no controller-manager makes here),
+    and the RuntimeClass a GPU cluster's operator installs."""
+    real = [o for o in objs if o["kind"] in ("Namespace", "ServiceAccount")]
+    assert real[0]["kind"] == "Namespace"
+    real.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}})
+    done = _kubectl(kube, "apply", "-f", "-", stdin=yaml.safe_dump_all(real))
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def runtime_class(kube) -> None:
+    """The NVIDIA RuntimeClass a GPU cluster's operator installs (the RuntimeClass admission plugin
+    refuses a pod that names a missing one)."""
+    status, body = kube.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"})
+    assert status in (201, 409), body
+
+
+@pytest.mark.parametrize("values", ["default", "secure"])
+def test_every_object_is_accepted_by_a_server_side_dry_run_under_pod_security(kube, runtime_class, helm, values):
+    ns = f"xs-chart-{values}-{RUN}"
+    args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
+    objs, _ = render(helm, *args, namespace=ns, release=f"xs{values[0]}{RUN}")
+    _prepare_namespace(kube, objs, ns)
+    status, body = kube.request("GET", f"/api/v1/namespaces/{ns}")
+    assert body["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+    rest = [o for o in objs if o["kind"] != "Namespace"]
+    out = _kubectl(kube, "apply", "--dry-run=server", "-o", "json", "-f", "-",
+                   stdin=yaml.safe_dump_all(rest))
+    assert out.returncode == 0, out.stderr
+    accepted = json.loads(out.stdout)
+    items = accepted["items"] if accepted.get("kind") == "List" else [accepted]
+    assert sorted((i["kind"], i["metadata"]["name"]) for i in items) == sorted(
+        (o["kind"], o["metadata"]["name"]) for o in rest)
+    assert "PodSecurity" not in out.stderr  # no Pod Security warning for any workload
+
+    # Pod Security Admission enforces on Pods: every workload's pod, created (dry run) in this namespace.
+    workloads = [o for o in rest if o["kind"] in ("DaemonSet", "Deployment", "Job")]
+    assert len(workloads) == 4
+    for w in workloads:
+        status, body = _dry_run_pod(kube, _as_pod(w, ns))
+        assert status == 201, (w["metadata"]["name"], body.get("message"))
+
+
+def test_pod_security_is_enforced_the_node_pod_needs_privileged_the_others_pass_restricted(kube, runtime_class, helm):
+    """The labels matter: the node DaemonSet's pod is refused below `privileged` (in either kernel-log
+    mode), while the processor, cluster executor and topics pods pass `restricted`."""
+    objs, _ = render(helm, "-f", str(SECURE))  # journal mode: the least the node pod can ask for
+    kinds = by_kind(objs)
+    for level in ("baseline", "restricted"):
+        ns = f"xs-chart-{level}-{RUN}"
+        kube.ensure_namespace(ns)
+        patch = {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}}
+        status, body = kube.request("PATCH", f"/api/v1/namespaces/{ns}", patch,
+                                    content_type="application/merge-patch+json")
+        assert status == 200, body
+        for sa in ("xs-xidstream-node", "xs-xidstream-cluster-executor"):
+            kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
+                         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})
+        status, body = _dry_run_pod(kube, _as_pod(kinds["DaemonSet"]["xs-xidstream-node"], ns))
+        assert status == 403, body
+        assert f'violates PodSecurity "{level}:latest"' in body["message"]
+        assert "hostPID" in body["message"] and "hostPath" in body["message"]
+        if level == "restricted":
+            for w in (kinds["Deployment"]["xs-xidstream-processor"], kinds["Deployment"]["xs-xidstream-cluster-executor"],
+                      kinds["Job"]["xs-xidstream-topics"]):
+                status, body = _dry_run_pod(kube, _as_pod(w, ns))
+                assert status == 201, (w["metadata"]["name"], body.get("message"))
+
+
+def test_strict_validation_is_not_a_rubber_stamp(helm):
+    import kubernetes_validate
+    from kubernetes_validate.utils import ValidationError
+
+    ds = by_kind(render(helm)[0])["DaemonSet"]["xs-xidstream-node"]
+    bad = copy.deepcopy(ds)
+    bad["spec"]["template"]["spec"]["containers"][0]["securityContext"]["priviliged"] = True  # a typo
+    with pytest.raises(ValidationError):
+        kubernetes_validate.validate(bad, "1.34.0", strict=True)
+
+
+def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
+    """The same check through the command a reviewer would run on the rendered files."""
+    import sys
+
+    exe = Path(sys.executable).with_name("kubernetes-validate")
+    for values in ("default", "secure"):
+        _, proc = render(helm, "--set", "namespace.create=true", *(["-f", str(SECURE)] if values == "secure" else []))
+        f = tmp_path / f"{values}.yaml"
+        f.write_text(proc.stdout)
+        for version in (KUBE_VERSIONS[0], KUBE_VERSIONS[-1]):
+            out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stdout + out.stderr
+            assert out.stdout.count("INFO") == 17, out.stdout
