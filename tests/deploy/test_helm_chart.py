@@ -366,3 +366,21 @@ def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
             out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
             assert out.stdout.count("INFO") == 17, out.stdout
+
+
+@pytest.mark.parametrize("values", ["default", "secure"])
+def test_every_container_command_line_parses_with_the_real_cli(helm, values):
+    """The chart's flags exist: each container's args go through xidstream's own argument parser."""
+    from xidstream.cli import build_parser
+
+    objs, _ = render(helm, *(["-f", str(SECURE)] if values == "secure" else []))
+    seen = set()
+    for obj in objs:
+        if obj["kind"] not in ("DaemonSet", "Deployment", "Job"):
+            continue
+        for c in containers(obj).values():
+            args = build_parser().parse_args(c["args"])  # SystemExit(2) on an unknown flag
+            seen.add(c["args"][0] + (f" {args.scope}" if c["args"][0] == "execute" else ""))
+            if "--kafka-config" in c["args"]:
+                assert args.kafka_config == "/etc/xidstream/kafka/client.properties"
+    assert seen == {"collect", "execute node", "execute cluster", "process", "topics"}
