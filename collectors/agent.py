@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from collectors.metrics import CollectorMetrics
-from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlUnavailable, XidNotice
+from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable, XidNotice
 from collectors.parse.kernel import KernelRecord, parse_line, sxid_continues
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
@@ -304,6 +304,7 @@ class Collector:
         nvml_events_thread: bool = True,
         clock: Callable[[], float] = time.monotonic,
         state_dir: Path | None = None,
+        nvml_release: NvmlRelease | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
@@ -338,6 +339,11 @@ class Collector:
         self._events_stale = False  # set when a GPU returns: the event set must be re-created
         self._event_delay = 0.0
         self._event_retry_at = 0.0
+        # The reset handshake (collectors.nvml.NvmlRelease): NVML is shut down while the node
+        # executor resets a GPU; the event thread leaves NVML alone meanwhile (the lock).
+        self.release = nvml_release or (NvmlRelease(state_dir) if state_dir is not None else None)
+        self.released_for: set[str] = set()  # GPU UUIDs whose reset NVML is released for now
+        self._nvml_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, now: datetime) -> None:
@@ -365,11 +371,24 @@ class Collector:
         lo, hi = self.config.event_backoff
         delay = 0.0
         while not self._stop.is_set():
-            if self._events_stale and self.nvml is not None:
-                self._events_stale = False
-                self.nvml.register_xid_events()
+            if self.released_for:  # NVML is shut down for a GPU reset
+                self._stop.wait(0.2)
+                continue
+            failure: Exception | None = None
+            notice = None
+            with self._nvml_lock:
+                if self.released_for:
+                    continue
+                if self._events_stale and self.nvml is not None:
+                    self._events_stale = False
+                    self.nvml.register_xid_events()
+                try:
+                    notice = self.nvml.wait_xid(500) if self.nvml else None
+                except Exception as exc:  # noqa: BLE001 - handled below, outside the lock
+                    failure = exc
             try:
-                notice = self.nvml.wait_xid(500) if self.nvml else None
+                if failure is not None:
+                    raise failure
             except EventWaitFailed as exc:
                 # Answered at once (a registered GPU is lost, an unknown error): back off, then
                 # re-create the set; GPUs that refuse registration are left out until they return.
@@ -410,7 +429,15 @@ class Collector:
         self._read_kernel(now, mono)
         self._read_nvml_events(now, mono)
         self._emit(self.merger.due(mono), now)
-        if self.nvml is not None:
+        if self.nvml is not None and self.release is not None:
+            self._check_release()
+        if self.nvml is not None and self.released_for:
+            if self.procfs is not None and mono - self._last_holders >= self.config.holders_interval:
+                self._holders = self.procfs.device_holders()
+                self._last_holders = mono
+            for gpu in self.gpus + self.lost:
+                self._sample_released(gpu, now)
+        elif self.nvml is not None:
             if mono - self._last_inventory >= self.config.inventory_interval:
                 self._refresh_inventory(now)
                 self._last_inventory = mono
@@ -675,6 +702,46 @@ class Collector:
             if status == "ok":
                 self._events_stale = True  # it is back: the event set must include it again
         self.metrics.gpu_status.labels(gpu.uuid, status).set(1)
+
+    # -- the reset handshake ---------------------------------------------------------------
+    def _check_release(self) -> None:
+        """Release NVML while a reset request stands (acknowledged once shut down); take it up
+        again when none stands. An NVML handle holds /dev/nvidia*, and `nvidia-smi --gpu-reset`
+        refuses a GPU that any process holds, this collector included."""
+        wanted = set(self.release.pending())
+        new = wanted - self.released_for
+        if wanted and not self.released_for:
+            with self._nvml_lock:  # the event thread is not inside NVML now
+                self.released_for = wanted
+                self.nvml.shutdown()
+            log.warning("NVML released for the reset of GPU(s) %s; samples are `unavailable` until it is done",
+                        ", ".join(sorted(wanted)))
+        if wanted:
+            self.released_for = wanted
+            for uuid in new:
+                self.release.released(uuid)  # after nvmlShutdown: the handles are gone
+            return
+        if self.released_for:
+            try:
+                with self._nvml_lock:
+                    self.gpus = self.nvml.init()
+            except NvmlUnavailable as exc:
+                log.error("%s after the GPU reset; retrying next tick", exc)
+                return
+            for uuid in self.released_for:
+                self.release.clear_released(uuid)
+            log.warning("NVML taken up again after the reset of GPU(s) %s", ", ".join(sorted(self.released_for)))
+            self.released_for = set()
+            self.identity.learn_nvml(self.gpus + self.lost)
+            self._events_stale = True  # the event set was freed with the handles
+            self._last_inventory = float("-inf")  # re-read and publish what changed at once
+
+    def _sample_released(self, gpu: GpuIdentity, now: datetime) -> None:
+        error = f"NVML released for the reset of GPU(s) {', '.join(sorted(self.released_for))} (node executor)"
+        self._set_status(gpu, "unavailable", error)
+        common = dict(ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id)
+        self.sink.publish(GpuSample(**common, status="unavailable", error=error))
+        self.sink.publish(GpuProcesses(**common, compute_apps=None, error=error, device_holders=self._holders_of(gpu)))
 
     def _holders_of(self, gpu: GpuIdentity) -> list[DeviceHolder]:
         minor = gpu.minor if gpu.minor is not None else gpu.index

@@ -16,15 +16,20 @@ Every read is wrapped (runtime-notes section 4; gpud treats lost/reset as health
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from schemas.base import normalize_pci
 
-__all__ = ["NvmlReader", "NvmlUnavailable", "EventWaitFailed", "GpuIdentity", "SampleReading", "XidNotice"]
+__all__ = ["NvmlReader", "NvmlUnavailable", "EventWaitFailed", "GpuIdentity", "SampleReading", "XidNotice",
+           "NvmlRelease", "RELEASE_DIR"]
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +210,7 @@ class NvmlReader:
             n.nvmlShutdown()
         except n.NVMLError:
             pass
+        self._event_set = None  # freed: a later init (after a reset) registers a new one
 
     # -- reads -----------------------------------------------------------------------------
     def _call(self, fn: Any, *args: Any) -> Any:
@@ -429,3 +435,93 @@ def _handle_key(handle: Any) -> int:
         return ctypes.cast(handle, ctypes.c_void_p).value or id(handle)
     except (TypeError, ctypes.ArgumentError):
         return id(handle)
+
+
+# -- the reset handshake ----------------------------------------------------------------------------
+RELEASE_DIR = "nvml-release"  # under the collector's state dir, which the node executor shares
+
+
+class NvmlRelease:
+    """The collector gives up its NVML handles for a GPU reset, on the node executor's request.
+
+    Why: an NVML handle keeps /dev/nvidia<minor> (and /dev/nvidiactl) open, and `nvidia-smi
+    --gpu-reset` refuses a GPU that any process holds open, the collector's own sampler included;
+    the executor's holder scan would also (rightly) name the collector. NVML handles are per
+    process, not per GPU, so the collector shuts NVML down altogether (nvmlShutdown) while any
+    request stands; meanwhile it publishes each GPU's sample with status `unavailable`, which the
+    processor never takes for healthy.
+
+    Two files per GPU in `<state dir>/nvml-release/`, each written whole (temp file + rename):
+      reset-<uuid>.request   the executor: {"gpu_uuid", "command_id", "until" (epoch seconds)}
+      reset-<uuid>.released  the collector, once NVML is shut down: {"gpu_uuid", "pid", "at"}
+    The executor waits (bounded) for `.released`, resets, re-reads the GPU, then deletes both
+    (`done`). The collector resumes (nvmlInit, inventory re-read, event set re-created) when no
+    request stands, or when a request's `until` passed: an executor that died mid-way cannot
+    leave the node blind for good.
+    """
+
+    def __init__(self, state_dir: str | os.PathLike, clock=time.time) -> None:
+        self.dir = Path(state_dir) / RELEASE_DIR
+        self.clock = clock
+
+    def _path(self, uuid: str, kind: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in uuid)
+        return self.dir / f"reset-{safe}.{kind}"
+
+    def _write(self, path: Path, doc: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+    # -- the executor's side ----------------------------------------------------------------
+    def request(self, uuid: str, *, command_id: str = "", hold_s: float = 300.0) -> None:
+        self._write(self._path(uuid, "request"),
+                    {"gpu_uuid": uuid, "command_id": command_id, "until": self.clock() + hold_s})
+
+    def wait_released(self, uuid: str, timeout: float, poll: float = 0.1) -> dict | None:
+        """The collector's acknowledgement, or None when none came within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        path = self._path(uuid, "released")
+        while True:
+            try:
+                return json.loads(path.read_text())
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll)
+
+    def done(self, uuid: str) -> None:
+        for kind in ("request", "released"):
+            try:
+                self._path(uuid, kind).unlink()
+            except FileNotFoundError:
+                pass
+
+    # -- the collector's side ---------------------------------------------------------------
+    def pending(self) -> dict[str, dict]:
+        """Requests that stand now (not past their `until`), by GPU UUID."""
+        out: dict[str, dict] = {}
+        try:
+            names = sorted(p for p in self.dir.iterdir() if p.name.endswith(".request"))
+        except OSError:
+            return out
+        now = self.clock()
+        for p in names:
+            try:
+                doc = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            if float(doc.get("until", 0)) > now and doc.get("gpu_uuid"):
+                out[doc["gpu_uuid"]] = doc
+        return out
+
+    def released(self, uuid: str) -> None:
+        self._write(self._path(uuid, "released"), {"gpu_uuid": uuid, "pid": os.getpid(), "at": self.clock()})
+
+    def clear_released(self, uuid: str) -> None:
+        try:
+            self._path(uuid, "released").unlink()
+        except FileNotFoundError:
+            pass

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 from lightkube import Client
 
-from collectors.nvml import GpuIdentity, NvmlReader, NvmlUnavailable
+from collectors.nvml import GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable
 from collectors.sources.procfs import ProcFs
 from executors.gate import DRY_RUN_PREFIX
 from executors.kube import is_daemonset_pod, is_mirror_pod, node_or_none, pods_on_node, record_event
@@ -120,12 +120,21 @@ class NvmlGpuOps:
 
 class NodeActions:
     def __init__(self, client: Client | None, node: str, gpu_ops: GpuOps | None,
-                 reboot_sentinel: str | Path = DEFAULT_REBOOT_SENTINEL) -> None:
+                 reboot_sentinel: str | Path = DEFAULT_REBOOT_SENTINEL, *,
+                 collector_release: NvmlRelease | None = None, release_timeout: float = 10.0,
+                 release_hold: float = 300.0) -> None:
         self.client = client
         self.node = node
         self.gpu_ops = gpu_ops
         self.reboot_sentinel = Path(reboot_sentinel)
+        # The collector's side of the reset handshake (collectors.nvml.NvmlRelease): its state dir,
+        # shared with this executor in the node's pod. None, or a dir that does not exist: not asked
+        # (the holder scan still finds a collector that holds /dev/nvidia<minor>).
+        self.collector_release = collector_release
+        self.release_timeout = release_timeout
+        self.release_hold = release_hold
         self._notes: list[str] = []
+        self._requested: str | None = None  # the GPU whose release we asked for, until done
 
     def execute(self, cmd: RemediationCommand, dry_run: bool) -> Outcome:
         if cmd.action == Action.RESET_GPU:
@@ -142,7 +151,7 @@ class NodeActions:
                                  f"{cmd.command_id}): {message}")
 
     # -- RESET_GPU -----------------------------------------------------------------------------
-    def _preconditions(self, cmd: RemediationCommand) -> tuple[list[str], GpuIdentity | None]:
+    def _preconditions(self, cmd: RemediationCommand, dry_run: bool = False) -> tuple[list[str], GpuIdentity | None]:
         """Every precondition that fails now, in words (empty: all hold)."""
         failed: list[str] = []
         notes = self._notes = []
@@ -180,14 +189,49 @@ class NodeActions:
                 elif pids:
                     failed.append(f"compute process(es) on GPU {gpu.index}: pid {', '.join(map(str, pids))}")
                 self.gpu_ops.release()  # our own handles must not count as holders, nor block the reset
+                if not failed:
+                    self._collector_releases(cmd, gpu, dry_run, failed, notes)
                 holders = [p for p in self.gpu_ops.holders(gpu) if p != os.getpid()]
                 if holders:
                     failed.append(f"/dev/nvidia{gpu.minor if gpu.minor is not None else gpu.index} is held open by "
                                   f"pid {', '.join(map(str, holders))}")
         return failed, gpu
 
+    def _collector_releases(self, cmd: RemediationCommand, gpu: GpuIdentity, dry_run: bool, failed: list[str],
+                            notes: list[str]) -> None:
+        """Ask the collector to shut NVML down and wait (bounded) for its acknowledgement: its
+        handles hold /dev/nvidia*, and nvidia-smi --gpu-reset refuses a GPU any process holds."""
+        rel = self.collector_release
+        uuid = gpu.uuid or cmd.gpu_uuid
+        if rel is None or not rel.dir.parent.is_dir() or not uuid:
+            notes.append("the collector was not asked to release NVML (no collector state dir here); "
+                         "the /dev/nvidia holder scan decided")
+            return
+        if dry_run:
+            notes.append(f"would ask the collector to release NVML ({rel.dir})")
+            return
+        rel.request(uuid, command_id=cmd.command_id, hold_s=self.release_hold)
+        self._requested = uuid
+        ack = rel.wait_released(uuid, self.release_timeout)
+        if ack is None:
+            failed.append(f"the collector did not release its NVML handles within {self.release_timeout:g} s "
+                          f"(no acknowledgement in {rel.dir})")
+        else:
+            notes.append(f"the collector (pid {ack.get('pid')}) released its NVML handles")
+
+    def _collector_resumes(self) -> None:
+        if self._requested is not None and self.collector_release is not None:
+            self.collector_release.done(self._requested)
+        self._requested = None
+
     def _reset(self, cmd: RemediationCommand, dry_run: bool) -> Outcome:
-        failed, gpu = self._preconditions(cmd)
+        try:
+            return self._reset_released(cmd, dry_run)
+        finally:
+            self._collector_resumes()  # whatever happened, the collector samples again
+
+    def _reset_released(self, cmd: RemediationCommand, dry_run: bool) -> Outcome:
+        failed, gpu = self._preconditions(cmd, dry_run)
         if failed:
             detail = "precondition failed: " + "; ".join(failed) + "; the GPU was not reset"
             if not dry_run:
@@ -196,7 +240,7 @@ class NodeActions:
         assert gpu is not None and self.gpu_ops is not None
         if dry_run:
             return "refused", (f"{DRY_RUN_PREFIX}reset GPU {gpu.index} ({gpu.uuid}) with nvidia-smi --gpu-reset -i "
-                               f"{gpu.index}: every precondition holds now")
+                               f"{gpu.index}: every precondition holds now" + "".join(f"; {n}" for n in self._notes))
         ok, text = self.gpu_ops.reset(gpu)
         health = self.gpu_ops.health(gpu)
         noted = "".join(f"; {n}" for n in self._notes)

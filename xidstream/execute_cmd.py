@@ -115,7 +115,11 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
             gpu_ops = NvmlGpuOps(pynvml)
         except ImportError:
             gpu_ops = None
-        actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel)
+        from collectors.nvml import NvmlRelease
+
+        actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel,
+                              collector_release=NvmlRelease(args.collector_state_dir),
+                              release_timeout=args.release_timeout)
     state = Path(args.state_dir)
     return Executor(scope=args.scope, keys=keys, actions=actions, state_dir=state, apply=args.apply,
                     node=args.node if args.scope == "node" else None)
@@ -166,5 +170,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", default=".xidstream/executor", help="the journal of carried-out commands (default .xidstream/executor)")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="cluster scope: seconds a drain waits on blocking PodDisruptionBudgets (default 120)")
     p.add_argument("--reboot-sentinel", default="/var/run/reboot-required", help="node scope: kured's sentinel file (default /var/run/reboot-required)")
+    p.add_argument("--collector-state-dir", default=".xidstream/collector",
+                   help="node scope: the collector's --state-dir (shared in the node's pod); RESET_GPU asks the collector "
+                        "there to release its NVML handles first (default .xidstream/collector)")
+    p.add_argument("--release-timeout", type=float, default=10.0,
+                   help="node scope: seconds RESET_GPU waits for the collector's release (default 10)")
     add_kafka_args(p, partitions=False)
     p.set_defaults(handler=_execute)

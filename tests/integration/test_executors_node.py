@@ -101,3 +101,58 @@ def test_reboot_writes_the_kured_sentinel_and_other_nodes_commands_are_refused(k
     assert rig.sentinel.exists() and "incident" in rig.sentinel.read_text()
     assert "XidstreamReboot" in [e["reason"] for e in node_events(kube, node)]
     assert not get_node(kube, node)["spec"].get("unschedulable")  # kured cordons, not us
+
+
+def test_reset_waits_for_the_collectors_nvml_release_and_lets_it_resume(kube, tmp_path):
+    """The handshake (collectors.nvml.NvmlRelease): the collector, ticking in its own thread with
+    its own fake NVML, has shut NVML down when the reset runs, and samples again afterwards."""
+    import threading
+    import time
+    from datetime import datetime, timezone
+
+    from collectors.agent import Collector, CollectorConfig
+    from collectors.nvml import NvmlReader, NvmlRelease
+    from collectors.sink import MemorySink
+
+    node = make_node(kube, "reset-handshake")
+    kube.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}},
+                 content_type="application/merge-patch+json")
+    rig = Rig(kube, tmp_path, node)
+    state = tmp_path / "collector"
+    theirs = FakePynvml([FakeGpu(index=1, uuid=UUID1, pci_bus_id="00000000:02:00.0")])  # the collector's process
+    collector = Collector(CollectorConfig(node=node), MemorySink(), nvml=NvmlReader(theirs), nvml_events_thread=False,
+                          state_dir=state)
+    collector.start(datetime.now(timezone.utc))
+    stop = threading.Event()
+
+    def ticking() -> None:
+        while not stop.is_set():
+            collector.tick(datetime.now(timezone.utc))
+            stop.wait(0.05)
+
+    seen: list[bool] = []
+    inner = rig.ops.reset_fn
+    rig.ops.reset_fn = lambda i: (seen.append(theirs.initialized), inner(i))[1]
+    rig.actions.collector_release = NvmlRelease(state)
+    t = threading.Thread(target=ticking, daemon=True)
+    t.start()
+    try:
+        r = rig.ex.handle(rig.key.sign(command(node, "RESET_GPU")))
+        assert r.outcome == Outcome.succeeded, r.detail
+        assert seen == [False]  # the collector held no NVML handle during the reset
+        deadline = time.monotonic() + 5
+        while not theirs.initialized and time.monotonic() < deadline:
+            stop.wait(0.05)
+        assert theirs.initialized and not collector.released_for  # sampling again
+    finally:
+        stop.set()
+        t.join(5)
+        collector.stop()
+
+    # no collector answers: the reset is refused naming it, and the request is withdrawn
+    rig2 = Rig(kube, tmp_path / "two", node)
+    rig2.actions.collector_release = NvmlRelease(state)
+    rig2.actions.release_timeout = 0.3
+    r = rig2.ex.handle(rig2.key.sign(command(node, "RESET_GPU")))
+    assert r.outcome == Outcome.failed and "did not release its NVML handles within 0.3 s" in r.detail, r.detail
+    assert rig2.resets == [] and NvmlRelease(state).pending() == {}

@@ -1,0 +1,92 @@
+"""The reset handshake, collector side (collectors.nvml.NvmlRelease + collectors.agent.Collector),
+with the fake NVML: a request in the collector's state dir shuts its NVML down (an NVML handle holds
+/dev/nvidia*, and `nvidia-smi --gpu-reset` refuses a GPU any process holds), acknowledges, publishes
+`unavailable` samples meanwhile, and takes NVML up again when the request is done or has expired.
+The executor side runs on the real API server in tests/integration/test_executors_node.py."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timezone
+
+from collectors.agent import Collector, CollectorConfig
+from collectors.fakes import FakeGpu, FakePynvml
+from collectors.nvml import NvmlReader, NvmlRelease
+from collectors.sink import MemorySink
+from schemas import GpuSample
+
+UUID0, UUID1 = "GPU-00000000-aaaa-bbbb-cccc-000000000000", "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def rig(tmp_path, clock=None):
+    fake = FakePynvml([FakeGpu(0, UUID0, "00000000:01:00.0"), FakeGpu(1, UUID1, "00000000:02:00.0")])
+    sink = MemorySink()
+    c = Collector(CollectorConfig(node="n"), sink, nvml=NvmlReader(fake), nvml_events_thread=False,
+                  state_dir=tmp_path / "collector", nvml_release=NvmlRelease(tmp_path / "collector", clock=clock or Clock()))
+    c.start(datetime.now(timezone.utc))
+    return fake, sink, c
+
+
+def samples(sink: MemorySink, since: int) -> dict[str, str]:
+    return {r.gpu_uuid: r.status.value for r in sink.records[since:] if isinstance(r, GpuSample)}
+
+
+def test_collector_releases_nvml_for_a_reset_and_takes_it_up_again(tmp_path):
+    clock = Clock()
+    fake, sink, c = rig(tmp_path, clock)
+    executor = NvmlRelease(tmp_path / "collector", clock=clock)  # the node executor's view of the same dir
+    c.tick(datetime.now(timezone.utc))
+    assert fake.initialized and samples(sink, 0) == {UUID0: "ok", UUID1: "ok"}
+
+    executor.request(UUID1, command_id="cmd-1", hold_s=60)
+    assert executor.wait_released(UUID1, 0) is None  # nobody has answered yet
+    n = len(sink.records)
+    c.tick(datetime.now(timezone.utc))
+    assert not fake.initialized  # nvmlShutdown: no handle holds /dev/nvidia* any more
+    ack = executor.wait_released(UUID1, 0)
+    assert ack is not None and ack["gpu_uuid"] == UUID1
+    # every GPU is unread meanwhile (NVML handles are per process), said as such, never "ok"
+    assert samples(sink, n) == {UUID0: "unavailable", UUID1: "unavailable"}
+    assert all("released for the reset" in (r.error or "") for r in sink.records[n:])
+    c.tick(datetime.now(timezone.utc))
+    assert not fake.initialized
+
+    executor.done(UUID1)  # reset and re-read done
+    n = len(sink.records)
+    c.tick(datetime.now(timezone.utc))
+    assert fake.initialized and samples(sink, n) == {UUID0: "ok", UUID1: "ok"}
+    assert list((tmp_path / "collector" / "nvml-release").glob("reset-*")) == []
+    c.stop()
+
+
+def test_an_abandoned_request_expires_and_the_collector_resumes(tmp_path):
+    clock = Clock()
+    fake, sink, c = rig(tmp_path, clock)
+    NvmlRelease(tmp_path / "collector", clock=clock).request(UUID1, hold_s=30)
+    c.tick(datetime.now(timezone.utc))
+    assert not fake.initialized
+    clock.t += 31  # the executor died mid-reset: the collector does not stay blind
+    n = len(sink.records)
+    c.tick(datetime.now(timezone.utc))
+    assert fake.initialized and samples(sink, n) == {UUID0: "ok", UUID1: "ok"}
+    assert not (tmp_path / "collector" / "nvml-release" / f"reset-{UUID1}.released").exists()
+    c.stop()
+
+
+def test_wait_released_sees_an_acknowledgement_written_meanwhile(tmp_path):
+    rel = NvmlRelease(tmp_path)
+    rel.request(UUID1)
+    threading.Timer(0.2, rel.released, args=(UUID1,)).start()
+    ack = rel.wait_released(UUID1, 5)
+    assert ack is not None and ack["gpu_uuid"] == UUID1
+    assert set(rel.pending()) == {UUID1}
+    rel.done(UUID1)
+    assert rel.pending() == {} and rel.wait_released(UUID1, 0) is None
