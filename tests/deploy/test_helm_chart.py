@@ -118,6 +118,10 @@ def test_default_values_render_every_component(helm):
     nx = c["node-executor"]
     assert nx["args"][:5] == ["execute", "--scope", "node", "--node", "$(XIDSTREAM_NODE)"]
     assert "--apply" not in nx["args"]  # dry run by default
+    # RESET_GPU asks the collector to release NVML through the state directory both containers mount
+    assert nx["args"][nx["args"].index("--collector-state-dir") + 1] == col["args"][col["args"].index("--state-dir") + 1]
+    assert {m["name"]: m["mountPath"] for m in nx["volumeMounts"]}["state"] == \
+        {m["name"]: m["mountPath"] for m in col["volumeMounts"]}["state"]
     assert ["--verify-key", "/etc/xidstream/verify/signing.pub"] == nx["args"][nx["args"].index("--verify-key"):][:2]
 
     proc = kinds["Deployment"]["xs-xidstream-processor"]
