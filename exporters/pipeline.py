@@ -77,6 +77,11 @@ class KafkaTopicSink:
         self.topic = topic
         self._producer = Producer(producer_config(config))
         self._errors: list[str] = []
+        md = self._producer.list_topics(topic, timeout=15)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise ConfigError(f"output topic {topic} does not exist on {config.bootstrap} (create it first, e.g. "
+                              f"kafka-topics.sh --create --topic {topic}; brokers normally refuse to auto-create)")
 
     def _ack(self, err, msg) -> None:
         if err is not None:
@@ -228,7 +233,10 @@ class Exporter:
         reg = config.topics
         names = list(FINDING_TOPICS) + (list(TELEMETRY_TOPICS) + ["gpu.inventory"] if telemetry else [])
         topics = [reg.name(n) for n in names]
-        consumer = Consumer(consumer_config(config, group, **{"enable.partition.eof": False}))
+        # 10 s (not librdkafka's 45 s): a restarted exporter gets the partitions of the one that
+        # crashed that much sooner
+        consumer = Consumer(consumer_config(config, group, **{"enable.partition.eof": False,
+                                                              "session.timeout.ms": 10000}))
         pending: dict[tuple[str, int], int] = {}
 
         def commit() -> None:
@@ -243,10 +251,15 @@ class Exporter:
                 pending.clear()
                 self.stats.commits += 1
 
+        assigned = {"at": None}
+
+        def on_assign(c, partitions) -> None:
+            assigned["at"] = time.monotonic()
+
         def on_revoke(c, partitions) -> None:
             commit()
 
-        consumer.subscribe(topics, on_revoke=on_revoke)
+        consumer.subscribe(topics, on_assign=on_assign, on_revoke=on_revoke)
         last_record = time.monotonic()
         try:
             while not should_stop():
@@ -271,7 +284,10 @@ class Exporter:
                 self._tick_progress()
                 if max_records is not None and self.stats.consumed >= max_records:
                     break
-                if idle_exit is not None and time.monotonic() - last_record >= idle_exit:
+                # idle counts from the assignment: joining the group (a crashed member's session
+                # running out first) is not idleness
+                if (idle_exit is not None and assigned["at"] is not None
+                        and time.monotonic() - max(last_record, assigned["at"]) >= idle_exit):
                     break
             commit()
         finally:
