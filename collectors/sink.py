@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, Producer
 from schemas.base import Record
 from schemas.codec import encode, to_dict
 from schemas.models import GpuProcesses, GpuSample
-from transport.kafka import producer_config
+from transport.kafka import explain_error, producer_config
 from transport.config import KafkaConfig
 
 __all__ = ["Sink", "KafkaSink", "StdoutSink", "MemorySink"]
@@ -136,6 +136,9 @@ class KafkaSink:
         self.dropped_permanent = 0
         self._last_sync = time.monotonic()
         self._broker_down_since: float | None = None
+        # a refused password, an untrusted CA, a missing ACL: retrying will not cure it; said once,
+        # at error level, and kept for the metrics and the caller (`auth_error`)
+        self.auth_error: str | None = None
         overrides = {"message.timeout.ms": 0, "error_cb": self._on_error, **(producer_overrides or {})}
         self.producer = Producer(producer_config(settings, **overrides))
 
@@ -148,6 +151,12 @@ class KafkaSink:
             lane.waiting.append((seq, on_ack))
 
     def _on_error(self, err: KafkaError) -> None:
+        why = explain_error(err, producer_config(self.settings))
+        if why:
+            if why != self.auth_error:
+                log.error("Kafka refuses this collector (%s); spooling to disk until it is fixed", why)
+            self.auth_error = why
+            return
         # Broker-down errors are expected and retried by librdkafka; say so once, not per message.
         if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
             if self._broker_down_since is None:

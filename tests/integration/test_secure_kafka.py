@@ -310,3 +310,38 @@ def test_the_processor_with_an_untrusted_ca_exits_with_the_cause(secure, secure_
         _stop(worker)
     log = (tmp_path / "bad.log").read_text()
     assert rc == 2 and "TLS: certificate verify failed" in log, log[-2000:]
+
+
+def test_replication_and_min_insync_apply_to_contract_internal_and_changelog_topics(secure):
+    from confluent_kafka.admin import ConfigResource
+
+    from streams.app import changelog_topics, internal_topics
+    from transport.kafka import admin as admin_client
+    from transport.kafka import create_topics, ensure_processor_topics
+
+    s = secure("admin").with_(min_insync_replicas=1)
+    s = replace(s, topic_prefix=s.topic_prefix + "r.")
+    create_topics(s, names=list(__import__("schemas.topics", fromlist=["TOPICS"]).TOPICS))
+    ensure_processor_topics(s, internal_topics(s), compacted=changelog_topics(s, s.topic_prefix + "app"))
+    client = admin_client(s)
+    names = [s.topics.name("gpu.xid"), *internal_topics(s), *changelog_topics(s, s.topic_prefix + "app")]
+    futures = client.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names])
+    for res, fut in futures.items():
+        entry = fut.result()["min.insync.replicas"]
+        assert entry.value == "1" and entry.source == 1, (res, entry)  # 1: DYNAMIC_TOPIC_CONFIG, set by us
+    md = client.list_topics(timeout=10)
+    assert all(len(p.replicas) == 1 for n in names for p in md.topics[n].partitions.values())
+
+
+def test_the_collectors_sink_names_a_refused_password_and_keeps_the_records(secure, tmp_path):
+    from collectors.sink import KafkaSink
+    from tests.factories import one_of_each
+
+    s = secure("collector")
+    bad = replace(s, kafka_extra={**s.kafka_extra, "sasl.password": "not-the-password"})
+    sink = KafkaSink(bad, tmp_path / "spool")
+    sink.publish(one_of_each()[0])
+    assert not sink.flush(5)
+    assert "authentication failed for user collector" in (sink.auth_error or "")
+    assert sum(lane.spool.depth for lane in sink.lanes.values()) == 1  # spooled, not dropped
+    sink.producer = None
