@@ -1,5 +1,8 @@
 """The one Kubernetes client (lightkube) and the few things the executors need on top of it.
 
+The client and the list-then-watch loop are `transport.kube`'s (shared with the collector's pod
+watch); `make_client` and `list_then_watch` are re-exported here.
+
 Why lightkube (issue 10, "One Kubernetes client"): it is small (pure Python over httpx, ~4 MB
 with its models) where the official `kubernetes` package is a large generated client; its
 in-cluster config authenticates with `BearerTokenFileAuth`, which re-reads the projected
@@ -18,13 +21,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from lightkube import ApiError, Client, KubeConfig
+from lightkube import ApiError, Client
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node, Pod
 
-from schemas.errors import ConfigError
+from transport.kube import list_then_watch
+from transport.kube import make_client as _make_client
 
 __all__ = ["make_client", "discover_version", "record_event", "pods_on_node", "is_daemonset_pod", "is_mirror_pod",
            "list_then_watch", "ApiError", "EVENT_NAMESPACE", "COMPONENT"]
@@ -37,18 +41,8 @@ EVENT_NAMESPACE = "default"
 
 
 def make_client(kubeconfig: str | Path | None = None, *, timeout: float = 15.0) -> Client:
-    """A client for `kubeconfig`, or the in-cluster config (service-account token re-read on 401)
-    when none is given. A clear ConfigError when neither works."""
-    try:
-        if kubeconfig:
-            config = KubeConfig.from_file(str(kubeconfig))
-        else:
-            config = KubeConfig.from_service_account()
-    except Exception as exc:  # noqa: BLE001 - lightkube raises several kinds; one clear message
-        where = kubeconfig or "the in-cluster service account (/var/run/secrets/kubernetes.io/serviceaccount)"
-        raise ConfigError(f"cannot load a Kubernetes config from {where}: {exc} "
-                          f"(give --kubeconfig FILE outside a cluster)") from None
-    return Client(config, timeout=timeout, field_manager=COMPONENT)
+    """transport.kube's client, writing as the executor's field manager."""
+    return _make_client(kubeconfig, timeout=timeout, field_manager=COMPONENT)
 
 
 def discover_version(client: Client, group: str, resource: str, preferred: tuple[str, ...] = ()) -> str | None:
@@ -112,30 +106,6 @@ def pods_on_node(client: Client, node: str) -> list[Any]:
     """Pods bound to `node` that still run or may run (not Succeeded/Failed)."""
     pods = client.list(Pod, namespace="*", fields={"spec.nodeName": node})
     return [p for p in pods if (p.status.phase if p.status else None) not in ("Succeeded", "Failed")]
-
-
-def list_then_watch(client: Client, res: Any, on_event: Callable[[str, Any], bool], *, namespace: str | None = None,
-                    fields: dict | None = None, labels: dict | None = None) -> None:
-    """List, then watch from the list's resourceVersion; on 410 Gone (the version was compacted
-    away) list again and resume from the new one, so no change is lost. `on_event(type, obj)` gets
-    ("LISTED", obj) for each listed object; return False to stop."""
-    kw: dict[str, Any] = {"fields": fields, "labels": labels}
-    if namespace is not None:
-        kw["namespace"] = namespace
-    while True:
-        listing = client.list(res, **kw)
-        for obj in listing:
-            if on_event("LISTED", obj) is False:
-                return
-        rv = listing.resourceVersion
-        try:
-            for typ, obj in client.watch(res, resource_version=rv, **kw):
-                if on_event(typ, obj) is False:
-                    return
-        except ApiError as exc:
-            if exc.status.code != 410:
-                raise
-            log.info("watch of %s: resourceVersion %s is gone (410); listing again", res.__name__, rv)
 
 
 def node_or_none(client: Client, name: str) -> Any:

@@ -6,7 +6,8 @@
   few lines of protobuf wire format instead of generated stubs: the three messages are stable (k8s
   ``kubelet/pkg/apis/podresources/v1/api.proto``).
 - A Kubernetes API watch of the pods on this node (``fieldSelector=spec.nodeName=<node>``) gives
-  the transitions: started, failed (exit code, reason), restarted, succeeded.
+  the transitions: started, failed (exit code, reason), restarted, succeeded. The client is
+  lightkube through ``transport.kube``, the one the executors use.
 
 Off cleanly when not on Kubernetes: `from_environment` returns None when there is no API or socket.
 """
@@ -15,16 +16,11 @@ from __future__ import annotations
 
 import logging
 import queue
-import ssl
 import threading
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
-
-import orjson
 
 __all__ = [
     "ContainerDevices", "decode_pod_resources", "PodResourcesClient", "pod_transitions",
@@ -34,7 +30,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 # -- protobuf wire format (just what List's response needs) -------------------------------------
@@ -177,15 +172,16 @@ def pod_transitions(old: Mapping | None, new: Mapping) -> list[dict]:
 
 
 class PodWatcher:
-    """Lists, then watches, the pods on one node through the Kubernetes API, in a thread."""
+    """Lists, then watches, the pods on one node through the Kubernetes API, in a thread.
 
-    def __init__(self, api: str, node: str, token: str | None = None, ca_file: str | None = None,
-                 timeout: float = 300.0) -> None:
-        self.api = api.rstrip("/")
+    The client is lightkube's, through `transport.kube` (the executors' too): the watch resumes
+    from the list's resourceVersion, lists again on 410 Gone, and the in-cluster token is re-read
+    when the API server answers 401 (bound service-account tokens are rotated). Other failures
+    (the API server restarting) are retried with a backoff. Pods go on `q` as plain dicts."""
+
+    def __init__(self, client: Any, node: str) -> None:
+        self.client = client
         self.node = node
-        self.token = token
-        self.ctx = ssl.create_default_context(cafile=ca_file) if api.startswith("https") else None
-        self.timeout = timeout
         self.q: queue.Queue[tuple[str, dict]] = queue.Queue(maxsize=100_000)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
@@ -194,36 +190,26 @@ class PodWatcher:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # seen at the next event (the thread is a daemon)
 
-    def _get(self, params: dict) -> Any:
-        query = urllib.parse.urlencode({"fieldSelector": f"spec.nodeName={self.node}", **params})
-        req = urllib.request.Request(f"{self.api}/api/v1/pods?{query}")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        return urllib.request.urlopen(req, timeout=self.timeout, context=self.ctx)
+    def _on_event(self, kind: str, pod: Any) -> bool:
+        if self._stop.is_set():
+            return False
+        if kind in ("LISTED", "ADDED", "MODIFIED", "DELETED"):
+            self.q.put((kind, pod.to_dict()))
+        return True
 
     def _run(self) -> None:
+        from lightkube.resources.core_v1 import Pod
+
+        from transport.kube import list_then_watch
+
         backoff = 1.0
         while not self._stop.is_set():
             try:
-                with self._get({}) as resp:
-                    listing = orjson.loads(resp.read())
-                version = (listing.get("metadata") or {}).get("resourceVersion", "")
-                for pod in listing.get("items") or []:
-                    self.q.put(("LISTED", pod))
-                with self._get({"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true"}) as resp:
-                    backoff = 1.0
-                    for line in resp:
-                        if self._stop.is_set():
-                            return
-                        try:
-                            event = orjson.loads(line)
-                        except orjson.JSONDecodeError:
-                            log.warning("pod watch: skipping a line that is not JSON: %r", line[:200])
-                            continue
-                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                            self.q.put((event["type"], event.get("object") or {}))
+                list_then_watch(self.client, Pod, self._on_event, namespace="*",
+                                fields={"spec.nodeName": self.node})
+                return  # stopped
             except Exception as exc:  # noqa: BLE001 - API restarts and timeouts are routine
                 if self._stop.is_set():
                     return
@@ -289,24 +275,22 @@ class KubernetesWorkloads:
 
 
 def from_environment(env: Mapping[str, str], node: str, socket_path: str = POD_RESOURCES_SOCKET,
-                     service_account: Path = SERVICE_ACCOUNT) -> KubernetesWorkloads | None:
-    """The workload source when running in a Kubernetes pod, else None (and a log line)."""
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
+                     kubeconfig: str | None = None) -> KubernetesWorkloads | None:
+    """The workload source when running in a Kubernetes pod (or given a kubeconfig), else None
+    (and a log line)."""
+    if not kubeconfig and not env.get("KUBERNETES_SERVICE_HOST"):
         log.info("not on Kubernetes (no KUBERNETES_SERVICE_HOST): workload events are off")
         return None
-    token = None
-    try:
-        token = (service_account / "token").read_text().strip()
-    except OSError:
-        log.warning("no service account token; the pod watch may be refused")
-    ca = service_account / "ca.crt"
-    watcher = PodWatcher(f"https://{host}:{port}", node, token, str(ca) if ca.exists() else None)
-    client = None
-    if Path(socket_path).exists():
-        client = PodResourcesClient(socket_path)
-    else:
+    if not Path(socket_path).exists():
         log.warning("%s missing: mount it to attribute pods to GPUs; workload events are off", socket_path)
         return None
+    from transport.kube import make_client
+
+    try:
+        client = make_client(kubeconfig, field_manager="xidstream-collector")
+    except Exception as exc:  # noqa: BLE001 - the collector runs on without workload events
+        log.warning("%s; workload events are off", exc)
+        return None
+    watcher = PodWatcher(client, node)
     watcher.start()
-    return KubernetesWorkloads(watcher, client)
+    return KubernetesWorkloads(watcher, PodResourcesClient(socket_path))

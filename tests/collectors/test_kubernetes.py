@@ -1,16 +1,14 @@
 """Workload sources against real local servers: a kubelet-like gRPC pod-resources server on a unix
-socket and a Kubernetes-API-like HTTP server on 127.0.0.1."""
+socket and the real local kube-apiserver (the `kube` fixture) for the pod watch."""
 
 from __future__ import annotations
 
 import copy
-import http.server
-import threading
 import time
+import uuid
 from concurrent import futures
 
 import grpc
-import orjson
 import pytest
 
 from collectors.sources.kubernetes import (
@@ -112,57 +110,81 @@ def test_pod_transitions():
     assert [e["event"] for e in pod_transitions(running, done)] == ["succeeded"]
 
 
-class _FakeApi(http.server.BaseHTTPRequestHandler):
-    events: list = []
-    seen: list = []
-
-    def do_GET(self):  # noqa: N802
-        self.seen.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        if "watch=1" in self.path:
-            for ev in self.events:
-                self.wfile.write(orjson.dumps(ev) + b"\n")
-                self.wfile.flush()
-            self.wfile.write(b"not json\n")
-            time.sleep(0.2)
-        else:
-            self.wfile.write(orjson.dumps({"metadata": {"resourceVersion": "42"},
-                                           "items": [_pod({"running": {}}, name="trainer", uid="u2")]}))
-
-    def log_message(self, *args):
-        pass
+def _serve_pod_resources(path, pods):
+    handler = grpc.method_handlers_generic_handler(
+        "v1.PodResourcesLister", {"List": grpc.unary_unary_rpc_method_handler(lambda req, ctx: encode_list_response(pods))})
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    return server
 
 
-def test_watch_and_pod_resources_give_workload_events_per_gpu(kubelet_socket):
-    waiting = _pod({"waiting": {}})
-    running = _pod({"running": {}})
-    failed = _pod({"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "t"}})
-    _FakeApi.events = [{"type": "ADDED", "object": waiting}, {"type": "MODIFIED", "object": running},
-                       {"type": "MODIFIED", "object": failed}, {"type": "BOOKMARK", "object": {}}]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    watcher = PodWatcher(f"http://127.0.0.1:{server.server_port}", "gpu-node-7", token="t")
-    source = KubernetesWorkloads(watcher, PodResourcesClient(kubelet_socket))
+def _set_container(kube, ns, name, state, restarts=0):
+    """What the kubelet would write: the pod's container status."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cs = {"name": "vllm", "image": "registry.k8s.io/pause:3.10", "imageID": "", "ready": "running" in state,
+          "restartCount": restarts, "state": {k: dict(v, **({"startedAt": now} if k != "waiting" else {}))
+                                              for k, v in state.items()}}
+    status, body = kube.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status",
+                                {"status": {"phase": "Running", "containerStatuses": [cs]}},
+                                content_type="application/merge-patch+json")
+    assert status == 200, body
+
+
+def test_watch_on_the_real_api_server_gives_workload_events_per_gpu(kube, tmp_path):
+    """The collector's pod watch through transport.kube (lightkube) on the real kube-apiserver: a
+    pod already there is listed (joined late: no event), a new one's start and failure are events,
+    each attributed to the GPU the kubelet's pod-resources gave it; pods on other nodes are unseen."""
+    from collectors.sources.kubernetes import from_environment
+    from transport.kube import make_client
+
+    run = uuid.uuid4().hex[:6]
+    node, ns = f"wl-node-{run}", f"wl-{run}"
+    kube.ensure_namespace(ns)
+    assert kube.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})[0] == 201
+
+    def pod(name, on=node):
+        status, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": on, "containers": [{"name": "vllm", "image": "registry.k8s.io/pause:3.10"}]}})
+        assert status == 201, body
+
+    pod("trainer")
+    _set_container(kube, ns, "trainer", {"running": {}})
+    server = _serve_pod_resources(tmp_path / "kubelet.sock", [
+        (ns, "vllm-0", [("vllm", "nvidia.com/gpu", ["GPU-bbbb"])]), (ns, "trainer", [("main", "nvidia.com/gpu", ["GPU-aaaa"])])])
+    watcher = PodWatcher(make_client(kube.kubeconfig), node)
+    source = KubernetesWorkloads(watcher, PodResourcesClient(str(tmp_path / "kubelet.sock")))
     watcher.start()
-    got = []
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and len(got) < 2:
-        got += source.read()
-        time.sleep(0.05)
-    watcher.stop()
-    server.shutdown()
-    assert [(e["event"], e["gpu_uuid"], e["pod"]) for e in got] == [
-        ("started", "GPU-bbbb", "vllm-0"), ("failed", "GPU-bbbb", "vllm-0")]
-    assert any("fieldSelector=spec.nodeName%3Dgpu-node-7" in p for p in _FakeApi.seen)
-    assert any("resourceVersion=42" in p for p in _FakeApi.seen)
+    try:
+        deadline = time.monotonic() + 10
+        while watcher.q.empty() and time.monotonic() < deadline:  # the listing is in: the watch resumes from it
+            time.sleep(0.05)
+        assert source.read() == []  # the trainer was running before we looked: no transition
+        pod("vllm-0")
+        pod("elsewhere", on=f"other-{run}")
+        _set_container(kube, ns, "vllm-0", {"waiting": {"reason": "ContainerCreating"}})
+        _set_container(kube, ns, "vllm-0", {"running": {}})
+        _set_container(kube, ns, "vllm-0", {"terminated": {"exitCode": 1, "reason": "Error",
+                                                           "finishedAt": "2026-12-01T00:00:00Z"}})
+        got: list = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(got) < 2:
+            got += source.read()
+            time.sleep(0.05)
+    finally:
+        watcher.stop()
+        server.stop(0)
+    assert [(e["event"], e["gpu_uuid"], e["pod"], e["exit_code"]) for e in got] == [
+        ("started", "GPU-bbbb", "vllm-0", None), ("failed", "GPU-bbbb", "vllm-0", 1)]
+    # without the kubelet's pod-resources socket the source is off, even with an API to watch
+    assert from_environment({}, node, socket_path=str(tmp_path / "none"), kubeconfig=str(kube.kubeconfig)) is None
 
 
 def test_off_cleanly_when_not_on_kubernetes(tmp_path):
     assert from_environment({}, "n") is None
-    assert from_environment({"KUBERNETES_SERVICE_HOST": "127.0.0.1"}, "n", socket_path=str(tmp_path / "none"),
-                            service_account=tmp_path) is None
+    assert from_environment({"KUBERNETES_SERVICE_HOST": "127.0.0.1"}, "n", socket_path=str(tmp_path / "none")) is None
 
 
 def test_a_pod_copy_is_not_a_transition():
