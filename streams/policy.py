@@ -27,6 +27,8 @@ APP_CLASS_RESOLUTIONS = frozenset({"RESTART_APP", "IGNORE"})
 # for one is refused rather than left to produce a silent verdict (issue 8, defect 2).
 GUARD_MIN_PINNED_SAMPLES = 2
 GUARD_MIN_PINNED_SPAN_S = 10.0
+GUARD_MIN_PINNED_UTIL_PCT = 90.0
+GUARD_MAX_PINNED_MEM_FRACTION = 0.05
 
 
 def is_app_class(xid: int) -> bool:
@@ -165,10 +167,14 @@ def _check(policy: Policy, where: str) -> None:
     if policy.pinned_seconds < GUARD_MIN_PINNED_SPAN_S:
         raise ConfigError(f"{where}: pinned_seconds must be >= {GUARD_MIN_PINNED_SPAN_S:g} (the guard's minimum "
                           f"span of pinned samples); below it a wedge could never be acted on")
-    if not 0 <= policy.pinned_util_pct <= 100:
-        raise ConfigError(f"{where}: pinned_util_pct must be in [0, 100]")
-    if not 0 <= policy.pinned_mem_fraction < 1:
-        raise ConfigError(f"{where}: pinned_mem_fraction must be in [0, 1)")
+    # "Pinned" is the guard's own evidence (SM near 100% with nothing resident, incident.md): a
+    # policy may make it stricter, never redefine an ordinary busy or idle GPU as pinned.
+    if not GUARD_MIN_PINNED_UTIL_PCT <= policy.pinned_util_pct <= 100:
+        raise ConfigError(f"{where}: pinned_util_pct must be in [{GUARD_MIN_PINNED_UTIL_PCT:g}, 100]: below it an "
+                          "ordinary busy GPU would count as pinned")
+    if not 0 <= policy.pinned_mem_fraction <= GUARD_MAX_PINNED_MEM_FRACTION:
+        raise ConfigError(f"{where}: pinned_mem_fraction must be in [0, {GUARD_MAX_PINNED_MEM_FRACTION:g}]: above "
+                          "it a GPU with a job's memory resident would count as pinned")
     for key in ("suspect_occurrences", "suspect_distinct_pids"):
         if getattr(policy, key) < 2:
             raise ConfigError(f"{where}: {key} must be >= 2: one occurrence is an application fault, "

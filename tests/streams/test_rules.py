@@ -95,6 +95,16 @@ def test_a_policy_cannot_make_an_application_class_xid_hardware(code):
         load_policy({"hardware_xids": [code]})
 
 
+@pytest.mark.parametrize("settings, field", [({"pinned_util_pct": 0}, "pinned_util_pct"),
+                                             ({"pinned_util_pct": 89}, "pinned_util_pct"),
+                                             ({"pinned_mem_fraction": 0.5}, "pinned_mem_fraction")])
+def test_a_policy_cannot_redefine_pinned_as_an_ordinary_gpu(settings, field):
+    # found by the property test below: with pinned_util_pct 0 and pinned_mem_fraction 0.5, a
+    # GPU at 30% with 12 GiB resident counted as pinned, and one Xid 43 cordoned the node
+    with pytest.raises(ConfigError, match=field):
+        load_policy(settings)
+
+
 @pytest.mark.parametrize("field", ["app_class_xids", "app_class_resolutions"])
 def test_application_class_is_not_a_policy_setting(field):
     with pytest.raises(ConfigError, match=f"{field} is not a policy setting"):
@@ -111,8 +121,8 @@ policies = st.builds(
     suspect_distinct_pids=st.integers(2, 10),
     app_xid_lookback_s=st.floats(0, 7200),
     wedged_xid43_lookback_s=st.floats(0, 7200),
-    pinned_util_pct=st.floats(0, 100),
-    pinned_mem_fraction=st.floats(0, 0.99),
+    pinned_util_pct=st.floats(90, 100),
+    pinned_mem_fraction=st.floats(0, 0.05),
     pinned_seconds=st.floats(GUARD_MIN_PINNED_SPAN_S, 600),
     wedged_requires_workload_failure=st.booleans(),
     alert_cooldown_s=st.floats(0, 600),
