@@ -1,7 +1,7 @@
 """The packages have one direction (issue 8): the command layer (`xidstream`) builds on the
 libraries, never the other way round.
 
-    schemas  <-  transport  <-  collectors, streams, executors  <-  xidstream (the commands)
+    schemas  <-  transport  <-  collectors, streams, executors, exporters  <-  xidstream (the commands)
 
 `schemas` is the contract (pydantic and orjson only: tests/schemas/test_import_hygiene.py);
 `transport` is the Kafka plumbing; the libraries take small config objects
@@ -22,7 +22,8 @@ FORBIDDEN = {
     "transport": {"collectors", "streams", "executors", "xidstream"},
     "collectors": {"streams", "executors", "xidstream"},
     "streams": {"collectors", "executors", "xidstream"},
-    "executors": {"streams", "xidstream"},
+    "executors": {"streams", "exporters", "xidstream"},
+    "exporters": {"collectors", "streams", "executors", "xidstream"},
 }
 
 
