@@ -303,7 +303,8 @@ def render_timeline(result: ReplayResult, out: TextIO) -> None:
 
 
 def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False, check: bool = False,
-               policy: str | None = None, keep: bool = False, partitions: int = 1, out: TextIO = sys.stdout) -> int:
+               policy: str | None = None, keep: bool = False, partitions: int = 1, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # when called, not when imported (a captured stdout is honoured)
     scenarios = [load_scenario(p) for p in paths]  # every file is validated before anything starts
     broker = None
     if bootstrap is None:

@@ -325,11 +325,13 @@ def read_truth(truth_path: Path) -> tuple[dict, dict[str, dict]]:
 
 
 def score(meta: dict, truth: dict[str, dict], outputs: Iterable[tuple[Any, float | None]],
-          out: TextIO = sys.stdout) -> dict:
+          out: TextIO | None = None) -> dict:
     """Score the processor's alerts and commands against the ground truth and print the report.
 
     `outputs` are decoded `gpu.alerts` / `gpu.remediation` records, each with the wall time (s)
     at which it was published, or None where there is none (the pure path)."""
+    # sys.stdout when called, not when imported: a redirected or captured stdout is honoured
+    out = out or sys.stdout
     start = datetime.fromisoformat(meta["start"])
     predicted: dict[str, set] = {}
     first_alert: dict[tuple, tuple[datetime, float | None]] = {}
@@ -411,9 +413,10 @@ def score(meta: dict, truth: dict[str, dict], outputs: Iterable[tuple[Any, float
     return report
 
 
-def evaluate(truth_path: Path, settings: Settings, out: TextIO = sys.stdout, timeout: float = 60.0) -> dict:
+def evaluate(truth_path: Path, settings: Settings, out: TextIO | None = None, timeout: float = 60.0) -> dict:
     """Precision and recall per classification, node actions on app-fault-only GPUs, latencies:
     the processor's output read back from Kafka, scored by `score`."""
+    out = out or sys.stdout  # when called, not when imported (a captured stdout is honoured)
     from schemas.codec import decode_any
     from transport.kafka import read_all
 
