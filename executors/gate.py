@@ -154,6 +154,7 @@ class Journal:
         self._started: dict[str, dict] = {}
         self.held: dict[str, dict] = {}  # command_id -> raw command, awaiting an approval
         if self.path.exists():
+            self._repair_tail()
             for line in self.path.read_bytes().splitlines():
                 if not line.strip():
                     continue
@@ -162,6 +163,30 @@ class Journal:
                 except orjson.JSONDecodeError:
                     continue  # a torn last line after a crash: the entry never completed
                 self._apply(entry)
+
+    def _repair_tail(self) -> None:
+        """A crash mid-write leaves a last line without its newline: appending after it would glue
+        the next entry onto it, and the glued line is unreadable on the next start (a command
+        started then could be run again after a second crash). A complete entry gets its newline;
+        a torn one is cut back to the last newline (it never completed), fsynced."""
+        data = self.path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return
+        cut = data.rfind(b"\n") + 1  # 0 when the torn line is the only one
+        tail = data[cut:]
+        try:
+            orjson.loads(tail)
+            complete = True
+        except orjson.JSONDecodeError:
+            complete = False
+        with self.path.open("r+b") as fh:
+            if complete:
+                fh.seek(0, os.SEEK_END)
+                fh.write(b"\n")
+            else:
+                fh.truncate(cut)
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def _apply(self, entry: dict) -> None:
         cid, kind = entry.get("command_id"), entry.get("kind")

@@ -98,6 +98,25 @@ def test_a_command_interrupted_mid_action_is_never_run_again(env):
     assert d.result.outcome == Outcome.failed and d.result.detail.startswith("already carried out (journal): interrupted")
 
 
+def test_a_torn_last_line_is_cut_off_so_the_next_entry_is_not_glued_onto_it(env):
+    """A crash mid-write leaves a line without its newline; the next start must not append onto it
+    (the glued line would be unreadable, and a command started after it run again after a second crash)."""
+    key, keys, journal, approvals = env
+    first = key.sign(command("n1", "CORDON_NODE", now=NOW))
+    journal.started(first, NOW)
+    with journal.path.open("ab") as fh:  # the executor died while writing "done"
+        fh.write(b'{"kind":"done","command_id":"' + first.command_id.encode() + b'","res')
+    restarted = Journal(journal.path)
+    assert restarted.answer(first.command_id).outcome == Outcome.failed  # interrupted
+    second = key.sign(command("n1", "DRAIN_NODE", now=NOW))
+    restarted.started(second, NOW)  # ... and the executor died again, mid-drain
+    d = _decide(second, keys, Journal(journal.path), approvals)
+    assert not d.proceed and d.result.outcome == Outcome.failed
+    assert d.result.detail.startswith("already carried out (journal): interrupted")
+    assert journal.path.read_bytes().endswith(b"\n")
+    assert all(line.startswith(b"{") and line.endswith(b"}") for line in journal.path.read_bytes().splitlines())
+
+
 class _Recorder:
     def __init__(self):
         self.calls: list[tuple[str, bool]] = []
