@@ -29,13 +29,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["Spool", "SpoolRecord"]
+__all__ = ["Spool", "SpoolRecord", "write_durably"]
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<IIQ")  # payload length, crc32(payload), seq
 _PAYLOAD = struct.Struct("<HI")  # topic length, key length (0xFFFFFFFF: no key)
 _NO_KEY = 0xFFFFFFFF
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a power loss leaves the old or the new content, never an
+    empty file: write <path>.tmp, fsync it, rename it over `path`, fsync the directory (the rename
+    never reaches the disk before the bytes it points at; ext4/xfs may otherwise reorder them).
+    The spool's cursor and the kernel sources' cursors (collectors.sources.kernel) use it."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,21 +214,7 @@ class Spool:
             self._gc()
 
     def _write_cursor(self) -> None:
-        """write, fsync, rename, fsync the directory: the rename never reaches the disk before the
-        bytes it points at (ext4/xfs may otherwise leave an empty file after a power loss)."""
-        tmp = self.dir / "cursor.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, str(self._acked).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.dir / "cursor")
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_durably(self.dir / "cursor", str(self._acked).encode())
 
     def _unlink(self, path: Path) -> None:
         try:

@@ -39,6 +39,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from collectors.spool import write_durably
+
 __all__ = [
     "LogLine", "KernelSource", "KmsgSource", "JournalSource", "FileSource", "StdinSource",
     "MemoryKernelSource", "open_kernel_source",
@@ -69,9 +71,7 @@ def _save_json(path: Path | None, data: dict) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(orjson.dumps(data))
-    os.replace(tmp, path)
+    write_durably(path, orjson.dumps(data))  # write, fsync, rename, fsync the directory
 
 
 def _load_json(path: Path | None) -> dict:

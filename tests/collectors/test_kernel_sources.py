@@ -203,3 +203,32 @@ def test_kmsg_first_start_marks_records_from_before_the_start_as_history(tmp_pat
         fh.write(f"4,3,1001,-;{XID}\n")
     # with a cursor, a restart reads on: no history
     assert [(ln.cursor, ln.history) for ln in KmsgSource(log, cursor_file=cur, boot_id_path=boot).read()] == [(3, False)]
+
+
+def test_the_kmsg_cursor_is_written_then_fsynced_then_renamed(tmp_path, monkeypatch):
+    """Like the spool's cursor: a power loss must leave the old or the new cursor, never an empty
+    file (the rename reaching the disk before the bytes it points at)."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", str(b)))
+        real_replace(a, b)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    log, cur, boot = tmp_path / "kmsg", tmp_path / "kmsg.cursor", tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    _kmsg_file(log, 10, 3)
+    src = KmsgSource(log, cursor_file=cur, boot_id_path=boot)
+    src.read()
+    src.commit(11)
+    src.close()
+    i = events.index(("replace", str(cur)))
+    assert ("fsync", str(cur) + ".tmp") in events[:i]  # the new cursor's bytes are on disk first
+    assert ("fsync", str(tmp_path)) in events[i:]  # then the rename itself
+    assert KmsgSource(log, cursor_file=cur, boot_id_path=boot).read()[0].cursor == 12
