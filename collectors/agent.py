@@ -396,7 +396,7 @@ class Collector:
                 self.metrics.nvml_event_failures.set(self.nvml.event_wait_failures)
                 if delay == lo:
                     log.warning("NVML event wait failed (%s); retrying with a new event set in %.1f s, backing "
-                                "off to %.0f s while it fails", exc, delay, hi)
+                                "off to %g s while it fails", exc, delay, hi)
                 self._stop.wait(delay)
                 self._events_stale = True
                 continue
@@ -507,8 +507,8 @@ class Collector:
         return fields
 
     def _read_nvml_events(self, now: datetime, mono: float) -> None:
-        if self.nvml is None:
-            return
+        if self.nvml is None or self.released_for:
+            return  # released for a GPU reset: no event set until NVML is taken up again
         if not self._use_thread:
             # Same backoff as the thread, in the loop's own (maybe scenario) time.
             if self._events_stale and mono >= self._event_retry_at:

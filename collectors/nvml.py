@@ -109,6 +109,7 @@ class NvmlReader:
         self.nvml = nvml
         self._devices: list[_Device] = []
         self._event_set: Any = None
+        self._event_set_error: str | None = None  # why the last re-creation of the event set failed
         self._event_mask = 0
         self._event_lock = threading.Lock()
         self._by_handle: dict[int, _Device] = {}
@@ -352,6 +353,7 @@ class NvmlReader:
                 es = n.nvmlEventSetCreate()
             except n.NVMLError as exc:
                 log.warning("NVML events unavailable: %s", exc)
+                self._event_set_error = f"no NVML event set: nvmlEventSetCreate failed: {exc}"
                 return False
             xid = n.nvmlEventTypeXidCriticalError
             recovery = getattr(n, "nvmlEventTypeGpuRecoveryAction", 0)
@@ -368,17 +370,23 @@ class NvmlReader:
                         log.warning("GPU %s: cannot register events: %s", dev.ident.uuid, exc)
                         break
             self._event_set = es
+            self._event_set_error = None
             self._event_mask = xid | recovery
             return registered > 0
 
     def wait_xid(self, timeout_ms: int) -> XidNotice | None:
         """One event, or None after `timeout_ms` (NVML's Timeout is the normal case). Any other
-        failure is counted in `event_wait_failures` and returns None at once: the caller must
-        back off (collectors.agent) and, once the GPU is back, re-register."""
+        failure is counted in `event_wait_failures` and raises EventWaitFailed at once: the caller
+        must back off (collectors.agent) and, once the GPU is back, re-register. No event set (its
+        re-creation failed) is such a failure too: returning None at once would make the caller
+        spin on a core without ever rebuilding it."""
         n = self.nvml
         es = self._event_set
         if es is None:
-            return None
+            why = self._event_set_error or "no NVML event set (not registered)"
+            self.event_wait_failures += 1
+            self.last_event_error = why
+            raise EventWaitFailed(why)
         try:
             data = n.nvmlEventSetWait_v2(es, timeout_ms)
         except n.NVMLError as exc:

@@ -325,6 +325,53 @@ def test_failing_event_wait_backs_off_is_counted_and_the_event_set_is_recreated(
         c.stop()
 
 
+def test_an_event_set_that_cannot_be_rebuilt_backs_off_and_is_retried_not_spun_on():
+    """Review t11: once nvmlEventSetCreate fails, there is no event set; the wait must count that as
+    a failure and back off (not return at once in a loop that burns a core), and keep retrying the
+    rebuild until the driver accepts it again."""
+    import time as _time
+
+    from collectors.fakes import _NVMLError
+
+    sink = MemorySink()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0")])
+    c = Collector(CollectorConfig(node="n", xid_merge_window=0.0, event_backoff=(0.1, 0.4)), sink,
+                  nvml=NvmlReader(fake), nvml_events_thread=True)
+    waits = [0]
+    real_wait = c.nvml.wait_xid
+
+    def counted(timeout_ms):
+        waits[0] += 1
+        return real_wait(timeout_ms)
+
+    c.nvml.wait_xid = counted
+    real_create = fake.nvmlEventSetCreate
+
+    def refuse():
+        fake.calls["nvmlEventSetCreate"] += 1
+        raise _NVMLError(999)  # NVML_ERROR_UNKNOWN: the driver refuses new event sets
+
+    c.start(T0)
+    try:
+        fake.nvmlEventSetCreate = refuse
+        fake.gpu(1).status = "lost"  # the wait fails, the rebuild then fails: no event set at all
+        _time.sleep(1.5)
+        assert waits[0] < 40, f"{waits[0]} event waits in 1.5 s: the event thread spins"
+        assert fake.calls["nvmlEventSetCreate"] >= 3, "the rebuild is not retried"
+        assert c.metrics.nvml_event_failures._value.get() >= 2
+        # the driver accepts event sets again: the set is rebuilt and GPU 0's events arrive
+        fake.nvmlEventSetCreate = real_create
+        _time.sleep(0.6)
+        fake.inject_xid(0, 13)
+        deadline = _time.monotonic() + 3
+        while _time.monotonic() < deadline and not _xids(sink):
+            c.tick(T0)
+            _time.sleep(0.05)
+        assert [x.xid for x in _xids(sink)] == [13]
+    finally:
+        c.stop()
+
+
 def test_kernel_cursors_do_not_pile_up_while_kafka_is_down():
     """Defect 11: with one Xid unacknowledged, later lines must not each be kept in memory."""
     import tracemalloc
