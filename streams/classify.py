@@ -49,6 +49,7 @@ from streams.render import alert, command, describe_xid, dt, hid
 from streams.verdict import (
     PLANS,
     RANK,
+    XID45,
     Verdict,
     app_occurrence_verdict,
     hardware_xid_verdict,
@@ -126,8 +127,11 @@ def _material(s: GpuState) -> tuple:
     return (
         s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status, ps,
         s.pinned_samples < GUARD_MIN_PINNED_SAMPLES and s.pinned_samples,
-        ps is not None and s.last_compute_ts is not None and s.last_compute_ts >= ps,
-        ps is not None and s.last_nocompute_ts is not None and s.last_nocompute_ts > ps,
+        # while pinned, the newest snapshot with and without compute decide the wedge: kept exactly
+        # (a pinned GPU is rare); otherwise only whether one was seen since the pin started
+        s.last_compute_ts if ps is not None else None, s.last_nocompute_ts if ps is not None else None,
+        # the GPU's clock judges skewed stamps: kept to the minute, far inside the skew bound
+        None if s.clock is None else int(s.clock // 60), s.last_unpinned_ts is not None and int(s.last_unpinned_ts // 60),
         len(s.occurrences), len(s.xids), len(s.workload_failures), s.healthy_since is None, s.last_xid_ts,
         s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
         s.procs_ts if s.occurrences else None,  # settles occurrences' workloads (evidence.settled)
@@ -168,6 +172,7 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
         state.healthy_since = None
         _check_pinned(state, ts, policy, outputs)
     else:
+        state.last_unpinned_ts = ts if state.last_unpinned_ts is None else max(state.last_unpinned_ts, ts)
         if state.healthy_since is None:
             state.healthy_since = ts
         _check_resolved(state, ts, policy, outputs)
@@ -250,17 +255,19 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
                    xid=x.xid, name=x.xid_name, pid=x.pid, process_name=x.process_name, pod_uid=pod,
                    raw=x.raw, sources=[s.value for s in x.sources] or [x.source.value])
     inc = state.incident
-    if inc is not None and not app and inc.reboot_ok_at is not None and ts > inc.reboot_ok_at:
-        # A GPU-level Xid persisting after the reboot: the last rung. (An application's Xid after
-        # the reboot is that application's, and goes the usual way.)
-        inc.note(xentry, policy.evidence_limit)
-        _climb(state, inc, ts, Action.REPLACE_NODE, f"Xid {x.xid} on GPU {state.gpu_index} after the node was rebooted",
-               policy, outputs, [x.event_id])
-        return
     if not app:
         verdict = hardware_xid_verdict(state, x.xid, x.message, x.pci_bus_id, x.event_id, xentry)
         if verdict is None:
+            # NVIDIA says record only (e.g. Xid 154 "to 0x0" after a recovery that worked)
             _evidence(state, xentry, policy)
+            return
+        if inc is not None and inc.reboot_ok_at is not None and ts > inc.reboot_ok_at \
+                and state.came_back_after(inc.reboot_ok_at):
+            # A GPU-level fault persisting after the node came back from its reboot: the last
+            # rung. (An application's Xid after the reboot is that application's.)
+            inc.note(xentry, policy.evidence_limit)
+            _climb(state, inc, ts, Action.REPLACE_NODE, f"Xid {x.xid} on GPU {state.gpu_index} after the node was rebooted",
+                   policy, outputs, [x.event_id])
             return
         if inc is not None and inc.reset_ok_at is not None and ts > inc.reset_ok_at and verdict.remedy == RESET:
             inc.note(xentry, policy.evidence_limit)
@@ -287,8 +294,9 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
     state.occurrences.append(occ)
     _raise(state, app_occurrence_verdict(state, occ, x.xid, workload_label(state, x.pid, x.process_name), xentry),
            ts, policy, outputs)
-    if pod:
+    if pod and x.xid != XID45:
         # The fleet agent sees every GPU: one workload faulting several GPUs is the workload's fault.
+        # (Not Xid 45: a multi-GPU job's normal teardown logs it on every GPU it used.)
         outputs.append(("workload_fault", {"pod_uid": pod, "gpu_uuid": state.gpu_uuid, "node": state.node, "ts": ts,
                                            "xid": x.xid, "incident_id": state.incident.id if state.incident else None}))
     _check_suspect(state, policy, outputs)
@@ -402,8 +410,9 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
                 inc.reset_ok_at = ts
             else:
                 inc.reboot_ok_at = ts
-            # Healthy time counts from the repair; samples already read after it still count.
-            if state.pinned_since is not None and (state.pinned_last or 0) <= ts:
+            # Healthy time counts from the repair; samples already read after it still count. (A
+            # reset was re-read by the executor; a reboot is only ordered: its pinned run goes on.)
+            if action == Action.RESET_GPU and state.pinned_since is not None and (state.pinned_last or 0) <= ts:
                 state.pinned_since = None
             if state.healthy_since is not None and state.healthy_since < ts:
                 state.healthy_since = ts if (state.last_sample_ts or 0) >= ts else None
@@ -433,6 +442,8 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
     cls = Classification(inc.classification)
     if cls in (Classification.GPU_WEDGED, Classification.GPU_HARDWARE_FAULT) and not inc.remediated:
         return
+    if state.remap_failure or state.recovery_action:
+        return  # NVML still reports the fault (a failed row remap, a pending recovery action)
     closing = []
     if inc.has_emitted(Action.CORDON_NODE):
         closing.append(Action.UNCORDON_NODE)

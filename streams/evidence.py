@@ -57,6 +57,7 @@ class GpuState:
     xids: list = field(default_factory=list)
     workload_failures: list = field(default_factory=list)
     healthy_since: float | None = None
+    last_unpinned_ts: float | None = None  # newest ok sample that was not pinned: the GPU came back
     last_xid_ts: float | None = None
     incident: Incident | None = None
     announced: bool = False
@@ -80,7 +81,18 @@ class GpuState:
         state = cls(**{k: v for k, v in data.items() if k in _STATE_FIELDS})
         if isinstance(state.incident, dict):
             state.incident = Incident.from_dict(state.incident)
+        # Rows written before issue 8 (99b60f0) lack these keys: fill them as that code meant them.
+        for o in state.occurrences:
+            if "wl" not in o:
+                o["wl"] = f"pid:{o['pid']}" if o.get("pid") is not None else None
+        if state.incident is not None:
+            for e in state.incident.emitted:
+                e.setdefault("outcome", None)
         return state
+
+    def came_back_after(self, ts: float | None) -> bool:
+        """An ok, unpinned sample after `ts`: the GPU was seen healthy since (a repair took effect)."""
+        return ts is not None and self.last_unpinned_ts is not None and self.last_unpinned_ts > ts
 
 
 _STATE_FIELDS = tuple(GpuState.__dataclass_fields__)

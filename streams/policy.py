@@ -5,6 +5,7 @@ them from a YAML file (`xidstream process --policy FILE`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -132,7 +133,9 @@ def load_policy(source: str | Path | Mapping[str, Any] | None) -> Policy:
             if key in _SETS:
                 if not isinstance(value, (list, tuple, set)):
                     raise TypeError("a list")
-                changes[key] = frozenset(int(v) for v in value)
+                if any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+                    raise TypeError("a list of integer Xid codes")
+                changes[key] = frozenset(value)
             elif isinstance(current, bool):
                 if not isinstance(value, bool):
                     raise TypeError("true or false")
@@ -153,8 +156,27 @@ def load_policy(source: str | Path | Mapping[str, Any] | None) -> Policy:
         raise ConfigError(f"{where}:{str(exc).removeprefix('policy:')}") from None
 
 
+# Upper bounds that keep every window and TTL a real duration (a NaN compares false with
+# everything, so unchecked it switched rules off: the fleet breaker, resolution, the skew bound).
+_MAX_SECONDS = 30 * 24 * 3600.0
+
+
 def _check(policy: Policy, where: str) -> None:
     """Refuse a policy that contradicts the guard or can only produce silent states."""
+    for f in fields(Policy):
+        value = getattr(policy, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: {f.name} must be a finite number, got {value}")
+        if f.name.endswith("_s") and isinstance(value, (int, float)) and value > _MAX_SECONDS:
+            raise ConfigError(f"{where}: {f.name} must be at most {_MAX_SECONDS:g} s (30 days), got {value:g}")
+    for x in policy.hardware_xids:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise ConfigError(f"{where}: hardware_xids must list integer Xid codes, got {x!r}")
+    if policy.wedged_xid43_lookback_s < policy.pinned_seconds:
+        raise ConfigError(f"{where}: wedged_xid43_lookback_s must be >= pinned_seconds: a shorter lookback forgets the "
+                          "Xid 43 before the pinned evidence is complete, and no wedge is ever found")
+    if policy.fleet_min_nodes < 1:
+        raise ConfigError(f"{where}: fleet_min_nodes must be >= 1")
     for key in ("suspect_window_s", "burst_seconds", "fleet_window_s", "alert_cooldown_s", "resolve_after_s",
                 "app_xid_lookback_s", "wedged_xid43_lookback_s", "workload_failure_lookback_s"):
         if getattr(policy, key) < 0:

@@ -94,7 +94,10 @@ def pinned_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None
             return None
         ids += [x.get("id") for x in wedge] + [w.get("id") for w in failures]
         inc = state.incident
-        if inc is not None and inc.reboot_ok_at is not None and start > inc.reboot_ok_at:
+        # "Again after the reboot" needs the GPU seen healthy since: a REBOOT_NODE result only says
+        # kured's sentinel was written; until the node really rebooted, it is the same wedge.
+        if inc is not None and inc.reboot_ok_at is not None and start > inc.reboot_ok_at \
+                and state.came_back_after(inc.reboot_ok_at):
             return Verdict(Classification.GPU_WEDGED, REBOOT, f"GPU {state.gpu_index} wedged again after the node reboot",
                            ids, climb=Action.REPLACE_NODE)
         if inc is not None and inc.reset_ok_at is not None and start > inc.reset_ok_at:

@@ -150,8 +150,9 @@ def test_failed_reset_climbs_to_reboot_then_replace():
 
 
 def test_gpu_xids_persisting_after_a_reboot_mean_replace():
+    # the node came back from its reboot (a healthy sample), then the GPU faults again
     e = run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(600, Action.REBOOT_NODE, "succeeded"),
-                                xid(700, 119, pid=None)])
+                       sample(650, util=0, mem=0), xid(700, 119, pid=None)])
     assert actions(e)[-2:] == [Action.REBOOT_NODE, Action.REPLACE_NODE]
 
 

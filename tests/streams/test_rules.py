@@ -120,7 +120,7 @@ policies = st.builds(
     suspect_window_s=st.floats(0, 7200),
     suspect_distinct_pids=st.integers(2, 10),
     app_xid_lookback_s=st.floats(0, 7200),
-    wedged_xid43_lookback_s=st.floats(0, 7200),
+    wedged_xid43_lookback_s=st.floats(600, 7200),
     pinned_util_pct=st.floats(90, 100),
     pinned_mem_fraction=st.floats(0, 0.05),
     pinned_seconds=st.floats(GUARD_MIN_PINNED_SPAN_S, 600),
@@ -398,3 +398,120 @@ def test_two_workloads_make_a_suspect_in_whichever_order_their_faults_are_read()
         e = feed(Engine(), base + order)
         quarantine = [c for c in e.commands if c.action == Action.QUARANTINE_GPU]
         assert len(quarantine) == 1 and quarantine[0].ts == at(52)
+
+
+
+# -- review findings (independent review after the first landing) ------------------------------------
+def _rebooted(extra):
+    return run(wedge() + [result(310, Action.RESET_GPU, "failed"), result(320, Action.REBOOT_NODE, "succeeded")] + extra)
+
+
+def test_a_reboot_that_has_not_happened_yet_is_not_a_second_wedge():
+    # REBOOT_NODE "succeeded" means kured's sentinel was written; the GPU pinned on is the same wedge
+    e = _rebooted(pinned(325, 500))
+    assert Action.REPLACE_NODE not in actions(e)
+    # once the node came back healthy, a new wedge is the last rung
+    e = _rebooted(healthy(400, 420, 10) + pinned(430, 600))
+    assert actions(e)[-1] == Action.REPLACE_NODE
+
+
+@pytest.mark.parametrize("record_only", [
+    xid(700, 154, pid=None, message="GPU recovery action changed from 0x4 (Drain and Reset) to 0x0 (None)"),
+    xid(700, 145, pid=None, message="RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000002 0x00000000 "
+                                     "0x00000000 0x00000000 0x00000000)"),
+], ids=["xid154-to-none", "nonfatal-nvlink5"])
+def test_a_record_only_xid_after_the_reboot_is_not_a_reason_to_replace(record_only):
+    e = _rebooted(healthy(400, 690, 10) + [record_only])
+    assert Action.REPLACE_NODE not in actions(e)
+
+
+def _restarted_every_record(records, policy=None):
+    """The fold as the faust table runs it: the row is written only when `step` says it changed,
+    and read back (orjson) for every record, as after a restart or a rebalance."""
+    import orjson
+
+    from streams.classify import GpuState, step
+    from streams.routing import state_key
+
+    table, outs = {}, []
+    for r in sorted(records, key=lambda r: r.ts):
+        key = state_key(r)
+        stored = table.get(key)
+        state = GpuState.from_dict(orjson.loads(stored)) if stored else None
+        state, out, changed = step(state, key, r, policy or Policy())
+        if changed:
+            table[key] = orjson.dumps(state.to_dict())
+        outs += [(k, getattr(o, "action", None) or getattr(o, "classification", None), o.ts)
+                 for k, o in out if k != "workload_fault"]
+    return outs
+
+
+def _live(records, policy=None):
+    from streams.classify import step
+    from streams.routing import state_key
+
+    states, outs = {}, []
+    for r in sorted(records, key=lambda r: r.ts):
+        key = state_key(r)
+        state, out, _ = step(states.get(key), key, r, policy or Policy())
+        states[key] = state
+        outs += [(k, getattr(o, "action", None) or getattr(o, "classification", None), o.ts)
+                 for k, o in out if k != "workload_fault"]
+    return outs
+
+
+@pytest.mark.parametrize("case", ["job-leaves-a-pinned-gpu", "two-hours-healthy-then-wedge"])
+def test_what_is_persisted_decides_as_live_does(case):
+    """Every fact a verdict needs survives the table (found by review: the GPU's clock and the
+    newest compute snapshot were not persisted, so a restart changed the verdict)."""
+    if case == "job-leaves-a-pinned-gpu":
+        recs = [inventory(), sample(0), procs(0, 4242), recovery_failure(11)] + pinned(15, 120, compute=(4242,))
+        recs += pinned(120, 200)
+    else:
+        recs = [inventory()] + [r for t in range(0, 7200, 30) for r in (sample(t), procs(t, 7))]
+        recs += [xid(7210, 13, pid=7), xid(7211, 31, pid=7), xid(7212, 43, pid=7)] + pinned(7215, 7400)
+    assert _restarted_every_record(recs) == _live(recs)
+
+
+def test_rows_written_before_issue_8_still_fold():
+    from streams.classify import GpuState
+
+    old = {"key": GPU, "node": NODE, "gpu_uuid": GPU, "occurrences": [{"ts": 1.0, "last_ts": 1.0, "pid": 7, "codes": [13],
+                                                                     "pod": None}],
+           "incident": {"id": "i", "classification": "GPU_WEDGED", "opened_at": 1.0, "remedy": "reset",
+                        "plan": ["CORDON_NODE"], "emitted": [{"step": 0, "action": "CORDON_NODE", "command_id": "c",
+                                                              "ts": 1.0}], "timeline": []}}
+    state = GpuState.from_dict(old)
+    assert state.occurrences[0]["wl"] == "pid:7" and state.incident.emitted[0]["outcome"] is None
+    from streams.classify import step
+
+    step(state, GPU, sample(5), Policy())  # no KeyError
+
+
+def test_a_persisting_remap_failure_keeps_the_incident_open_after_the_reset():
+    bad = {"remapped_rows_failure": True}
+    recs = [inventory(), sample(0), procs(0, 7), sample(10).model_copy(update=bad)]
+    recs += [r for t in range(20, 1200, 10) for r in (sample(t, util=0, mem=0).model_copy(update=bad), procs(t))]
+    e = run(recs + [result(15, Action.RESET_GPU, "succeeded")])
+    assert all(a.state != "resolved" for a in e.alerts)
+    assert Action.UNCORDON_NODE not in actions(e)
+
+
+def test_a_multi_gpu_teardown_does_not_say_the_fault_follows_the_workload():
+    recs = [inventory()]
+    for g in range(8):
+        gpu = f"GPU-{g:08d}-2222-3333-4444-555555555555"
+        recs += [sample(0, gpu=gpu), pod_procs(5, 100 + g, "pod-job", gpu=gpu), xid(10, 45, pid=100 + g, gpu=gpu),
+                 procs(11, gpu=gpu)]
+    e = run(recs)
+    assert not [a for a in e.alerts if "follows the workload" in a.summary]
+
+
+@pytest.mark.parametrize("setting", [{"fleet_window_s": float("nan")}, {"resolve_after_s": float("nan")},
+                                     {"max_clock_skew_s": float("nan")}, {"command_ttl_s": float("inf")},
+                                     {"command_ttl_s": 1e12}, {"fleet_min_nodes": -5},
+                                     {"hardware_xids": [1.9]}, {"hardware_xids": [True]},
+                                     {"wedged_xid43_lookback_s": 0}])
+def test_hostile_policies_that_used_to_load_are_refused(setting):
+    with pytest.raises(ConfigError):
+        load_policy(setting)
