@@ -6,7 +6,10 @@ written, not even an Event) or does it and records an Event on the Node. Each re
 
 Ownership: what xidstream changes on a Node is marked, so UNCORDON_NODE and RELEASE_GPU undo only
 that: the `xidstream.io/gpu-fault` NoSchedule taint and the `xidstream.io/cordon` annotation (JSON:
-incident, command, time, and whether the node was already unschedulable before us).
+every incident holding the cordon under `incidents`, with its command, GPU and time; the oldest one
+also as `incident`/`command`/`gpu`/`at`, the single-incident format earlier versions wrote and still
+read; and whether the node was already unschedulable before us). UNCORDON_NODE removes only its own
+incident and uncordons when no other incident holds the cordon.
 """
 
 from __future__ import annotations
@@ -61,6 +64,37 @@ def _label_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", text)[:63].strip("-._") or "x"
 
 
+def _cordon_holders(node: Any) -> tuple[dict, dict[str, dict]]:
+    """The `xidstream.io/cordon` annotation and the incidents holding the cordon, by incident id.
+    Earlier versions wrote one incident (``{"incident": ..., "command": ..., "gpu": ..., "at": ...}``):
+    that incident is the one holder. An unreadable annotation holds nothing."""
+    raw = (node.metadata.annotations or {}).get(CORDON_ANNOTATION)
+    try:
+        note = json.loads(raw) if raw else {}
+    except ValueError:
+        note = {}
+    if not isinstance(note, dict):
+        note = {}
+    held = note.get("incidents")
+    holders = {str(k): (v if isinstance(v, dict) else {}) for k, v in held.items()} if isinstance(held, dict) else {}
+    if not holders and note.get("incident"):
+        holders = {str(note["incident"]): {k: note.get(k) for k in ("command", "gpu", "at")}}
+    return note, holders
+
+
+def _cordon_note(holders: dict[str, dict], was_unschedulable: bool) -> str:
+    """The annotation: every holder under `incidents`; the oldest holder also in the single-incident
+    fields earlier versions read (incident, command, gpu, at)."""
+    first_id, first = min(holders.items(), key=lambda kv: str(kv[1].get("at") or ""))
+    return json.dumps({"incident": first_id, "command": first.get("command"), "gpu": first.get("gpu"),
+                       "at": first.get("at"), "was_unschedulable": was_unschedulable, "incidents": holders},
+                      sort_keys=True)
+
+
+def _incidents(holders: dict[str, dict]) -> str:
+    return ", ".join(sorted(holders))
+
+
 class ClusterActions:
     def __init__(self, client: Client, *, drain_timeout: float = 120.0, eviction_retry: float = 2.0) -> None:
         self.client = client
@@ -112,27 +146,46 @@ class ClusterActions:
         return "succeeded", f"recorded an Event on node {cmd.node}: {msg}"
 
     # -- CORDON / UNCORDON ------------------------------------------------------------------------
+    # Several incidents may need one node cordoned (two wedged GPUs of one node): the annotation
+    # keeps every incident holding the cordon, CORDON adds its own, UNCORDON removes its own and
+    # uncordons only when none is left.
     def _cordon(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
         def ours(n: Any) -> bool:
             return any(t.key == TAINT_KEY for t in (n.spec.taints or []))
 
         if dry_run:
             if ours(node) and node.spec.unschedulable:
-                return "refused", f"{DRY_RUN_PREFIX}nothing: node {cmd.node} is already cordoned by xidstream"
+                holders = _cordon_holders(node)[1]
+                if cmd.incident_id in holders:
+                    return "refused", (f"{DRY_RUN_PREFIX}nothing: node {cmd.node} is already cordoned by xidstream "
+                                       f"for incident {cmd.incident_id}")
+                return "refused", (f"{DRY_RUN_PREFIX}add incident {cmd.incident_id} to those holding node "
+                                   f"{cmd.node}'s xidstream cordon ({_incidents(holders)})")
             return "refused", (f"{DRY_RUN_PREFIX}cordon node {cmd.node} (spec.unschedulable, NoSchedule taint "
                                f"{TAINT_KEY}, annotation {CORDON_ANNOTATION}) for incident {cmd.incident_id}")
 
         def act(n: Any) -> Outcome:
+            note, holders = _cordon_holders(n)
+            hold = {"command": cmd.command_id, "gpu": cmd.gpu_uuid, "at": _now()}
             if ours(n) and n.spec.unschedulable:
-                return "succeeded", f"node {cmd.node} was already cordoned by xidstream; unchanged"
+                if cmd.incident_id in holders:
+                    return "succeeded", (f"node {cmd.node} was already cordoned by xidstream for incident "
+                                         f"{cmd.incident_id}; unchanged")
+                others = _incidents(holders)
+                holders[cmd.incident_id] = hold
+                was = bool(note.get("was_unschedulable"))
+                self._patch_node(n, {"metadata": {"annotations": {CORDON_ANNOTATION: _cordon_note(holders, was)}}})
+                detail = (f"node {cmd.node} was already cordoned by xidstream (incident(s) {others or 'unrecorded'}); "
+                          f"incident {cmd.incident_id} holds the cordon too: it stays until every holder uncordons")
+                self._event(n, cmd, "XidstreamCordon", detail, warning=False)
+                return "succeeded", detail
             was = bool(n.spec.unschedulable)
-            taints = [_plain(t) for t in (n.spec.taints or [])]
+            taints = [_plain(t) for t in (n.spec.taints or []) if t.key != TAINT_KEY]
             taints.append({"key": TAINT_KEY, "value": _label_value(cmd.gpu_uuid or cmd.incident_id),
                            "effect": "NoSchedule", "timeAdded": _now()})
-            note = {"incident": cmd.incident_id, "command": cmd.command_id, "gpu": cmd.gpu_uuid, "at": _now(),
-                    "was_unschedulable": was}
+            holders[cmd.incident_id] = hold
             self._patch_node(n, {"spec": {"unschedulable": True, "taints": taints},
-                                 "metadata": {"annotations": {CORDON_ANNOTATION: json.dumps(note, sort_keys=True)}}})
+                                 "metadata": {"annotations": {CORDON_ANNOTATION: _cordon_note(holders, was)}}})
             extra = " (it was already unschedulable: someone else's cordon stays when xidstream uncordons)" if was else ""
             self._event(n, cmd, "XidstreamCordon", f"cordoned: unschedulable and NoSchedule taint {TAINT_KEY}{extra}")
             return "succeeded", f"cordoned node {cmd.node}: spec.unschedulable, NoSchedule taint {TAINT_KEY}{extra}"
@@ -140,34 +193,45 @@ class ClusterActions:
         return self._retrying(cmd, act)
 
     def _uncordon(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
-        def decide(n: Any) -> tuple[str, str, dict | None]:
+        def decide(n: Any) -> tuple[str, str, dict | None, str]:
+            """(outcome, detail, patch or None, what a dry run says it would do)"""
             note_raw = (n.metadata.annotations or {}).get(CORDON_ANNOTATION)
             has_taint = any(t.key == TAINT_KEY for t in (n.spec.taints or []))
             if note_raw is None and not has_taint:
                 if n.spec.unschedulable:
-                    return "refused", (f"node {cmd.node} is cordoned by someone else (no xidstream annotation or "
-                                       f"taint): left cordoned; nothing was done"), None
-                return "succeeded", f"node {cmd.node} is not cordoned; nothing to undo", None
-            try:
-                note = json.loads(note_raw) if note_raw else {}
-            except ValueError:
-                note = {}
+                    detail = (f"node {cmd.node} is cordoned by someone else (no xidstream annotation or "
+                              f"taint): left cordoned; nothing was done")
+                    return "refused", detail, None, f"nothing: {detail}"
+                detail = f"node {cmd.node} is not cordoned; nothing to undo"
+                return "succeeded", detail, None, f"nothing: {detail}"
+            note, holders = _cordon_holders(n)
+            mine = holders.pop(cmd.incident_id, None)
+            if holders:  # other incidents still need the node cordoned
+                others = _incidents(holders)
+                if mine is None:
+                    detail = (f"node {cmd.node} stays cordoned for incident(s) {others}: incident {cmd.incident_id} "
+                              f"held no xidstream cordon on it; nothing was done")
+                    return "succeeded", detail, None, f"nothing: {detail}"
+                detail = (f"node {cmd.node} stays cordoned for incident(s) {others}: released only incident "
+                          f"{cmd.incident_id}'s hold on the cordon")
+                patch = {"metadata": {"annotations": {
+                    CORDON_ANNOTATION: _cordon_note(holders, bool(note.get("was_unschedulable")))}}}
+                return "succeeded", detail, patch, (f"release only incident {cmd.incident_id}'s hold on the cordon: "
+                                                    f"node {cmd.node} stays cordoned for incident(s) {others}")
             was = bool(note.get("was_unschedulable"))
             taints = [_plain(t) for t in (n.spec.taints or []) if t.key != TAINT_KEY]
             patch: dict = {"spec": {"taints": taints or None}, "metadata": {"annotations": {CORDON_ANNOTATION: None}}}
             if not was:
                 patch["spec"]["unschedulable"] = None
             keep = " ; it stays unschedulable: it was cordoned before xidstream cordoned it" if was else ""
-            return "succeeded", f"uncordoned node {cmd.node}: removed taint {TAINT_KEY} and the annotation{keep}", patch
+            detail = f"uncordoned node {cmd.node}: removed taint {TAINT_KEY} and the annotation{keep}"
+            return "succeeded", detail, patch, detail.replace("uncordoned", "uncordon", 1).replace("removed", "remove", 1)
 
         if dry_run:
-            outcome, detail, patch = decide(node)
-            if patch is None:
-                return "refused", f"{DRY_RUN_PREFIX}nothing: {detail}"
-            return "refused", DRY_RUN_PREFIX + detail.replace("uncordoned", "uncordon", 1).replace("removed", "remove", 1)
+            return "refused", DRY_RUN_PREFIX + decide(node)[3]
 
         def act(n: Any) -> Outcome:
-            outcome, detail, patch = decide(n)
+            outcome, detail, patch, _ = decide(n)
             if patch is not None:
                 self._patch_node(n, patch)
                 self._event(n, cmd, "XidstreamUncordon", detail, warning=False)

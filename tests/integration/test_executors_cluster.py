@@ -132,11 +132,66 @@ def test_uncordon_leaves_a_node_someone_else_cordoned(kube, executor, keys):
     assert snapshot(kube, node) == before and get_node(kube, node)["spec"]["unschedulable"] is True
 
     # xidstream cordons it too, then uncordons: our taint goes, their cordon stays
-    cordon(kube, executor, key, node)
-    r = executor.handle(key.sign(command(node, "UNCORDON_NODE")))
+    ours_cmd = cordon(kube, executor, key, node)
+    r = executor.handle(key.sign(command(node, "UNCORDON_NODE", incident_id=ours_cmd.incident_id)))
     assert r.outcome == Outcome.succeeded and "stays unschedulable" in r.detail
     n = get_node(kube, node)
     assert n["spec"]["unschedulable"] is True and ours(n) == []
+
+
+def test_uncordon_of_one_incident_keeps_the_cordon_another_incident_still_holds(kube, executor, keys):
+    """Two wedged GPUs on one node: GPU 1's incident resolves (UNCORDON) while GPU 2's still needs
+    the node cordoned. The annotation keeps every incident holding the cordon; the last one out
+    uncordons."""
+    key, _ = keys
+    node = make_node(kube, "two")
+    first = key.sign(command(node, "CORDON_NODE", gpu_index=1))
+    second = key.sign(command(node, "CORDON_NODE", gpu_index=2, gpu_uuid="GPU-22222222-2222-3333-4444-555555555555"))
+    assert executor.handle(first).outcome == Outcome.succeeded
+    r = executor.handle(second)
+    assert r.outcome == Outcome.succeeded, r.detail
+    n = get_node(kube, node)
+    note = json.loads(n["metadata"]["annotations"][CORDON_ANNOTATION])
+    assert set(note["incidents"]) == {first.incident_id, second.incident_id}
+    assert len(ours(n)) == 1 and note["was_unschedulable"] is False
+
+    r = executor.handle(key.sign(command(node, "UNCORDON_NODE", incident_id=first.incident_id)))
+    assert r.outcome == Outcome.succeeded, r.detail
+    assert "stays cordoned" in r.detail and second.incident_id in r.detail
+    n = get_node(kube, node)
+    assert n["spec"]["unschedulable"] is True and len(ours(n)) == 1
+    assert set(json.loads(n["metadata"]["annotations"][CORDON_ANNOTATION])["incidents"]) == {second.incident_id}
+
+    r = executor.handle(key.sign(command(node, "UNCORDON_NODE", incident_id=second.incident_id)))
+    assert r.outcome == Outcome.succeeded and "uncordoned" in r.detail, r.detail
+    n = get_node(kube, node)
+    assert not n["spec"].get("unschedulable") and ours(n) == []
+    assert CORDON_ANNOTATION not in (n["metadata"].get("annotations") or {})
+
+
+def test_a_cordon_annotated_in_the_single_incident_format_is_still_understood(kube, executor, keys):
+    """The annotation as earlier versions wrote it ({"incident": ...}): that incident holds the cordon."""
+    key, _ = keys
+    node = make_node(kube, "legacy")
+    old_incident = "inc-legacy"
+    old = {"incident": old_incident, "command": "c-old", "gpu": "GPU-1", "at": "2026-11-30T00:00:00Z",
+           "was_unschedulable": False}
+    status, body = kube.request("PATCH", f"/api/v1/nodes/{node}", {
+        "spec": {"unschedulable": True, "taints": [{"key": TAINT_KEY, "value": "GPU-1", "effect": "NoSchedule"}]},
+        "metadata": {"annotations": {CORDON_ANNOTATION: json.dumps(old)}}}, content_type="application/merge-patch+json")
+    assert status == 200, body
+    second = key.sign(command(node, "CORDON_NODE"))
+    assert executor.handle(second).outcome == Outcome.succeeded
+    note = json.loads(get_node(kube, node)["metadata"]["annotations"][CORDON_ANNOTATION])
+    assert set(note["incidents"]) == {old_incident, second.incident_id}
+
+    r = executor.handle(key.sign(command(node, "UNCORDON_NODE", incident_id=second.incident_id)))
+    assert r.outcome == Outcome.succeeded and old_incident in r.detail, r.detail
+    assert get_node(kube, node)["spec"]["unschedulable"] is True
+    r = executor.handle(key.sign(command(node, "UNCORDON_NODE", incident_id=old_incident)))
+    assert r.outcome == Outcome.succeeded, r.detail
+    n = get_node(kube, node)
+    assert not n["spec"].get("unschedulable") and ours(n) == []
 
 
 # -- drain ----------------------------------------------------------------------------------------------
