@@ -503,6 +503,7 @@ class Collector:
         fields = xid_fields(rec, node=self.config.node, ts=ts, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci)
         fields["ts_source"] = ts_source
         fields["backfilled"] = history
+        fields["observed_at"] = now  # by the collector's clock: bounds a drifting line stamp downstream
         fields["_mono_us"] = rec.mono_us
         return fields
 
@@ -548,7 +549,7 @@ class Collector:
                 gpu_instance=n.gpu_instance, compute_instance=n.compute_instance,
                 message="(from NVML event; no kernel log line seen)", raw="",
                 # When the event arrived, not when the merge window let it out (issue 9, defect 3).
-                ts=n.received or now, ts_source=TsSource.nvml,
+                ts=n.received or now, ts_source=TsSource.nvml, observed_at=n.received or now,
             )
             self.merger.add(mono, fields, "nvml", None)
 

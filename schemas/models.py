@@ -185,6 +185,10 @@ class XidEvent(Record):
     backfilled: bool = Field(
         False, description="Read from history at the collector's first start (rotated logs, earlier journal), "
         "not seen live: evidence for the timeline, never a reason to act now.")
+    observed_at: UtcDatetime | None = Field(
+        None, description="When the collector read the line (or received the NVML event), by its own clock. "
+        "A live record whose `ts` is far from it was stamped by a drifting clock: the processor takes it at "
+        "`observed_at` instead.")
 
 
 class WorkloadEvent(Record):

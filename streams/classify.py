@@ -82,7 +82,9 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         state.clock = ts if state.clock is None or ts > state.clock else state.clock
         state.sampled = True
     else:
-        ts, skew = event_time(state, ts, False, policy)
+        observed = getattr(record, "observed_at", None)
+        live = observed is not None and not getattr(record, "backfilled", False)
+        ts, skew = event_time(state, ts, False, policy, observed.timestamp() if live else None)
     state.node = record.node or state.node
     uuid = getattr(record, "gpu_uuid", None)
     if uuid and not state.gpu_uuid and not key.count("/"):
@@ -93,8 +95,10 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     if getattr(record, "gpu_index", None) is not None:
         state.gpu_index = record.gpu_index  # type: ignore[attr-defined]
     if skew:
+        against = "when it was read" if getattr(record, "observed_at", None) else "this GPU's clock"
+        direction = "ahead of" if skew > 0 else "behind"
         _evidence(state, entry(ts, "note", f"{type(record).__name__} {record.event_id} is stamped "
-                               f"{dt(record.ts.timestamp()).isoformat()}, {skew:.0f} s ahead of this GPU's clock: "
+                               f"{dt(record.ts.timestamp()).isoformat()}, {abs(skew):.0f} s {direction} {against}: "
                                f"taken at {dt(ts).isoformat()}", event_id=record.event_id, skew_s=round(skew, 1)),
                   policy)
     if isinstance(record, GpuSample):

@@ -103,11 +103,23 @@ def entry(ts: float, kind: str, summary: str, **data: Any) -> dict:
     return {"ts": ts, "kind": kind, "summary": summary, "data": data}
 
 
-def event_time(state: GpuState, ts: float, own_clock: bool, policy: Policy) -> tuple[float, float]:
-    """(the time a record is taken at, how far ahead it was stamped: 0 when not skewed).
+def event_time(state: GpuState, ts: float, own_clock: bool, policy: Policy,
+               observed: float | None = None) -> tuple[float, float]:
+    """(the time a record is taken at, how far it was stamped from it: 0 when not skewed).
 
-    Only a GPU whose collector readings were seen has a clock to judge by (a row keyed
-    ``node/pci`` gets Xids only); the collector's own readings always move it."""
+    A record that says when the collector read it (`observed`, live Xid records) is judged by that:
+    whatever the order the processor reads topics in, a line stamped more than the bound from its
+    reading, ahead or behind, is taken at the reading. Otherwise only a GPU whose collector readings
+    were seen has a clock to judge by (a row keyed ``node/pci`` gets Xids only), and only a stamp
+    ahead of it is bounded; the collector's own readings always move the clock."""
+    if observed is not None:
+        if abs(ts - observed) > policy.max_clock_skew_s:
+            skew = ts - observed
+            ts = observed
+        else:
+            skew = 0.0
+        state.clock = ts if state.clock is None else max(state.clock, ts)
+        return ts, skew
     if not own_clock and state.sampled and state.clock is not None and ts - state.clock > policy.max_clock_skew_s:
         return state.clock, ts - state.clock
     state.clock = ts if state.clock is None else max(state.clock, ts)

@@ -515,3 +515,26 @@ def test_a_multi_gpu_teardown_does_not_say_the_fault_follows_the_workload():
 def test_hostile_policies_that_used_to_load_are_refused(setting):
     with pytest.raises(ConfigError):
         load_policy(setting)
+
+
+
+@pytest.mark.parametrize("drift_s", [6 * 3600, -40 * 60], ids=["6h-ahead", "40min-behind-after-suspend"])
+def test_a_live_line_is_bounded_by_when_the_collector_read_it_whatever_the_read_order(drift_s):
+    """Found by review: the bound was "ahead of the newest sample read so far", so a backlog with
+    gpu.xid read far ahead of gpu.samples clamped correct stamps, and a `dmesg -T` stamp drifted
+    40 min early (the printk clock stops in suspend) was not bounded at all and the wedge was missed."""
+    chain = [xid(7210, 13, pid=7), xid(7211, 31, pid=7), xid(7212, 43, pid=7)]
+    chain = [x.model_copy(update={"observed_at": x.ts, "ts": at(7210 + i + drift_s)}) for i, x in enumerate(chain)]
+    telemetry = [inventory()] + [r for t in range(0, 7200, 30) for r in (sample(t), procs(t, 7))] + pinned(7215, 7400)
+    # the worst order: every Xid read before any sample (a backlog drained topic by topic)
+    e = feed(Engine(), chain + telemetry)
+    assert Classification.GPU_WEDGED in classes(e)
+    assert actions(e)[-3:] == RESET_PLAN
+    notes = [t.summary for a in e.alerts for t in a.evidence.timeline if t.kind == "note"]
+    assert any("when it was read" in n for n in notes)
+
+
+def test_a_backfilled_line_keeps_its_own_time():
+    old = xid(10, 79, pid=None).model_copy(update={"backfilled": True, "observed_at": at(99999)})
+    e = run([sample(0), old, xid(30, 119, pid=None)])
+    assert [t.ts for t in e.alerts[0].evidence.timeline if t.data.get("backfilled")] == [at(10)]
