@@ -1,6 +1,9 @@
 """The node executor's actions (`xidstream execute --scope node --node NAME`): what needs the node's
 own hands. RESET_GPU through nvidia-smi after checking its preconditions at the moment of acting;
 REBOOT_NODE by writing the sentinel kured watches (kured then drains and reboots one node at a time).
+RESET_GPU leaves the processor together with the CORDON_NODE and DRAIN_NODE the cluster executor
+carries out, so it first waits (bounded, `precondition_wait`) for the node to be cordoned and
+drained; a precondition that still fails then is answered `refused` (the reset never started).
 
 The GPU side is behind `GpuOps` so tests drive it with the collector's fakes (FakePynvml, a /proc
 copy); `NvmlGpuOps` is the real one, built from the collector's own `NvmlReader` and `ProcFs`.
@@ -12,6 +15,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -26,11 +30,17 @@ from schemas.base import normalize_pci
 from schemas.models import RemediationCommand
 from schemas.vocab import Action
 
-__all__ = ["GpuOps", "NvmlGpuOps", "NodeActions", "DEFAULT_REBOOT_SENTINEL", "nvidia_smi_reset"]
+__all__ = ["GpuOps", "NvmlGpuOps", "NodeActions", "DEFAULT_REBOOT_SENTINEL", "DEFAULT_PRECONDITION_WAIT",
+           "nvidia_smi_reset"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REBOOT_SENTINEL = "/var/run/reboot-required"
+# CORDON_NODE, DRAIN_NODE and RESET_GPU leave the processor together; the cluster executor's drain
+# takes up to its --drain-timeout (120 s by default). RESET_GPU waits this long for the node to be
+# cordoned and drained before checking the rest; with the reset's own bound (nvidia-smi 120 s) and the
+# collector's release (10 s) it stays under Kafka's max.poll.interval.ms (300 s).
+DEFAULT_PRECONDITION_WAIT = 150.0
 Outcome = tuple[str, str]
 
 
@@ -122,7 +132,8 @@ class NodeActions:
     def __init__(self, client: Client | None, node: str, gpu_ops: GpuOps | None,
                  reboot_sentinel: str | Path = DEFAULT_REBOOT_SENTINEL, *,
                  collector_release: NvmlRelease | None = None, release_timeout: float = 10.0,
-                 release_hold: float = 300.0) -> None:
+                 release_hold: float = 300.0, precondition_wait: float = DEFAULT_PRECONDITION_WAIT,
+                 precondition_poll: float = 2.0) -> None:
         self.client = client
         self.node = node
         self.gpu_ops = gpu_ops
@@ -133,6 +144,10 @@ class NodeActions:
         self.collector_release = collector_release
         self.release_timeout = release_timeout
         self.release_hold = release_hold
+        # RESET_GPU waits up to this long (polling every precondition_poll s) for the node to be
+        # cordoned and drained: the commands that do it leave the processor with it.
+        self.precondition_wait = precondition_wait
+        self.precondition_poll = precondition_poll
         self._notes: list[str] = []
         self._requested: str | None = None  # the GPU whose release we asked for, until done
 
@@ -151,6 +166,42 @@ class NodeActions:
                                  f"{cmd.command_id}): {message}")
 
     # -- RESET_GPU -----------------------------------------------------------------------------
+    def _node_not_ready(self) -> list[str] | None:
+        """What keeps the node from being cordoned and drained now (empty: both hold); None when
+        there is nothing to wait for (no API server, no such node)."""
+        if self.client is None:
+            return None
+        node = node_or_none(self.client, self.node)
+        if node is None:
+            return None
+        why = [] if node.spec.unschedulable else ["not cordoned"]
+        # an evicted pod still terminating counts: its processes may hold the GPU until the kubelet
+        # has stopped them
+        if any(not is_daemonset_pod(p) and not is_mirror_pod(p) for p in pods_on_node(self.client, self.node)):
+            why.append("not drained")
+        return why
+
+    def _await_cordon_and_drain(self) -> float | None:
+        """Wait (bounded by precondition_wait) until the node is cordoned and drained. Returns the
+        seconds waited when it had to wait, None when it was ready at once (or there is nothing to
+        wait for). The full check follows either way, so a node that never gets there fails it."""
+        started = time.monotonic()
+        deadline = started + self.precondition_wait
+        waited = False
+        while True:
+            why = self._node_not_ready()
+            if not why:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if not waited:
+                log.info("RESET_GPU on %s: node %s; waiting up to %g s for the cordon and drain",
+                         self.node, " and ".join(why), self.precondition_wait)
+                waited = True
+            time.sleep(min(self.precondition_poll, left))
+        return time.monotonic() - started if waited else None
+
     def _preconditions(self, cmd: RemediationCommand, dry_run: bool = False) -> tuple[list[str], GpuIdentity | None]:
         """Every precondition that fails now, in words (empty: all hold)."""
         failed: list[str] = []
@@ -231,12 +282,19 @@ class NodeActions:
             self._collector_resumes()  # whatever happened, the collector samples again
 
     def _reset_released(self, cmd: RemediationCommand, dry_run: bool) -> Outcome:
+        # A dry run describes the node as it is now; an applied reset first waits for the cordon
+        # and drain that left the processor with it.
+        waited = None if dry_run else self._await_cordon_and_drain()
         failed, gpu = self._preconditions(cmd, dry_run)
         if failed:
-            detail = "precondition failed: " + "; ".join(failed) + "; the GPU was not reset"
+            after = (f" (after waiting {self.precondition_wait:g} s for the node to be cordoned and drained)"
+                     if waited is not None and waited >= self.precondition_wait else "")
+            detail = f"precondition failed{after}: " + "; ".join(failed) + "; the GPU was not reset"
             if not dry_run:
                 self._event(cmd, "XidstreamGpuResetRefused", detail)
-            return ("refused", "dry run: " + detail) if dry_run else ("failed", detail)
+            # refused, not failed: the reset never started. A failed RESET_GPU makes the processor
+            # climb to REBOOT_NODE; a refused one is reported for an operator.
+            return "refused", ("dry run: " + detail) if dry_run else detail
         assert gpu is not None and self.gpu_ops is not None
         if dry_run:
             return "refused", (f"{DRY_RUN_PREFIX}reset GPU {gpu.index} ({gpu.uuid}) with nvidia-smi --gpu-reset -i "

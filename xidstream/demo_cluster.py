@@ -8,14 +8,16 @@
 Everything is real but the GPU: the local broker, the local API server (`xidstream kube`), the
 processor and both executors run as the real commands (subprocesses). The node `gpu-node-7` is
 created on the API server with a Running/Ready vLLM pod (evicted by the drain) and the collector's
-DaemonSet pod (kept). The node executor finds no GPU here (no NVML), so RESET_GPU fails its
-precondition and says which; the processor then climbs to REBOOT_NODE, which the node executor
-carries out by writing kured's sentinel (a file in the run's folder, not /var/run).
+DaemonSet pod (kept). The node executor finds no GPU here (no NVML), so RESET_GPU is refused on its
+precondition and says which (the reset never started); the processor reports it for an operator.
+Should the processor command REBOOT_NODE, the node executor carries it out by writing kured's
+sentinel (a file in the run's folder, not /var/run).
 
-The node executor starts once CORDON_NODE and DRAIN_NODE were answered: RESET_GPU's precondition
-"node drained" is checked at the moment of acting, and the three commands leave together. No
-kubelet runs, so an evicted pod stays terminating; the loop plays the kubelet's part and deletes it
-once the drain is answered (`finish_evictions`).
+Both executors start together, as they run in a cluster: CORDON_NODE, DRAIN_NODE and RESET_GPU
+leave the processor together, and the node executor waits (`--precondition-wait`) for the node to
+be cordoned and drained before checking RESET_GPU's other preconditions. No kubelet runs, so an
+evicted pod stays terminating; the loop plays the kubelet's part and deletes it once the drain is
+answered (`finish_evictions`).
 
 `run_closed_loop` is also what tests/integration/test_closed_loop.py runs and checks.
 """
@@ -242,8 +244,12 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
         worker = WorkerProcess(settings, workdir, name="processor", extra_args=["--signing-key", str(priv)]).start()
         cluster = _spawn([*execute, "--scope", "cluster", "--drain-timeout", "10",
                           "--state-dir", str(workdir / "executor-cluster")], workdir / "executor-cluster.log")
-        say(f"processor (signing) and cluster executor started; feeding {sc.duration:.0f} s of the incident "
-            f"through the collectors")
+        # RESET_GPU arrives with CORDON_NODE and DRAIN_NODE: the node executor waits for them
+        nodex = _spawn([*execute, "--scope", "node", "--node", node, "--reboot-sentinel", str(loop.sentinel),
+                        "--precondition-wait", f"{max(timeout, 15):g}",
+                        "--state-dir", str(workdir / "executor-node")], workdir / "executor-node.log")
+        say(f"processor (signing), cluster and node executors started; feeding {sc.duration:.0f} s of the "
+            f"incident through the collectors")
 
         def alive() -> str | None:
             for name, proc, path in (("the processor", worker.proc, worker.log_path),
@@ -264,13 +270,11 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
         reader.until(lambda: loop.result(Action.CORDON_NODE) is not None and loop.result(Action.DRAIN_NODE) is not None,
                      timeout, "CORDON_NODE and DRAIN_NODE answered", alive)
         loop.evicted = finish_evictions(kube, node)
-        say(f"node cordoned and drained ({', '.join(loop.evicted) or 'nothing'} evicted); starting the node "
-            f"executor for RESET_GPU")
-        nodex = _spawn([*execute, "--scope", "node", "--node", node, "--reboot-sentinel", str(loop.sentinel),
-                        "--state-dir", str(workdir / "executor-node")], workdir / "executor-node.log")
+        say(f"node cordoned and drained ({', '.join(loop.evicted) or 'nothing'} evicted); the node executor "
+            f"checks RESET_GPU's other preconditions")
         reader.until(lambda: loop.result(Action.RESET_GPU) is not None and loop.timeline_alert() is not None,
                      timeout, "RESET_GPU answered and an alert showing every step's outcome", alive)
-        # the rung after a failed reset, when commanded without approval, is the node executor's too
+        # a rung after the reset (a failed one climbs), when commanded without approval, is the node executor's too
         reboot = [c for c in loop.commands if c.action == Action.REBOOT_NODE and not c.requires_approval]
         if reboot:
             reader.until(lambda: loop.result(Action.REBOOT_NODE) is not None, 15, "REBOOT_NODE answered", alive)

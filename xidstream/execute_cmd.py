@@ -119,7 +119,7 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
 
         actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel,
                               collector_release=NvmlRelease(args.collector_state_dir),
-                              release_timeout=args.release_timeout)
+                              release_timeout=args.release_timeout, precondition_wait=args.precondition_wait)
     state = Path(args.state_dir)
     return Executor(scope=args.scope, keys=keys, actions=actions, state_dir=state, apply=args.apply,
                     node=args.node if args.scope == "node" else None)
@@ -164,7 +164,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a trusted public key (repeat it during a key rotation); at least one")
     p.add_argument("--apply", action="store_true", help="act; without it every command is answered with what it would do")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
-    p.add_argument("--no-kube", action="store_true", help="node scope: no API server (RESET_GPU then fails its "
+    p.add_argument("--no-kube", action="store_true", help="node scope: no API server (RESET_GPU then is refused on its "
                                                            "cordoned/drained precondition; REBOOT_NODE records no Event)")
     p.add_argument("--stdin", action="store_true", help="command JSON lines on stdin, one result line each on stdout; no Kafka")
     p.add_argument("--state-dir", default=".xidstream/executor", help="the journal of carried-out commands (default .xidstream/executor)")
@@ -175,5 +175,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "there to release its NVML handles first (default .xidstream/collector)")
     p.add_argument("--release-timeout", type=float, default=10.0,
                    help="node scope: seconds RESET_GPU waits for the collector's release (default 10)")
+    p.add_argument("--precondition-wait", type=float, default=150.0,
+                   help="node scope: seconds RESET_GPU waits for the node to be cordoned and drained (the "
+                        "CORDON_NODE and DRAIN_NODE sent with it; keep it above the cluster executor's "
+                        "--drain-timeout) before its preconditions are checked (default 150)")
     add_kafka_args(p, partitions=False)
     p.set_defaults(handler=_execute)

@@ -63,15 +63,49 @@ def test_reset_refused_while_any_precondition_fails_naming_each(kube, ns, tmp_pa
     rig.gpu.processes = [FakeProcess(pid=4242, used_memory_mib=0.0)]
     rig.hold_device(777, "/dev/nvidia1")
     rig.hold_device(778, "/dev/nvidia0")  # another GPU's holder is no reason
+    rig.actions.precondition_wait, rig.actions.precondition_poll = 0.6, 0.2  # never cordoned here
     before = snapshot(kube, node, ns)
     r = rig.ex.handle(rig.key.sign(command(node, "RESET_GPU")))
-    assert r.outcome == Outcome.failed, r.detail
+    # refused, not failed: the reset never started, and a failed reset climbs to a reboot
+    assert r.outcome == Outcome.refused, r.detail
+    assert "after waiting 0.6 s for the node to be cordoned and drained" in r.detail
     for words in (f"node {node} is not cordoned", f"not drained: 1 pod(s) still on it: {ns}/still-{RUN}",
                   "compute process(es) on GPU 1: pid 4242", "/dev/nvidia1 is held open by pid 777"):
         assert words in r.detail, (words, r.detail)
     assert "778" not in r.detail and rig.resets == []
     after = snapshot(kube, node, ns)
     assert after["pods"] == before["pods"] and after["events"] == before["events"] + 1  # the refusal's Event
+
+
+def test_reset_that_arrives_before_the_cordon_and_drain_waits_for_them(kube, ns, tmp_path):
+    """CORDON_NODE, DRAIN_NODE and RESET_GPU leave the processor together, and the cluster executor's
+    drain takes a while: the node executor waits (bounded) for the node to be cordoned and drained
+    before it checks the rest, instead of failing at once."""
+    import threading
+    import time
+
+    node = make_node(kube, "reset-early")
+    pod = f"early-{RUN}"
+    make_pod(kube, ns, pod, node)
+    rig = Rig(kube, tmp_path, node)
+    rig.actions.precondition_wait, rig.actions.precondition_poll = 20.0, 0.2
+    answer: list = []
+    t0 = time.monotonic()
+    worker = threading.Thread(target=lambda: answer.append(rig.ex.handle(rig.key.sign(command(node, "RESET_GPU")))))
+    worker.start()  # the reset arrives first ...
+    time.sleep(1.0)
+    assert not answer and rig.resets == []  # ... and waits
+    kube.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}},
+                 content_type="application/merge-patch+json")  # the cordon ...
+    time.sleep(0.5)
+    assert not answer and rig.resets == []  # cordoned, not drained yet: still waiting
+    status, _ = kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{pod}?gracePeriodSeconds=0")  # ... the drain
+    assert status == 200
+    worker.join(20)
+    assert answer, "no answer within the wait"
+    r = answer[0]
+    assert r.outcome == Outcome.succeeded, r.detail
+    assert rig.resets == [1] and time.monotonic() - t0 >= 1.5
 
 
 def test_reset_runs_when_cordoned_drained_and_idle_and_rereads_the_gpu(kube, tmp_path):
@@ -154,5 +188,5 @@ def test_reset_waits_for_the_collectors_nvml_release_and_lets_it_resume(kube, tm
     rig2.actions.collector_release = NvmlRelease(state)
     rig2.actions.release_timeout = 0.3
     r = rig2.ex.handle(rig2.key.sign(command(node, "RESET_GPU")))
-    assert r.outcome == Outcome.failed and "did not release its NVML handles within 0.3 s" in r.detail, r.detail
+    assert r.outcome == Outcome.refused and "did not release its NVML handles within 0.3 s" in r.detail, r.detail
     assert rig2.resets == [] and NvmlRelease(state).pending() == {}
