@@ -122,9 +122,11 @@ class ProcessorApp:
 def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: str | None = None,
                web_port: int | None = None, store: str = "memory://", datadir: str | None = None,
                fast_rebalance: bool = False, batch: int = 500, within: float = 0.05,
-               signing_key: Any = None) -> ProcessorApp:
+               signing_key: Any = None, web_bind: str = "127.0.0.1") -> ProcessorApp:
     """`signing_key` (a `schemas.signing.SigningKey`): every command is signed as it leaves the
-    fleet agent, the last place that changes it (issue 10); executors refuse unsigned commands."""
+    fleet agent, the last place that changes it (issue 10); executors refuse unsigned commands.
+    `web_bind`: where faust's web server (probes, ``/metrics``) listens; loopback unless the
+    command says otherwise (in a pod: the pod's address, for the kubelet and Prometheus)."""
     policy = policy or Policy()
     reg = settings.topics
     partitions = settings.partitions
@@ -150,8 +152,8 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         consumer_auto_offset_reset="earliest",
         processing_guarantee="at_least_once",
         web_enabled=web_port is not None,
-        web_bind="127.0.0.1",
-        web_host="127.0.0.1",
+        web_bind=web_bind,
+        web_host=web_bind,
         web_port=web_port or 6066,
         producer_acks=-1,
         **extra,
@@ -357,6 +359,16 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                     log.error("the fleet step gave an output of kind %r that has no topic: %r", kind, out)
 
     fleet = app.agent(fleet_topic, name="fleet")(guarded("fleet", fleet_body))
+
+    @app.page("/metrics")
+    async def metrics(web: Any, request: Any) -> Any:
+        # Prometheus text format: what the worker did since it started (per process; sum over workers)
+        lines = []
+        for name, help_text in (("events", "input records folded"), ("deadletters", "records sent to the dead-letter topic"),
+                                ("alerts", "alerts published"), ("commands", "remediation commands published")):
+            metric = f"xidstream_processor_{name}_total"
+            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} counter", f"{metric} {stats[name]}"]
+        return web.text("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
 
     return ProcessorApp(app, gpus=gpus, rekey=rekey, fleet=fleet, gpu_table=gpu_table, fleet_table=fleet_table,
                         inputs=inputs, alerts=alerts, remediation=remediation, deadletter=deadletter,

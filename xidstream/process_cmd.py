@@ -25,7 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", default=None, help="table store: memory:// (default; state rebuilt from the "
                                                  "changelog) or rocksdb:// (needs rocksdict)")
     p.add_argument("--data-dir", default=None, help="faust data dir (default .xidstream/processor)")
-    p.add_argument("--web-port", type=int, default=None, help="serve faust's web views on 127.0.0.1:PORT (default off)")
+    p.add_argument("--web-port", type=int, default=None,
+                   help="serve faust's web views and Prometheus /metrics on PORT (default off)")
+    p.add_argument("--web-bind", default="127.0.0.1",
+                   help="address the web views listen on (default 127.0.0.1; in a pod: 0.0.0.0 for probes and scraping)")
     p.add_argument("--app-id", default=None, help="consumer group / app id (default <prefix>xidstream-processor)")
     p.add_argument("--node", help="name of this worker's host on dead-letter records")
     p.add_argument("--loglevel", default="warning", help="worker log level (default warning)")
@@ -89,7 +92,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError("--store rocksdb:// needs the rocksdict package (pip install rocksdict)") from None
     data_dir = args.data_dir or conf.get("data_dir") or ".xidstream/processor"
     web_port = args.web_port if args.web_port is not None else conf.get("web_port")
-    proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, store=store,
+    proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, web_bind=args.web_bind, store=store,
                       datadir=data_dir, fast_rebalance=args.fast_rebalance, signing_key=signing_key)
     import faust
 
@@ -103,7 +106,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         loop_name = "asyncio"
     print(f"xidstream process: {loop_name} loop, {proc.app.conf.id} on {settings.bootstrap}, {settings.partitions} partitions, "
           f"topics prefix {settings.topic_prefix!r}, store {store}"
-          + (f", web on http://127.0.0.1:{web_port}" if web_port else ""), file=sys.stderr, flush=True)
+          + (f", web and /metrics on http://{args.web_bind}:{web_port}" if web_port else ""), file=sys.stderr, flush=True)
     worker = faust.Worker(proc.app, loglevel=args.loglevel.upper(), quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()
     return 0

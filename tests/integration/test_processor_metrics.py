@@ -1,0 +1,48 @@
+"""The processor's Prometheus /metrics on faust's web server (issue 11: the chart probes and
+scrapes it), with the motivating incident's records through a real worker."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+
+from collectors.sink import KafkaSink
+from xidstream.runner import WorkerProcess
+from tests.streams.builders import wedge
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_count_what_the_worker_did(kafka_settings, tmp_path):
+    port = _free_port()
+    worker = WorkerProcess(kafka_settings, tmp_path, extra_args=["--web-port", str(port)]).start()
+    try:
+        sink = KafkaSink(kafka_settings, tmp_path / "spool")
+        records = wedge()
+        for r in records:
+            sink.publish(r)
+        assert sink.flush(30)
+        sink.close()
+        deadline, text = time.monotonic() + 90, ""
+        while time.monotonic() < deadline:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3).read().decode()
+            except OSError:
+                text = ""
+            counts = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+            if int(counts.get("xidstream_processor_events_total", 0)) >= len(records) and \
+                    int(counts.get("xidstream_processor_commands_total", 0)) >= 3:
+                break
+            time.sleep(1)
+        assert worker.alive(), worker.tail()
+        assert "# TYPE xidstream_processor_events_total counter" in text, text or worker.tail()
+        assert int(counts["xidstream_processor_events_total"]) >= len(records)
+        assert int(counts["xidstream_processor_alerts_total"]) >= 2  # APP_FAULT, GPU_WEDGED
+        assert int(counts["xidstream_processor_commands_total"]) >= 3  # cordon, drain, reset (and RECORD)
+    finally:
+        worker.stop()
