@@ -85,7 +85,8 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         observed = getattr(record, "observed_at", None)
         live = observed is not None and not getattr(record, "backfilled", False)
         ts, skew = event_time(state, ts, False, policy, observed.timestamp() if live else None)
-    state.node = record.node or state.node
+    if not isinstance(record, RemediationResult):  # a result names a node; the GPU's node is its own
+        state.node = record.node or state.node
     uuid = getattr(record, "gpu_uuid", None)
     if uuid and not state.gpu_uuid and not key.count("/"):
         state.gpu_uuid = uuid
@@ -396,8 +397,12 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
         return  # no open incident: nothing it could answer (a late result of a closed one)
     outcome, action = r.outcome.value, r.action
     cmd = inc.answered(r.incident_id, r.command_id, action)
-    if cmd is None or cmd["outcome"] is not None:
+    # An executor answers for the node its command names (results are not signed yet: at least a
+    # result about another node cannot move this incident; review finding).
+    foreign = cmd is not None and bool(state.node) and r.node != state.node
+    if cmd is None or cmd["outcome"] is not None or foreign:
         why = ("answers no command of this incident" if cmd is None
+               else f"names node {r.node}, but the command was for {state.node}" if foreign
                else f"repeats the answer to command {r.command_id} (first: {cmd['outcome']})")
         inc.note(entry(ts, "remediation", f"{action.value} {outcome} (command {r.command_id} of incident {r.incident_id}) "
                        f"{why}: recorded, not acted on", command_id=r.command_id, incident_id=r.incident_id,

@@ -538,3 +538,14 @@ def test_a_backfilled_line_keeps_its_own_time():
     old = xid(10, 79, pid=None).model_copy(update={"backfilled": True, "observed_at": at(99999)})
     e = run([sample(0), old, xid(30, 119, pid=None)])
     assert [t.ts for t in e.alerts[0].evidence.timeline if t.data.get("backfilled")] == [at(10)]
+
+
+
+def test_a_result_about_another_node_does_not_move_the_incident():
+    e = run(wedge())
+    reset = e.commands[-1]
+    feed(e, [RemediationResult(ts=at(310), node="some-other-node", gpu_uuid=GPU, command_id=reset.command_id,
+                               incident_id=reset.incident_id, action=Action.RESET_GPU, outcome="failed")])
+    assert Action.REBOOT_NODE not in actions(e)
+    feed(e, [result(320, Action.RESET_GPU, "failed")])  # the real answer still counts
+    assert actions(e)[-1] == Action.REBOOT_NODE
