@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Any, Callable, Protocol
 
-import os
 from pathlib import Path
 
 import orjson
@@ -26,6 +25,7 @@ from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlReleas
 from collectors.parse.kernel import KernelRecord, parse_line, sxid_continues
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
+from collectors.spool import write_durably
 from schemas.models import (
     ComputeApp,
     DeviceHolder,
@@ -607,17 +607,7 @@ class Collector:
         path = self._inventory_file
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            with tmp.open("wb") as fh:
-                fh.write(orjson.dumps(data))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            write_durably(path, orjson.dumps(data))
         except OSError as exc:
             log.warning("cannot save the GPU inventory to %s: %s", path, exc)
 
