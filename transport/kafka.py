@@ -7,7 +7,7 @@ than faust expects (runtime-notes section 2: 1 of 40 keys matched with librdkafk
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -16,7 +16,7 @@ from schemas.errors import TopicError
 from schemas.topics import TOPICS
 from transport.config import KafkaConfig
 
-__all__ = ["producer_config", "consumer_config", "admin", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
+__all__ = ["producer_config", "consumer_config", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag"]
 
 
@@ -83,6 +83,21 @@ class ClientErrors:
         why = explain_error(err, self.config)
         if why:
             self.fatal = why
+
+
+def consume_records(consumer: Any, timeout: float, batch: int = 500) -> Iterator[Any]:
+    """The contract records of one `consume()` call, decoded; broker errors and undecodable values
+    are skipped (for readers of a run's own outputs: replay's scripted executor, demo-cluster)."""
+    from schemas.codec import decode_any
+    from schemas.errors import DecodeError
+
+    for m in consumer.consume(num_messages=batch, timeout=timeout):
+        if m.error() is not None:
+            continue
+        try:
+            yield decode_any(m.value())
+        except DecodeError:
+            continue
 
 
 def admin(settings: KafkaConfig) -> AdminClient:

@@ -36,8 +36,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from schemas.codec import decode_any
-from schemas.errors import DecodeError, XidstreamError
+from schemas.errors import XidstreamError
 from schemas.models import Alert, RemediationCommand, RemediationResult
 from schemas.scenario import Scenario, load_scenario, parse_scenario
 from schemas.vocab import Action
@@ -165,13 +164,9 @@ class _Reader:
         self.consumer.assign([TopicPartition(t, p, 0) for t in names for p in sorted(md.topics[t].partitions)])
 
     def read(self, timeout: float = 0.3) -> None:
-        for m in self.consumer.consume(num_messages=500, timeout=timeout):
-            if m.error() is not None:
-                continue
-            try:
-                rec = decode_any(m.value())
-            except DecodeError:
-                continue
+        from transport.kafka import consume_records
+
+        for rec in consume_records(self.consumer, timeout):
             self.loop.arrived[rec.event_id] = time.time()
             if isinstance(rec, RemediationCommand):
                 self.loop.commands.append(rec)

@@ -89,15 +89,9 @@ class KafkaCommandLookup:
         self.topic = topic
 
     def _read(self, timeout: float) -> None:
-        for m in self.consumer.consume(num_messages=500, timeout=timeout):
-            if m.error() is not None:
-                continue
-            try:
-                rec = decode_any(m.value())
-            except DecodeError:
-                continue
-            if isinstance(rec, RemediationCommand):
-                self.commands.append(rec)
+        from transport.kafka import consume_records
+
+        self.commands += [r for r in consume_records(self.consumer, timeout) if isinstance(r, RemediationCommand)]
 
     def __call__(self, node, gpu_uuid, pci_bus_id, action, exclude):
         found = pick_command(self.commands, node, gpu_uuid, pci_bus_id, action, exclude)
