@@ -130,11 +130,18 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     policy = policy or Policy()
     reg = settings.topics
     partitions = settings.partitions
-    extra: dict[str, Any] = {}
+    # Failover (issue 12): a worker killed without leaving its group is noticed when its session
+    # expires; until then its share of the fleet is processed by nobody. faust's defaults (60 s
+    # session, 60 s rebalance) left a blind share for a minute after one SIGKILL. 6 s is the
+    # broker's smallest accepted session (group.min.session.timeout.ms); heartbeats every second
+    # tell a survivor of the rebalance within a second; a member that does not rejoin within 10 s
+    # is dropped from the rebalance. aiokafka heartbeats from the consumer's own thread, so a busy
+    # event loop does not miss them. Worst case after a kill: 6 + 1 + the rebalance and the
+    # changelog tail (standby replicas keep the survivor's copy current).
+    extra: dict[str, Any] = dict(broker_session_timeout=6, broker_heartbeat_interval=1, broker_rebalance_timeout=10)
     if fast_rebalance:
         # A single test broker: the first JoinGroup takes ~3 s instead of ~30 s (runtime notes).
-        extra.update(broker_rebalance_timeout=6, broker_session_timeout=6, broker_heartbeat_interval=1,
-                     broker_request_timeout=30)
+        extra.update(broker_rebalance_timeout=6, broker_request_timeout=30)
     if datadir:
         extra["datadir"] = datadir
     app_name = app_id or f"{settings.topic_prefix}xidstream-processor"
