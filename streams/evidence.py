@@ -18,7 +18,7 @@ windows, the pinned span or the incident timers to the correctly stamped records
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from schemas.models import GpuProcesses, GpuSample, WorkloadEvent
@@ -71,7 +71,14 @@ class GpuState:
     remap_failure: bool = False
 
     def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in _STATE_FIELDS}
+        """The persisted row: fields at their default are left out (`from_dict` restores them),
+        so a healthy GPU's row is a third of its full size (issue 12: memory per GPU)."""
+        out = {}
+        for k in _STATE_FIELDS:
+            v = getattr(self, k)
+            d = _DEFAULTS.get(k, _REQUIRED)
+            if d is _REQUIRED or type(v) is not type(d) or v != d:
+                out[k] = v
         if self.incident is not None:
             out["incident"] = self.incident.to_dict()
         return out
@@ -96,6 +103,9 @@ class GpuState:
 
 
 _STATE_FIELDS = tuple(GpuState.__dataclass_fields__)
+_REQUIRED = object()
+_DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
+             for f in fields(GpuState) if f.default is not MISSING or f.default_factory is not MISSING}
 
 
 def entry(ts: float, kind: str, summary: str, **data: Any) -> dict:

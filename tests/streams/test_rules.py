@@ -549,3 +549,24 @@ def test_a_result_about_another_node_does_not_move_the_incident():
     assert Action.REBOOT_NODE not in actions(e)
     feed(e, [result(320, Action.RESET_GPU, "failed")])  # the real answer still counts
     assert actions(e)[-1] == Action.REBOOT_NODE
+
+
+def test_a_row_leaves_out_what_is_at_its_default_and_reads_back_the_same_state():
+    """Issue 12 (memory per GPU): the row omits fields at their default; reading it back gives
+    the same state, for a healthy GPU and through a whole wedge with its incident."""
+    import orjson
+
+    from streams.classify import GpuState, step
+
+    healthy = [inventory()] + [r for t in range(0, 60, 10) for r in (sample(t), procs(t, 7))]
+    for recs in (healthy, wedge()):
+        state = None
+        for r in recs:
+            state, _, _ = step(state, state_key(r), r, Policy())
+            row = orjson.dumps(state.to_dict())
+            assert GpuState.from_dict(orjson.loads(row)) == state
+    healthy_state = None
+    for r in healthy:
+        healthy_state, _, _ = step(healthy_state, state_key(r), r, Policy())
+    full = {k: getattr(healthy_state, k) for k in GpuState.__dataclass_fields__}
+    assert len(orjson.dumps(healthy_state.to_dict())) < 0.6 * len(orjson.dumps(full))
