@@ -189,6 +189,9 @@ def test_a_changelog_whose_metadata_arrives_late_delays_the_first_write_not_the_
             msgs = read_all(s, [s.topics.name("gpu.remediation")], timeout=5, idle=1)
             commands = [decode_any(m.value()) for m in msgs]
         alive = proc.poll() is None
+        # the rows are written after the batch that released the commands: the wait comes then
+        while time.monotonic() < deadline and "-changelog before its first write" not in log.read_text():
+            time.sleep(0.5)
     finally:
         _stop(proc)
     text = log.read_text()

@@ -154,3 +154,25 @@ def test_a_record_keyed_off_its_row_is_dead_lettered_not_folded():
     (dead,) = [decode_any(v) for _, v in sent["deadletter"]]
     assert "belongs to row" in dead.error and GPU in dead.error
     assert [decode_any(v).classification for _, v in sent["alerts"]] == [Classification.APP_FAULT]
+
+
+def test_known_nodes_are_rows_of_their_own_and_a_one_row_fleet_state_is_split_on_first_use():
+    """Issue 12: in one row, every node-seen message rewrote the whole fleet (0.5 MB a write at
+    12,500 nodes; past Kafka's 1 MB limit at 1M GPUs). Each node is now a row; the main row keeps
+    the breaker; a row written the old way is split the first time the agent runs."""
+    old = {"known_nodes": {"node-old": 1.0}, "starts": [], "workload_gpus": {}, "tripped": False,
+           "tripped_at": None, "trips": 0, "held": 0}
+
+    async def run():
+        proc, sent = _app()
+        proc.fleet_table.data[FLEET_KEY] = orjson.dumps(old)
+        async with proc.fleet.test_context() as agent:
+            for n in ("node-0", "node-1", "node-0"):
+                await agent.put(orjson.dumps({"kind": "node_seen", "node": n, "ts": 5.0}), key=FLEET_KEY)
+        return proc
+
+    proc = asyncio.run(run())
+    rows = dict(proc.fleet_table.data.items())
+    assert {k for k in rows if k.startswith(b"node:")} == {b"node:node-old", b"node:node-0", b"node:node-1"}
+    assert "known_nodes" not in orjson.loads(rows[FLEET_KEY])
+    assert orjson.loads(rows[b"node:node-old"]) == 1.0 and orjson.loads(rows[b"node:node-0"]) == 5.0
