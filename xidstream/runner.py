@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 class WorkerProcess:
     def __init__(self, settings: Settings, workdir: Path, *, name: str = "worker", policy: str | None = None,
-                 loglevel: str = "warning", extra_args: list[str] | None = None) -> None:
+                 loglevel: str = "warning", extra_args: list[str] | None = None, fast_rebalance: bool = True) -> None:
+        """`fast_rebalance=False` runs the worker with the processor's own group timeouts (issue 12's
+        failover test measures those), not the shorter ones for a one-broker test setup."""
         self.settings = settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -28,17 +30,24 @@ class WorkerProcess:
         self.policy = policy
         self.loglevel = loglevel
         self.extra = extra_args or []
+        self.fast_rebalance = fast_rebalance
         self.proc: subprocess.Popen | None = None
 
     @property
     def group(self) -> str:
         return f"{self.settings.topic_prefix}xidstream-processor"
 
+    @property
+    def data_dir(self) -> Path:
+        """faust's data dir (a rocksdb:// store keeps its tables here); a worker of the same name reuses it."""
+        return self.workdir / f"data-{self.name}"
+
     def start(self) -> "WorkerProcess":
         s = self.settings
         cmd = [sys.executable, "-m", "xidstream.cli", "process", "--bootstrap", s.bootstrap,
-               "--topic-prefix", s.topic_prefix, "--partitions", str(s.partitions), "--fast-rebalance",
-               "--data-dir", str(self.workdir / f"data-{self.name}"), "--loglevel", self.loglevel, *self.extra]
+               "--topic-prefix", s.topic_prefix, "--partitions", str(s.partitions),
+               *(["--fast-rebalance"] if self.fast_rebalance else []), "--data-dir", str(self.data_dir),
+               "--loglevel", self.loglevel, *self.extra]
         if self.policy:
             cmd += ["--policy", str(self.policy)]
         log = self.log_path.open("w")
