@@ -20,6 +20,8 @@ evidence itself, never the policy's thresholds.
 
 from __future__ import annotations
 
+import sys
+
 from schemas.base import Record
 from schemas.models import (
     GpuInventory,
@@ -85,14 +87,18 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         observed = getattr(record, "observed_at", None)
         live = observed is not None and not getattr(record, "backfilled", False)
         ts, skew = event_time(state, ts, False, policy, observed.timestamp() if live else None)
+    # A row keeps the strings it has while a record repeats them, and shares node and PCI names
+    # (interned): not a fresh copy from every record, which left the strings of every row
+    # scattered over the heap a catch-up had grown (issue 12: memory per GPU).
     if not isinstance(record, RemediationResult):  # a result names a node; the GPU's node is its own
-        state.node = record.node or state.node
+        if record.node and record.node != state.node:
+            state.node = sys.intern(record.node)
     uuid = getattr(record, "gpu_uuid", None)
     if uuid and not state.gpu_uuid and not key.count("/"):
-        state.gpu_uuid = uuid
+        state.gpu_uuid = key if uuid == key else uuid
     pci = getattr(record, "pci_bus_id", None)
-    if pci:
-        state.pci_bus_id = pci
+    if pci and pci != state.pci_bus_id:
+        state.pci_bus_id = sys.intern(pci)
     if getattr(record, "gpu_index", None) is not None:
         state.gpu_index = record.gpu_index  # type: ignore[attr-defined]
     if skew:
