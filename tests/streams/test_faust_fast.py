@@ -76,6 +76,13 @@ def _offsets(cls):
     consumer = cls.__new__(cls)
     consumer._acked, consumer._acked_index = defaultdict(list), defaultdict(set)
     consumer._gap, consumer._committed_offset = defaultdict(IntervalTree), defaultdict(lambda: None)
+    consumer._rewound, consumer.seeks = {}, []
+    consumer.log = __import__("logging").getLogger("test")
+
+    async def seek(tp, offset):
+        consumer.seeks.append((tp, offset))
+
+    consumer.seek = seek
     return consumer
 
 
@@ -143,3 +150,29 @@ def test_a_partition_the_group_never_committed_is_read_from_its_beginning_after_
         consumer._thread = Thread()
         assert asyncio.run(consumer.seek_to_committed()) == committed
     assert rewound == {"FastConsumer": {TopicPartition("t.gpu.xid", 0), TopicPartition("t.gpu.xid", 1)}}
+
+
+def test_a_record_missing_at_the_head_is_read_again_not_committed_past():
+    """faust committed past one unacked record at the head (committed 3, acked 4 and 5 -> 6): the
+    record a rebalance dropped from the stream buffer was never processed. Now nothing is
+    committed, and the partition is read again from the hole, once."""
+    tp = TP("t.gpu.xid", 6)
+    results = {}
+
+    async def run(cls):
+        c = _offsets(cls)
+        c._committed_offset[tp] = 3
+        for offset in (4, 5):
+            _ack(c, tp, offset)
+        first, second = c._new_offset(tp), c._new_offset(tp)
+        await asyncio.sleep(0)
+        results[cls.__name__] = (first, second, c.seeks)
+        if cls is FastConsumer:  # the hole read again: 3 acked, then the run commits
+            _ack(c, tp, 3)
+            results["after"] = c._new_offset(tp)
+
+    for cls in (faust_aiokafka.Consumer, FastConsumer):
+        asyncio.run(run(cls))
+    assert results["Consumer"][0] == 6, "faust no longer commits past the hole: drop the override"
+    assert results["FastConsumer"] == (None, None, [(tp, 3)])
+    assert results["after"] == 6
