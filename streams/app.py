@@ -145,6 +145,7 @@ class _App(faust.App):
     first starts, before faust starts its producer, consumer and tables."""
 
     prepare: Callable[[], None] | None = None
+    batch: int = 500
 
     def _new_transport(self) -> Any:
         return faust_fast.faster_transport(self, super()._new_transport())
@@ -155,6 +156,11 @@ class _App(faust.App):
         return deps
 
     async def on_first_start(self) -> None:
+        # faust stops every agent while more than 100 changelog records wait to be sent; a batch
+        # writes up to `batch` rows, and at each minute every GPU's row changes (its clock, kept
+        # to the minute): room for a few batches, not a stall per batch (issue 12 bench: "producer
+        # buffer full", 16-18k instead of 23-25k records/s).
+        self.producer.buffer.max_messages = max(self.producer.buffer.max_messages, 4 * self.batch)
         if self.prepare is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.prepare)
         await super().on_first_start()
@@ -188,10 +194,9 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     # event loop does not miss them. Worst case after a kill: 6 + 1 + the rebalance and the
     # changelog tail (standby replicas keep the survivor's copy current).
     extra: dict[str, Any] = dict(broker_session_timeout=6, broker_heartbeat_interval=1, broker_rebalance_timeout=10)
-    # 256 KiB fetched per partition (faust: 1 MiB) holds ~2,500 records, a tenth of a second of a
-    # worker's work; a worker reads ~40 partitions (8 of each input topic), and what a catch-up
-    # fetched stays in the process's heap: 131 instead of 153 MiB at 10,000 GPUs, same rate.
-    extra["consumer_max_fetch_size"] = 256 * 1024
+    # Commit every second (faust: 2.8 s): a catch-up's lag reads true a second after the work is
+    # done, and a survivor or a restarted worker re-reads (and re-emits) at most a second of input.
+    extra["broker_commit_interval"] = 1.0
     if fast_rebalance:
         # A single test broker: the first JoinGroup takes ~3 s instead of ~30 s (runtime notes).
         extra.update(broker_rebalance_timeout=6, broker_request_timeout=30)
@@ -231,6 +236,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         ensure_processor_topics(settings, internal_topics(settings), compacted=changelogs)
 
     app.prepare = prepare_topics
+    app.batch = batch
     names = {reg.name(n): n for n in INPUT_TOPICS}
     rekeyed, fleet_name = list(internal_topics(settings))
     inputs = app.topic(*names, rekeyed, schema=faust_fast.RawSchema())
