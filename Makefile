@@ -78,6 +78,7 @@ schemas: venv
 bench: jars
 	$(BIN)/python bench/collector_bench.py
 	$(BIN)/python bench/processor_bench.py
+	$(BIN)/python bench/processor_scale.py
 
 clean:
 	-$(XS) broker stop
