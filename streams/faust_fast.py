@@ -19,6 +19,7 @@ pyproject.toml): `FastConsumer._drain_messages` follows `faust.transport.consume
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Awaitable, Callable, Coroutine
 
 from faust import Schema, Sensor
@@ -75,8 +76,11 @@ async def wait_for_room(queues: Any, suspend: asyncio.Event) -> None:
             await asyncio.sleep(0.001)
 
 
+REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again once more after this
+
+
 class FastConsumer(faust_aiokafka.Consumer):
-    _rewound: dict  # tp -> the committed offset a hole was last read again from
+    _rewound: dict  # tp -> (the committed offset it was last read again from, when)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,13 +187,41 @@ class FastConsumer(faust_aiokafka.Consumer):
         # the hole's records were dropped: commit nothing, and read them again from there.
         committed = self._committed_offset[tp]
         if acked and committed is not None and min(acked) > committed:
-            if self._rewound.get(tp) != committed:
-                self._rewound[tp] = committed
-                self.log.warning("%s: offsets from %d were never processed (dropped in a rebalance?); "
-                                 "reading them again", tp, committed)
-                asyncio.ensure_future(self.seek(tp, committed))
+            self._read_again(tp, committed)
             return None
         return super()._new_offset(tp)
+
+    async def force_commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
+        self._read_dropped_tails_again()
+        return await super().force_commit(topics, start_new_transaction=start_new_transaction)
+
+    def _read_dropped_tails_again(self) -> None:
+        """A partition whose records from its committed offset on were delivered (its read offset
+        is past the commit) but are neither acked nor held anywhere (no live message of it) lost
+        them in a rebalance, like a hole at the head; with nothing acked after them there is no
+        hole to see, and on a quiet `gpu.xid` partition the next record may be hours away. Read
+        them again now."""
+        pending = None
+        for tp, read in list(self._read_offset.items()):
+            committed = self._committed_offset[tp]
+            if read is None or committed is None or read < committed or self._acked.get(tp):
+                continue
+            if not self.app.topics.acks_enabled_for(tp.topic):
+                continue
+            if pending is None:
+                pending = {m.tp for m in list(self._unacked_messages)}
+            if tp not in pending:
+                self._read_again(tp, committed)
+
+    def _read_again(self, tp: Any, committed: int) -> None:
+        last = self._rewound.get(tp)
+        now = time.monotonic()
+        if last is not None and last[0] == committed and now - last[1] < REREAD_AFTER_S:
+            return  # already being read again
+        self._rewound[tp] = (committed, now)
+        self.log.warning("%s: offsets from %d were never processed (dropped in a rebalance?); "
+                         "reading them again", tp, committed)
+        asyncio.ensure_future(self.seek(tp, committed))
 
 
 class FastTransport(faust_aiokafka.Transport):

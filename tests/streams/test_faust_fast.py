@@ -176,3 +176,42 @@ def test_a_record_missing_at_the_head_is_read_again_not_committed_past():
     assert results["Consumer"][0] == 6, "faust no longer commits past the hole: drop the override"
     assert results["FastConsumer"] == (None, None, [(tp, 3)])
     assert results["after"] == 6
+
+
+def test_a_delivered_record_that_vanished_with_nothing_after_it_is_read_again():
+    """The last Xid on a quiet gpu.xid partition, delivered and then dropped in a rebalance, left
+    no hole to see (nothing acked after it): the partition stalled until its next record, maybe
+    hours later. A partition read past its commit, with nothing acked and no message of it held
+    anywhere, is read again from its commit; one still being processed is left alone."""
+    from weakref import WeakSet
+
+    quiet, busy = TP("t.gpu.xid", 1), TP("t.gpu.xid", 2)
+
+    class Message:
+        def __init__(self, tp):
+            self.tp = tp
+
+    class Topics:
+        @staticmethod
+        def acks_enabled_for(topic):
+            return True
+
+    class App:
+        topics = Topics()
+
+    async def run():
+        c = _offsets(FastConsumer)
+        c.app = App()
+        c._read_offset = defaultdict(lambda: None)
+        in_flight = Message(busy)  # held by the agent
+        c._unacked_messages = WeakSet([in_flight])
+        for tp in (quiet, busy):
+            c._committed_offset[tp] = 3
+            c._read_offset[tp] = 3
+        c._read_dropped_tails_again()
+        c._read_dropped_tails_again()  # once, not at every commit
+        await asyncio.sleep(0)
+        return c.seeks, in_flight
+
+    seeks, _ = asyncio.run(run())
+    assert seeks == [(quiet, 3)]
