@@ -85,6 +85,17 @@ class FastConsumer(faust_aiokafka.Consumer):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._rewound = {}
+        # tp -> offset of the last record handed to the streams since the last seek (faust's read
+        # offset cannot tell: a seek sets it to the next offset to read, a delivery to the last read)
+        self._delivered: dict = {}
+
+    async def perform_seek(self) -> None:
+        self._delivered.clear()
+        await super().perform_seek()
+
+    async def seek(self, partition: Any, offset: int) -> None:
+        self._delivered.pop(partition, None)
+        await super().seek(partition, offset)
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in the worker
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.
         callback = self.callback
@@ -99,6 +110,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         suspend_flow = self.suspend_flow
         channels_of = getattr(self.app.topics, "_tp_index", {}).get  # the conductor's tp -> channels
         wait_first = self.wait_first
+        delivered = self._delivered
         sleep = asyncio.sleep
         num_since_yield = 0
         try:
@@ -130,6 +142,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                                     await wait_for_room([chan.queue for chan in channels], suspend_flow)
                                 await deliver(callback(message), suspend_flow, wait_first)
                             set_read_offset(tp, offset)
+                            delivered[tp] = offset
                     unset_flag(CONSUMER_FETCHING)
         except self.consumer_stopped_errors:
             if self.transport.app.should_stop:
@@ -202,7 +215,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         hole to see, and on a quiet `gpu.xid` partition the next record may be hours away. Read
         them again now."""
         pending = None
-        for tp, read in list(self._read_offset.items()):
+        for tp, read in list(self._delivered.items()):
             committed = self._committed_offset[tp]
             if read is None or committed is None or read < committed or self._acked.get(tp):
                 continue

@@ -185,7 +185,7 @@ def test_a_delivered_record_that_vanished_with_nothing_after_it_is_read_again():
     anywhere, is read again from its commit; one still being processed is left alone."""
     from weakref import WeakSet
 
-    quiet, busy = TP("t.gpu.xid", 1), TP("t.gpu.xid", 2)
+    quiet, busy, after_seek = TP("t.gpu.xid", 1), TP("t.gpu.xid", 2), TP("t.gpu.xid", 3)
 
     class Message:
         def __init__(self, tp):
@@ -202,12 +202,12 @@ def test_a_delivered_record_that_vanished_with_nothing_after_it_is_read_again():
     async def run():
         c = _offsets(FastConsumer)
         c.app = App()
-        c._read_offset = defaultdict(lambda: None)
+        c._delivered = {}
         in_flight = Message(busy)  # held by the agent
         c._unacked_messages = WeakSet([in_flight])
-        for tp in (quiet, busy):
+        for tp in (quiet, busy, after_seek):
             c._committed_offset[tp] = 3
-            c._read_offset[tp] = 3
+        c._delivered[quiet] = c._delivered[busy] = 3  # offset 3 handed to the streams; after_seek: none yet
         c._read_dropped_tails_again()
         c._read_dropped_tails_again()  # once, not at every commit
         await asyncio.sleep(0)
