@@ -1,4 +1,4 @@
-"""Three cuts in faust's per-message machinery, measured on the issue 12 profile of a worker
+"""Cuts in faust's per-message machinery, and fixes to its offset bookkeeping. The cuts were measured on the issue 12 profile of a worker
 catching up (py-spy, 2,000 GPUs x 60 s of samples and process lists); each keeps faust's
 behaviour and is only what the processor needs. Written for faust-streaming 0.15.x (pinned in
 pyproject.toml): `FastConsumer._drain_messages` follows `faust.transport.consumer.Consumer`'s.
@@ -14,6 +14,11 @@ pyproject.toml): `FastConsumer._drain_messages` follows `faust.transport.consume
   settings look-ups, error wrapping) per message. This one hands the message's bytes over.
 - `drop_monitor`: faust's Monitor sensor keeps per-event statistics for faust's own web views,
   which this worker does not serve (it has ``/metrics``); the sensor calls cost per event.
+
+The fixes (failover bench, issue 12), all in `FastConsumer`: a partition the group never committed
+is read from its beginning after a rebalance (`seek_to_committed`); a record missing at the head of
+a partition, or dropped with nothing after it, is read again instead of committed past
+(`_new_offset`, `force_commit`); gap offsets are kept once, so commits do not stall.
 """
 
 from __future__ import annotations
@@ -80,11 +85,9 @@ REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again on
 
 
 class FastConsumer(faust_aiokafka.Consumer):
-    _rewound: dict  # tp -> (the committed offset it was last read again from, when)
-
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._rewound = {}
+        self._rewound: dict = {}  # tp -> (the committed offset it was last read again from, when)
         # tp -> offset of the last record handed to the streams since the last seek (faust's read
         # offset cannot tell: a seek sets it to the next offset to read, a delivery to the last read)
         self._delivered: dict = {}
@@ -96,6 +99,7 @@ class FastConsumer(faust_aiokafka.Consumer):
     async def seek(self, partition: Any, offset: int) -> None:
         self._delivered.pop(partition, None)
         await super().seek(partition, offset)
+
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in the worker
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.
         callback = self.callback
