@@ -1,7 +1,8 @@
-"""Cuts in faust's per-message machinery, and fixes to its offset bookkeeping. The cuts were measured on the issue 12 profile of a worker
-catching up (py-spy, 2,000 GPUs x 60 s of samples and process lists); each keeps faust's
-behaviour and is only what the processor needs. Written for faust-streaming 0.15.x (pinned in
-pyproject.toml): `FastConsumer._drain_messages` follows `faust.transport.consumer.Consumer`'s.
+"""Cuts in faust's per-message machinery, and fixes to its offset bookkeeping. The cuts were
+measured on the issue 12 profile of a worker catching up (py-spy, 2,000 GPUs x 60 s of samples and
+process lists); each keeps faust's behaviour and is only what the processor needs. Written for
+faust-streaming 0.15.x (pinned in pyproject.toml): `FastConsumer._drain_messages` follows
+`faust.transport.consumer.Consumer`'s.
 
 - `FastConsumer`: faust hands every fetched message to the conductor through
   ``Service.wait_first(callback(message), suspend_flow.wait())``, which creates two tasks and runs
