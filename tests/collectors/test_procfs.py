@@ -125,10 +125,15 @@ def test_holder_scan_of_the_real_proc_sees_opens_and_closes(tmp_path):
     dev = tmp_path / "nvidia-test0"
     dev.write_text("")
     child = subprocess.Popen(
-        [sys.executable, "-c", "import os, sys\nfor cmd in sys.stdin:\n"
+        [sys.executable, "-c", "import os, sys\nprint('ready', flush=True)\nfor cmd in sys.stdin:\n"
          "    fd = os.open(sys.argv[1], os.O_RDONLY) if cmd.strip() == 'open' else os.close(fd)\n"
          "    print('done', flush=True)\n", str(dev)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # Scan only once the child is idle: a first scan while Python still starts up can see a
+    # transient file at the number the device later gets, with the same descriptor count, which is
+    # the documented blind spot that the periodic full read bounds (verify_every), not what this
+    # test is about (CI stop 15 hit it once).
+    assert child.stdout.readline().strip() == "ready"
 
     def tell(cmd):
         child.stdin.write(cmd + "\n")
