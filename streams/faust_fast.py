@@ -19,7 +19,9 @@ faust-streaming 0.15.x (pinned in pyproject.toml): `FastConsumer._drain_messages
 The fixes (failover bench, issue 12), all in `FastConsumer`: a partition the group never committed
 is read from its beginning after a rebalance (`seek_to_committed`); a record missing at the head of
 a partition, or dropped with nothing after it, is read again instead of committed past
-(`_new_offset`, `force_commit`); gap offsets are kept once, so commits do not stall.
+(`_new_offset`, `force_commit`); records fetched before a seek of their partition are not
+delivered after it, where faust took the offsets they jumped over for a gap and committed past
+them (`_drain_messages`); gap offsets are kept once, so commits do not stall.
 """
 
 from __future__ import annotations
@@ -92,14 +94,29 @@ class FastConsumer(faust_aiokafka.Consumer):
         # tp -> offset of the last record handed to the streams since the last seek (faust's read
         # offset cannot tell: a seek sets it to the next offset to read, a delivery to the last read)
         self._delivered: dict = {}
+        # Seeks so far: tp -> count for one partition's (`seek`), None -> count for every
+        # partition's (`perform_seek`). Each is counted as it begins and as it ends, so a fetch
+        # that overlapped a seek in any way is seen as older than it (`_drain_messages`).
+        self._seeks: dict = {}
+
+    def _count_seek(self, tp: Any) -> None:
+        self._seeks[tp] = self._seeks.get(tp, 0) + 1
 
     async def perform_seek(self) -> None:
+        self._count_seek(None)
         self._delivered.clear()
-        await super().perform_seek()
+        try:
+            await super().perform_seek()
+        finally:
+            self._count_seek(None)
 
     async def seek(self, partition: Any, offset: int) -> None:
+        self._count_seek(partition)
         self._delivered.pop(partition, None)
-        await super().seek(partition, offset)
+        try:
+            await super().seek(partition, offset)
+        finally:
+            self._count_seek(partition)
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in the worker
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.
@@ -116,11 +133,26 @@ class FastConsumer(faust_aiokafka.Consumer):
         channels_of = getattr(self.app.topics, "_tp_index", {}).get  # the conductor's tp -> channels
         wait_first = self.wait_first
         delivered = self._delivered
+        seeks = self._seeks
+        seeks_get = seeks.get
         sleep = asyncio.sleep
         num_since_yield = 0
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 set_flag(CONSUMER_FETCHING)
+                # A batch fetched before a seek of its partition is stale: aiokafka reads that
+                # partition again from the seek's offset, and the seek set the read offset there.
+                # faust went on delivering the rest of such a batch (its getmany yields one record
+                # at a time, and a rebalance's seek lands while a delivery waits), so the next
+                # stale record counted as a "gap" after the seek's offset: faust fills gaps as if
+                # the records were compacted away, and committed past records it never processed
+                # (issue 12: fatal Xids without a command after the fleet partition moved).
+                # Records of a partition sought since the fetch began are skipped here, and the
+                # partition is sought once more to the next offset its streams expect: a fetch that
+                # overlapped the seek may hold records from either side of it, and only the seek
+                # says where reading goes on.
+                fetched_after = dict(seeks)
+                skipped: dict = {}
                 ait = getmany(timeout=1.0)
                 # getmany can be called in a loop that never gives the event loop a turn
                 await sleep(0)
@@ -130,12 +162,19 @@ class FastConsumer(faust_aiokafka.Consumer):
                         if num_since_yield > 100:
                             await sleep(0)
                             num_since_yield = 0
+                        if seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp):
+                            skipped[tp] = None
+                            continue
                         offset = message.offset
                         r_offset = get_read_offset(tp)
                         if r_offset is None or offset >= r_offset:
-                            gap = offset - (r_offset or 0)
-                            if gap > 1 and r_offset and acks_enabled_for(message.topic):
-                                await self._add_gap(tp, r_offset + 1, offset)
+                            # The next offset this partition should give: after the last record
+                            # delivered since the last seek, else the seek's own offset (faust's
+                            # r_offset + 1 skipped that one, so a record compacted away right at
+                            # the commit looked like a hole at the head for ever).
+                            expected = r_offset if r_offset is None or tp not in delivered else delivered[tp] + 1
+                            if expected is not None and offset > expected and acks_enabled_for(message.topic):
+                                await self._add_absent(tp, expected, offset - 1)
                             if commit_every is not None and self._n_acked >= commit_every:
                                 self._n_acked = 0
                                 await self.commit()
@@ -146,8 +185,12 @@ class FastConsumer(faust_aiokafka.Consumer):
                                 if any(chan.queue.full() for chan in channels):
                                     await wait_for_room([chan.queue for chan in channels], suspend_flow)
                                 await deliver(callback(message), suspend_flow, wait_first)
+                            if seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp):
+                                continue  # sought while it was delivered: the read offset is the seek's
                             set_read_offset(tp, offset)
                             delivered[tp] = offset
+                    if skipped:
+                        await self._seek_to_expected(list(skipped))
                     unset_flag(CONSUMER_FETCHING)
         except self.consumer_stopped_errors:
             if self.transport.app.should_stop:
@@ -165,6 +208,37 @@ class FastConsumer(faust_aiokafka.Consumer):
         finally:
             unset_flag(CONSUMER_FETCHING)
 
+
+    async def _add_absent(self, tp: Any, first: int, last: int) -> None:
+        """Offsets `first`..`last` are not in the partition (compacted away, transaction markers,
+        deleted by retention): aiokafka read on from `first` and gave the record after `last`
+        next. They count as processed, as faust's gaps do; unlike faust's `_add_gap`, the
+        committed offset itself may be one of them (it is the next offset to read, not a read one)."""
+        committed = self._committed_offset[tp]
+        if committed is not None:
+            first = max(first, committed)
+        if first <= last:
+            gap = self._gap[tp]
+            gap.addi(first, last + 1)
+            gap.merge_overlaps()
+
+    async def _seek_to_expected(self, tps: list) -> None:
+        """Seek each of `tps` to the next offset its streams expect: the one after the last record
+        delivered since the last seek, else the read offset a seek left (its offset, or the commit)."""
+        for tp in tps:
+            if tp in self._delivered:
+                offset = self._delivered[tp] + 1
+            else:
+                offset = self._read_offset.get(tp)
+                if offset is None:
+                    offset = self._committed_offset.get(tp)
+            try:
+                if offset is None:  # never committed, nothing read: from its beginning, as seek_to_committed
+                    await self._thread.seek_to_beginning(tp)
+                else:
+                    await self.seek(tp, offset)
+            except Exception as exc:  # noqa: BLE001 - revoked meanwhile: its next owner reads it from the commit
+                self.log.info("%s: not sought again after a stale fetch: %r", tp, exc)
 
     async def seek_to_committed(self) -> Any:
         # aiokafka seeks a partition to its committed offset only when that is above 0. One the
