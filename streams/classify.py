@@ -33,7 +33,9 @@ from schemas.models import (
 )
 from schemas.vocab import NODE_ACTIONS, Action, Classification
 from streams.evidence import (
+    EMPTY_LIST,
     GpuState,
+    added,
     entry,
     event_time,
     fold_processes,
@@ -247,11 +249,11 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
     state.healthy_since = None
     state.last_xid_ts = ts
     if kind == "recovery_failure":
-        state.xids.append({"ts": ts, "xid": None, "kind": kind, "pid": None, "app": False, "id": x.event_id})
+        state.xids = added(state.xids, {"ts": ts, "xid": None, "kind": kind, "pid": None, "app": False, "id": x.event_id})
         _evidence(state, entry(ts, "xid", f"driver failed to recover the GPU: {x.message}", raw=x.raw), policy)
         return
     if kind == "fallen_off_bus":
-        state.xids.append({"ts": ts, "xid": 79, "kind": kind, "pid": None, "app": False, "id": x.event_id})
+        state.xids = added(state.xids, {"ts": ts, "xid": 79, "kind": kind, "pid": None, "app": False, "id": x.event_id})
         _raise(state, Verdict(Classification.GPU_HARDWARE_FAULT, REBOOT,
                               f"GPU on {state.node} ({x.pci_bus_id}) has fallen off the bus", [x.event_id], hardware=True,
                               entry=entry(ts, "xid", "GPU has fallen off the bus", raw=x.raw)), ts, policy, outputs)
@@ -260,7 +262,7 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         return
     app = is_app_class(x.xid) and x.xid not in policy.hardware_xids
     wl, pod = workload_of(state, x.pid)
-    state.xids.append({"ts": ts, "xid": x.xid, "kind": kind, "pid": x.pid, "app": app, "id": x.event_id})
+    state.xids = added(state.xids, {"ts": ts, "xid": x.xid, "kind": kind, "pid": x.pid, "app": app, "id": x.event_id})
     prune(state, ts, policy)
     xentry = entry(ts, "xid", f"{describe_xid(x.xid)} pid={x.pid} name={x.process_name}",
                    xid=x.xid, name=x.xid_name, pid=x.pid, process_name=x.process_name, pod_uid=pod,
@@ -302,7 +304,7 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         _evidence(state, xentry, policy)
         return
     occ = {"ts": ts, "last_ts": ts, "pid": x.pid, "wl": wl, "codes": [x.xid], "pod": pod, "id": x.event_id}
-    state.occurrences.append(occ)
+    state.occurrences = added(state.occurrences, occ)
     _raise(state, app_occurrence_verdict(state, occ, x.xid, workload_label(state, x.pid, x.process_name), xentry),
            ts, policy, outputs)
     if pod and x.xid != XID45:
@@ -348,7 +350,7 @@ def _raise(state: GpuState, verdict: Verdict, ts: float, policy: Policy, outputs
                                         recommendation=verdict.recommendation)
         for note in state.pending_notes:
             inc.note(note, policy.evidence_limit)
-        state.pending_notes = []
+        state.pending_notes = EMPTY_LIST
         if the_entry:
             inc.note(the_entry, policy.evidence_limit)
         alert_state = "open"
@@ -471,6 +473,4 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
         outputs.append(("command", command(state, inc, a, ts, policy, "incident resolved", [])))
     state.incident = None
     state.resolved_incidents += 1
-    state.occurrences = []
-    state.xids = []
-    state.workload_failures = []
+    state.occurrences = state.xids = state.workload_failures = EMPTY_LIST

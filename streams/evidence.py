@@ -26,12 +26,59 @@ from streams.incident import Incident
 from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
 
 __all__ = ["GpuState", "settled", "entry", "nocompute_start", "sustained_pin", "sample_stats", "prune", "workload_of",
-           "fold_sample_pin", "fold_processes", "fold_workload", "event_time"]
+           "fold_sample_pin", "fold_processes", "fold_workload", "event_time", "added", "EMPTY_LIST", "EMPTY_DICT"]
 
 # pid -> pod UID pairs kept per GPU, from compute-process lists: enough for the PIDs of the
 # current suspect window on one GPU (a crash-looping pod gets a new PID each restart).
 _PODS_KEPT = 32
 _XIDS_KEPT = 200
+
+
+# -- the shared empty containers ------------------------------------------------------------------
+# A healthy GPU's lists and dicts are empty, and were one object each per GPU: 7 objects, ~400 B of
+# its ~1.5 KiB of Python objects (issue 12: memory per GPU). Empty ones are now these two shared,
+# read-only objects: a list or dict as every reader expects (len, iteration, .get, ==, orjson), that
+# refuses to change; whoever adds to one assigns a list or dict of the GPU's own (`added`).
+def _refuse(self, *args: Any, **kwargs: Any) -> None:
+    raise TypeError("a GpuState's shared empty container is read-only: assign a new one (streams.evidence.added)")
+
+
+class _EmptyList(list):
+    __slots__ = ()
+    append = extend = insert = remove = pop = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+    def __reduce_ex__(self, protocol: Any) -> str:  # copy and pickle give the one shared object
+        return "EMPTY_LIST"
+
+
+class _EmptyDict(dict):
+    __slots__ = ()
+    __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = __ior__ = _refuse
+
+    def __reduce_ex__(self, protocol: Any) -> str:
+        return "EMPTY_DICT"
+
+
+EMPTY_LIST: list = _EmptyList()
+EMPTY_DICT: dict = _EmptyDict()
+
+
+def _empty_list() -> list:
+    return EMPTY_LIST
+
+
+def _empty_dict() -> dict:
+    return EMPTY_DICT
+
+
+def added(items: list, item: Any) -> list:
+    """`items` with `item` appended: in place, or a new list when `items` is the shared empty one.
+    (Assign the result: ``state.xids = added(state.xids, x)``.)"""
+    if items is EMPTY_LIST:
+        return [item]
+    items.append(item)
+    return items
 
 
 @dataclass(slots=True)
@@ -48,21 +95,21 @@ class GpuState:
     pinned_since: float | None = None
     pinned_samples: int = 0
     pinned_last: float | None = None
-    pin_stats: dict = field(default_factory=dict)
-    pin_ids: list = field(default_factory=list)  # event_ids of the first and newest pinned sample
+    pin_stats: dict = field(default_factory=_empty_dict)
+    pin_ids: list = field(default_factory=_empty_list)  # event_ids of the first and newest pinned sample
     proc_snapshots: int = 0  # snapshots without compute since pinned_since
-    pods: dict = field(default_factory=dict)  # str(pid) -> pod UID, from compute-process lists
+    pods: dict = field(default_factory=_empty_dict)  # str(pid) -> pod UID, from compute-process lists
     procs_ts: float | None = None  # newest process snapshot read (known or not)
-    occurrences: list = field(default_factory=list)
-    xids: list = field(default_factory=list)
-    workload_failures: list = field(default_factory=list)
+    occurrences: list = field(default_factory=_empty_list)
+    xids: list = field(default_factory=_empty_list)
+    workload_failures: list = field(default_factory=_empty_list)
     healthy_since: float | None = None
     last_unpinned_ts: float | None = None  # newest ok sample that was not pinned: the GPU came back
     last_xid_ts: float | None = None
     incident: Incident | None = None
     announced: bool = False
     resolved_incidents: int = 0
-    pending_notes: list = field(default_factory=list)  # evidence seen before an incident opened
+    pending_notes: list = field(default_factory=_empty_list)  # evidence seen before an incident opened
     last_sample_ts: float | None = None
     last_compute_ts: float | None = None  # newest process snapshot that had a compute app
     last_nocompute_ts: float | None = None  # newest process snapshot that had none
@@ -72,12 +119,16 @@ class GpuState:
 
     def to_dict(self) -> dict:
         """The persisted row: fields at their default are left out (`from_dict` restores them),
-        so a healthy GPU's row is a third of its full size (issue 12: memory per GPU)."""
+        so a healthy GPU's row is a third of its full size (issue 12: memory per GPU). An empty
+        list or dict is at its default, whichever object it is."""
         out = {}
         for k in _STATE_FIELDS:
             v = getattr(self, k)
             d = _DEFAULTS.get(k, _REQUIRED)
-            if d is _REQUIRED or type(v) is not type(d) or v != d:
+            if k in _CONTAINERS:
+                if v:
+                    out[k] = v
+            elif d is _REQUIRED or type(v) is not type(d) or v != d:
                 out[k] = v
         if self.incident is not None:
             out["incident"] = self.incident.to_dict()
@@ -85,7 +136,8 @@ class GpuState:
 
     @classmethod
     def from_dict(cls, data: dict) -> "GpuState":
-        state = cls(**{k: v for k, v in data.items() if k in _STATE_FIELDS})
+        # An empty list or dict (rows written before the shared empty ones) loads as its default.
+        state = cls(**{k: v for k, v in data.items() if k in _STATE_FIELDS and (v or k not in _CONTAINERS)})
         if isinstance(state.incident, dict):
             state.incident = Incident.from_dict(state.incident)
         # Rows written before issue 8 (99b60f0) lack these keys: fill them as that code meant them.
@@ -106,6 +158,7 @@ _STATE_FIELDS = tuple(GpuState.__dataclass_fields__)
 _REQUIRED = object()
 _DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
              for f in fields(GpuState) if f.default is not MISSING or f.default_factory is not MISSING}
+_CONTAINERS = frozenset(k for k, d in _DEFAULTS.items() if d is EMPTY_LIST or d is EMPTY_DICT)
 
 
 def entry(ts: float, kind: str, summary: str, **data: Any) -> dict:
@@ -147,9 +200,10 @@ def workload_of(state: GpuState, pid: int | None) -> tuple[str | None, str | Non
 
 def prune(state: GpuState, ts: float, policy: Policy) -> None:
     keep = max(policy.app_xid_lookback_s, policy.wedged_xid43_lookback_s, policy.suspect_window_s)
-    state.occurrences = [o for o in state.occurrences if ts - o["last_ts"] <= keep]
-    state.xids = [x for x in state.xids if ts - x["ts"] <= keep][-_XIDS_KEPT:]
-    state.workload_failures = [w for w in state.workload_failures if ts - w["ts"] <= policy.workload_failure_lookback_s]
+    state.occurrences = [o for o in state.occurrences if ts - o["last_ts"] <= keep] or EMPTY_LIST
+    state.xids = [x for x in state.xids if ts - x["ts"] <= keep][-_XIDS_KEPT:] or EMPTY_LIST
+    state.workload_failures = [w for w in state.workload_failures
+                               if ts - w["ts"] <= policy.workload_failure_lookback_s] or EMPTY_LIST
 
 
 # -- samples and processes ----------------------------------------------------------------------
@@ -162,7 +216,7 @@ def fold_sample_pin(state: GpuState, s: GpuSample, ts: float, policy: Policy) ->
     if not pinned:
         state.pinned_since = None
         state.pinned_samples = 0
-        state.pin_ids = []
+        state.pin_ids = EMPTY_LIST
         return False
     if state.pinned_since is None:
         state.pinned_since, state.pinned_samples, state.proc_snapshots, state.pin_stats = ts, 0, 0, {}
@@ -196,6 +250,8 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
             if app.pod_uid:
                 k = str(app.pid)
                 if pods.get(k) != app.pod_uid:
+                    if pods is EMPTY_DICT:
+                        pods = state.pods = {}
                     pods[k] = app.pod_uid
                     learned = True
                     if len(pods) > _PODS_KEPT:
@@ -237,7 +293,7 @@ def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) 
         return None
     item = {"ts": ts, "pod_uid": w.pod_uid, "pod": w.pod, "namespace": w.namespace, "reason": w.reason,
             "exit_code": w.exit_code, "event": w.event.value, "id": w.event_id}
-    state.workload_failures.append(item)
+    state.workload_failures = added(state.workload_failures, item)
     prune(state, ts, policy)
     return item
 
