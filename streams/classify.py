@@ -83,7 +83,13 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     ts = record.ts.timestamp()
     skew = 0.0
     if type(record) in _OWN_CLOCK:  # the common case, inlined: the collector's readings move the clock
-        state.clock = ts if state.clock is None or ts > state.clock else state.clock
+        clock = state.clock
+        if clock is None or ts > clock:
+            state.clock = ts
+        elif ts == clock:
+            # The sample and the process list of one reading share a time: the row keeps one float
+            # object for all its stamps of it, not one per record (issue 12: memory per GPU).
+            ts = clock
         state.sampled = True
     else:
         observed = getattr(record, "observed_at", None)
@@ -164,8 +170,8 @@ def _evidence(state: GpuState, item: dict, policy: Policy) -> None:
 # -- records ------------------------------------------------------------------------------------
 def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs: list) -> None:
     state.last_sample_ts = max(ts, state.last_sample_ts or ts)
-    if s.memory_total_mib:
-        state.memory_total_mib = s.memory_total_mib
+    if s.memory_total_mib and s.memory_total_mib != state.memory_total_mib:
+        state.memory_total_mib = s.memory_total_mib  # a new float only when it changed (issue 12)
     status = s.status.value
     if status in ("lost", "reset_required") and state.status != status:
         state.status = status

@@ -75,3 +75,14 @@ def test_a_wedge_reads_back_the_same_through_every_row():
         state = fold([r], state)
         assert GpuState.from_dict(orjson.loads(orjson.dumps(state.to_dict()))) == state
     assert state.incident is not None and state.pin_ids and state.pin_stats
+
+
+def test_one_reading_leaves_one_float_for_its_stamps():
+    """The sample and the process list of one reading carry the same time: the row keeps one float
+    object for it; an unchanged memory total keeps its float (issue 12: memory per GPU)."""
+    state = fold([inventory(), sample(0), procs(0, 7)])
+    total = state.memory_total_mib
+    assert state.procs_ts == state.clock and state.procs_ts is state.clock
+    assert state.last_compute_ts is state.clock and state.last_sample_ts is state.clock
+    state = fold([sample(10), procs(10, 7)], state)
+    assert state.procs_ts is state.clock and state.memory_total_mib is total
