@@ -98,6 +98,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         # partition's (`perform_seek`). Each is counted as it begins and as it ends, so a fetch
         # that overlapped a seek in any way is seen as older than it (`_drain_messages`).
         self._seeks: dict = {}
+        self._seek_done: asyncio.Event | None = None  # set when the newest perform_seek ends
 
     def _count_seek(self, tp: Any) -> None:
         self._seeks[tp] = self._seeks.get(tp, 0) + 1
@@ -105,10 +106,12 @@ class FastConsumer(faust_aiokafka.Consumer):
     async def perform_seek(self) -> None:
         self._count_seek(None)
         self._delivered.clear()
+        done = self._seek_done = asyncio.Event()
         try:
             await super().perform_seek()
         finally:
             self._count_seek(None)
+            done.set()
 
     async def seek(self, partition: Any, offset: int) -> None:
         self._count_seek(partition)
@@ -224,7 +227,15 @@ class FastConsumer(faust_aiokafka.Consumer):
 
     async def _seek_to_expected(self, tps: list) -> None:
         """Seek each of `tps` to the next offset its streams expect: the one after the last record
-        delivered since the last seek, else the read offset a seek left (its offset, or the commit)."""
+        delivered since the last seek, else the read offset a seek left (its offset, or the commit).
+        While every partition is being sought (a rebalance), that seek's offsets are awaited first:
+        until it ends a partition's read offset is unknown, not "from the beginning"."""
+        done = getattr(self, "_seek_done", None)
+        if self._seeks.get(None, 0) % 2 and done is not None:
+            try:
+                await asyncio.wait_for(done.wait(), timeout=30.0)
+            except asyncio.TimeoutError:
+                self.log.warning("a rebalance's seek did not end within 30 s; seeking after a stale fetch anyway")
         for tp in tps:
             if tp in self._delivered:
                 offset = self._delivered[tp] + 1

@@ -314,3 +314,28 @@ def test_a_record_compacted_away_at_the_commit_does_not_hold_the_partition_for_e
 
     assert asyncio.run(commit()) == 14
     assert sought == [] and c._rewound == {}
+
+
+def test_a_stale_fetch_during_a_rebalance_seek_waits_for_that_seek_not_the_beginning():
+    """A fetch that overlapped a rebalance's seek of every partition is skipped; while that seek
+    runs, the revoke has cleared the partition's read and committed offsets. The partition is
+    sought again once the rebalance's seek has ended, to the commit it found, not from the
+    beginning of the partition (a replay of everything)."""
+    async def rebalance_begins(c, tp):
+        c._count_seek(None)  # perform_seek has begun, as FastConsumer.perform_seek begins it ...
+        c._delivered.clear()
+        c._seek_done = done = asyncio.Event()
+        c._read_offset.pop(tp, None)  # ... after the revoke cleared the partition's offsets
+        c._committed_offset.pop(tp, None)
+
+        async def ends():
+            await asyncio.sleep(0.05)
+            c._read_offset[tp] = c._committed_offset[tp] = 700
+            c._count_seek(None)
+            done.set()
+
+        asyncio.ensure_future(ends())
+
+    c, tp, delivered, sought = _drainer([[690, rebalance_begins, 691], list(range(700, 703))], committed=690)
+    assert sought == [700], "sought before the rebalance's seek ended"
+    assert delivered == [690, 700, 701, 702]
