@@ -131,7 +131,8 @@ class Bench:
         self.runs.remove(s)
         for _ in range(3):
             try:
-                groups = [g.group_id for g in admin(s).list_consumer_groups(request_timeout=10).result().valid]
+                client = admin(s)  # kept in a name: the future is the client's
+                groups = [g.group_id for g in client.list_consumer_groups(request_timeout=10).result(timeout=20).valid]
             except Exception:  # noqa: BLE001 - clean-up is best effort past the topics
                 break
             if not any(g.startswith(s.topic_prefix) for g in groups):
@@ -460,7 +461,7 @@ def wait_assigned(s: Settings, workers: list[WorkerProcess], timeout: float = 90
     while time.time() - t < timeout:
         check_alive(workers)
         try:
-            d = client.describe_consumer_groups([group], request_timeout=5)[group].result()
+            d = client.describe_consumer_groups([group], request_timeout=5)[group].result(timeout=15)
             assigned = sum(1 for m in d.members if m.assignment and m.assignment.topic_partitions)
             if getattr(d.state, "name", "") == "STABLE" and assigned >= len(workers):
                 return time.time() - t

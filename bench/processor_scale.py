@@ -114,7 +114,10 @@ def cleanup(s: Settings) -> None:
     delete_topics(s)
     for _ in range(3):
         try:
-            groups = admin(s).list_consumer_groups(request_timeout=10).result().valid
+            # its own timeout too: the admin client's future once never completed (a run's
+            # clean-up hung the whole bench for minutes)
+            client = admin(s)  # kept in a name: the future is the client's
+            groups = client.list_consumer_groups(request_timeout=10).result(timeout=20).valid
         except Exception:  # noqa: BLE001 - clean-up is best effort past the topics
             return
         if not any(g.group_id.startswith(s.topic_prefix) for g in groups):
@@ -181,7 +184,7 @@ class GroupWatch:
     def describe(self) -> tuple[float, str, dict]:
         xid, fleet = self.s.topics.name("gpu.xid"), f"{self.s.topic_prefix}xidstream.fleet"
         try:
-            d = self.admin.describe_consumer_groups([self.group], request_timeout=5)[self.group].result()
+            d = self.admin.describe_consumer_groups([self.group], request_timeout=5)[self.group].result(timeout=15)
         except Exception as exc:  # noqa: BLE001 - a group not there yet, a broker hiccup: no snapshot
             return time.time(), f"?({type(exc).__name__})", {}
         members = {}
@@ -659,7 +662,7 @@ def committed(s: Settings, group: str, topics: list[str]) -> dict[tuple[str, int
     md = a.list_topics(timeout=10)
     tps = [TopicPartition(t, q) for t in topics if t in md.topics for q in md.topics[t].partitions]
     try:
-        res = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)])[group].result()
+        res = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)])[group].result(timeout=20)
     except Exception:  # noqa: BLE001 - evidence only
         return {}
     return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions if tp.offset >= 0}
