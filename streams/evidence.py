@@ -43,10 +43,17 @@ def _refuse(self, *args: Any, **kwargs: Any) -> None:
     raise TypeError("a GpuState's shared empty container is read-only: assign a new one (streams.evidence.added)")
 
 
+def _init_empty(self, *args: Any, **kwargs: Any) -> None:
+    # type(x)(items) (dataclasses.asdict, copy by type) may make another empty one, never fill one
+    if kwargs or len(args) > 1 or (args and any(True for _ in args[0])):
+        _refuse(self)
+
+
 class _EmptyList(list):
     __slots__ = ()
     append = extend = insert = remove = pop = clear = sort = reverse = _refuse
     __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    __init__ = _init_empty
 
     def __reduce_ex__(self, protocol: Any) -> str:  # copy and pickle give the one shared object
         return "EMPTY_LIST"
@@ -55,13 +62,14 @@ class _EmptyList(list):
 class _EmptyDict(dict):
     __slots__ = ()
     __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = __ior__ = _refuse
+    __init__ = _init_empty
 
     def __reduce_ex__(self, protocol: Any) -> str:
         return "EMPTY_DICT"
 
 
-EMPTY_LIST: list = _EmptyList()
-EMPTY_DICT: dict = _EmptyDict()
+EMPTY_LIST: list = list.__new__(_EmptyList)
+EMPTY_DICT: dict = dict.__new__(_EmptyDict)
 
 
 def _empty_list() -> list:
@@ -74,9 +82,10 @@ def _empty_dict() -> dict:
 
 def added(items: list, item: Any) -> list:
     """`items` with `item` appended: in place, or a new list when `items` is the shared empty one.
-    (Assign the result: ``state.xids = added(state.xids, x)``.)"""
-    if items is EMPTY_LIST:
-        return [item]
+    (Assign the result: ``state.xids = added(state.xids, x)``.) Any read-only list counts, not only
+    the shared one: a copy made by its type (``dataclasses.asdict``) is read-only too."""
+    if type(items) is not list:
+        return [*items, item]
     items.append(item)
     return items
 
@@ -225,6 +234,8 @@ def fold_sample_pin(state: GpuState, s: GpuSample, ts: float, policy: Policy) ->
     state.pinned_last = max(state.pinned_last or ts, ts)
     state.pin_ids = state.pin_ids[:1] + [s.event_id]
     st = state.pin_stats
+    if type(st) is not dict:  # a row pinned without statistics (hand-made, or older): start them
+        st = state.pin_stats = dict(st)
     st["util_min"] = min(st.get("util_min", 100.0), util)
     st["mem_max"] = max(st.get("mem_max", 0.0), mem)
     if s.power_w is not None:
@@ -250,8 +261,8 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
             if app.pod_uid:
                 k = str(app.pid)
                 if pods.get(k) != app.pod_uid:
-                    if pods is EMPTY_DICT:
-                        pods = state.pods = {}
+                    if type(pods) is not dict:
+                        pods = state.pods = dict(pods)
                     pods[k] = app.pod_uid
                     learned = True
                     if len(pods) > _PODS_KEPT:

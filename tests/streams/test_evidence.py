@@ -86,3 +86,28 @@ def test_one_reading_leaves_one_float_for_its_stamps():
     assert state.last_compute_ts is state.clock and state.last_sample_ts is state.clock
     state = fold([sample(10), procs(10, 7)], state)
     assert state.procs_ts is state.clock and state.memory_total_mib is total
+
+
+def test_a_read_only_copy_made_by_type_takes_an_item_and_cannot_be_filled_in_place():
+    """dataclasses.asdict (or any type(x)(items)) makes another read-only empty list: `added`
+    gives a list of its own for it too, and no constructor call fills a read-only one."""
+    import dataclasses
+
+    copied = dataclasses.asdict(GpuState(key=GPU))
+    assert copied["xids"] is not EMPTY_LIST and copied["xids"] == []
+    assert added(copied["xids"], 1) == [1]
+    for fill in (lambda: EMPTY_LIST.__init__([1]), lambda: EMPTY_DICT.__init__({"a": 1}), lambda: EMPTY_DICT.__init__(a=1)):
+        with pytest.raises(TypeError):
+            fill()
+    assert EMPTY_LIST == [] and EMPTY_DICT == {}
+
+
+def test_a_row_pinned_without_statistics_still_takes_its_pinned_samples():
+    """A row with `pinned_since` set and no `pin_stats` (hand-made, or from an older writer) left
+    the shared empty dict in place, and every pinned sample of that GPU raised TypeError: the
+    wedge's own evidence dead-lettered."""
+    row = orjson.dumps({"key": GPU, "node": NODE, "gpu_uuid": GPU, "memory_total_mib": 32607.0, "clock": 60.0,
+                        "sampled": True, "pinned_since": 60.0, "pinned_samples": 1, "pinned_last": 60.0})
+    state = GpuState.from_dict(orjson.loads(row))
+    state, _, _ = step(state, GPU, sample(61, util=100.0, mem=0.0), Policy())
+    assert state.pinned_samples == 2 and state.pin_stats["util_min"] == 100.0
