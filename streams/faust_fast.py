@@ -121,7 +121,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         finally:
             self._count_seek(partition)
 
-    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in the worker
+    async def _drain_messages(self, fetcher: Any) -> None:
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.
         callback = self.callback
         getmany = self.getmany
@@ -143,17 +143,19 @@ class FastConsumer(faust_aiokafka.Consumer):
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 set_flag(CONSUMER_FETCHING)
-                # A batch fetched before a seek of its partition is stale: aiokafka reads that
-                # partition again from the seek's offset, and the seek set the read offset there.
+                # A batch fetched before a seek of its partition is stale: the seek set the read
+                # offset to its own offset, and aiokafka reads the partition again from there.
                 # faust went on delivering the rest of such a batch (its getmany yields one record
-                # at a time, and a rebalance's seek lands while a delivery waits), so the next
-                # stale record counted as a "gap" after the seek's offset: faust fills gaps as if
-                # the records were compacted away, and committed past records it never processed
-                # (issue 12: fatal Xids without a command after the fleet partition moved).
-                # Records of a partition sought since the fetch began are skipped here, and the
-                # partition is sought once more to the next offset its streams expect: a fetch that
-                # overlapped the seek may hold records from either side of it, and only the seek
-                # says where reading goes on.
+                # at a time, and a seek lands while a delivery, a commit or a full buffer waits),
+                # so the next stale record counted as a "gap" after the seek's offset: faust fills
+                # gaps as if the records were compacted away, and committed past records it never
+                # processed (issue 12: fatal Xids without a command after a failover, on the fleet
+                # partition). Records of a committed (acked) topic sought since the fetch began are
+                # skipped, and the partition is sought again, after the batch, to the offset the
+                # seek left. Again, because faust applies a seek from this thread while aiokafka's
+                # own thread may be handing this batch over: the batch's end then overwrites the
+                # position the seek set, and reading would go on after the stale records.
+                # (Changelog partitions keep faust's way: table recovery tracks their offsets.)
                 fetched_after = dict(seeks)
                 skipped: dict = {}
                 ait = getmany(timeout=1.0)
@@ -165,7 +167,8 @@ class FastConsumer(faust_aiokafka.Consumer):
                         if num_since_yield > 100:
                             await sleep(0)
                             num_since_yield = 0
-                        if seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp):
+                        if ((seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp))
+                                and acks_enabled_for(message.topic)):
                             skipped[tp] = None
                             continue
                         offset = message.offset
@@ -187,8 +190,13 @@ class FastConsumer(faust_aiokafka.Consumer):
                                 channels = channels_of(tp, ())
                                 if any(chan.queue.full() for chan in channels):
                                     await wait_for_room([chan.queue for chan in channels], suspend_flow)
+                                if ((seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp))
+                                        and acks_enabled_for(message.topic)):
+                                    skipped[tp] = None  # sought while the commit or the buffer waited
+                                    continue
                                 await deliver(callback(message), suspend_flow, wait_first)
-                            if seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp):
+                            if ((seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp))
+                                    and acks_enabled_for(message.topic)):
                                 continue  # sought while it was delivered: the read offset is the seek's
                             set_read_offset(tp, offset)
                             delivered[tp] = offset
@@ -226,23 +234,21 @@ class FastConsumer(faust_aiokafka.Consumer):
             gap.merge_overlaps()
 
     async def _seek_to_expected(self, tps: list) -> None:
-        """Seek each of `tps` to the next offset its streams expect: the one after the last record
-        delivered since the last seek, else the read offset a seek left (its offset, or the commit).
-        While every partition is being sought (a rebalance), that seek's offsets are awaited first:
-        until it ends a partition's read offset is unknown, not "from the beginning"."""
-        done = getattr(self, "_seek_done", None)
+        """Seek each of `tps` to the offset its last seek left: that seek's own offset, or the
+        commit a rebalance's seek found (a skipped partition has delivered nothing since). While
+        every partition is being sought (a rebalance), that seek is awaited first: until it ends
+        a partition's read offset is unknown, not "from the beginning"."""
+        done = self._seek_done
         if self._seeks.get(None, 0) % 2 and done is not None:
             try:
                 await asyncio.wait_for(done.wait(), timeout=30.0)
             except asyncio.TimeoutError:
-                self.log.warning("a rebalance's seek did not end within 30 s; seeking after a stale fetch anyway")
+                self.log.warning("a rebalance's seek did not end within 30 s; it places %s itself", tps)
+                return
         for tp in tps:
-            if tp in self._delivered:
-                offset = self._delivered[tp] + 1
-            else:
-                offset = self._read_offset.get(tp)
-                if offset is None:
-                    offset = self._committed_offset.get(tp)
+            offset = self._read_offset.get(tp)
+            if offset is None:
+                offset = self._committed_offset.get(tp)
             try:
                 if offset is None:  # never committed, nothing read: from its beginning, as seek_to_committed
                     await self._thread.seek_to_beginning(tp)
@@ -259,7 +265,9 @@ class FastConsumer(faust_aiokafka.Consumer):
         # 10 failovers, on quiet gpu.xid partitions). Such a partition starts at its beginning,
         # as auto.offset.reset=earliest says: nothing of it is known to be processed.
         committed = await super().seek_to_committed()
-        fresh = [tp for tp, offset in committed.items() if not offset or offset <= 0]
+        # changelog partitions are never committed: table recovery places them itself
+        fresh = [tp for tp, offset in committed.items()
+                 if (not offset or offset <= 0) and self.app.topics.acks_enabled_for(tp.topic)]
         if fresh:
             await self._thread.seek_to_beginning(*fresh)
         return committed

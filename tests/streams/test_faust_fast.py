@@ -130,12 +130,17 @@ def test_a_partition_the_group_never_committed_is_read_from_its_beginning_after_
     """aiokafka seeks only to a committed offset above 0; a partition with none kept the position
     its fetches had reached, and the records a rebalance dropped from faust's buffers were never
     read again (16 of 333 fatal Xids lost over 10 failovers). Such partitions start again at their
-    beginning; committed ones are left at their commit."""
+    beginning; committed ones are left at their commit, and so are changelog partitions (never
+    committed: table recovery places them, and reading a standby's changelog from its beginning
+    at every rebalance would undo what a rocksdb store saves)."""
+    from types import SimpleNamespace
+
     from aiokafka.structs import TopicPartition
 
     committed = {TopicPartition("t.gpu.xid", 0): None, TopicPartition("t.gpu.xid", 1): 0,
-                 TopicPartition("t.gpu.xid", 2): 17}
+                 TopicPartition("t.gpu.xid", 2): 17, TopicPartition("t.xidstream-processor-gpu-state-changelog", 0): None}
     rewound = {}
+    app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: not topic.endswith("-changelog")))
 
     class Thread:
         async def seek_to_committed(self):
@@ -147,7 +152,7 @@ def test_a_partition_the_group_never_committed_is_read_from_its_beginning_after_
     for cls in (faust_aiokafka.Consumer, FastConsumer):
         type_name = cls.__name__
         consumer = cls.__new__(cls)
-        consumer._thread = Thread()
+        consumer._thread, consumer.app = Thread(), app
         assert asyncio.run(consumer.seek_to_committed()) == committed
     assert rewound == {"FastConsumer": {TopicPartition("t.gpu.xid", 0), TopicPartition("t.gpu.xid", 1)}}
 
@@ -217,7 +222,7 @@ def test_a_delivered_record_that_vanished_with_nothing_after_it_is_read_again():
     assert seeks == [(quiet, 3)]
 
 
-def _drainer(batches, committed):
+def _drainer(batches, committed, commit_every=None):
     """A FastConsumer whose fetches give `batches` (each a list of offsets of one partition, or a
     callable: a seek landing between two records, as a rebalance's does while the loop waits),
     with the streams' side reduced to a list of the offsets delivered; `_drain_messages` runs
@@ -231,8 +236,8 @@ def _drainer(batches, committed):
     c._gap, c._committed_offset = defaultdict(IntervalTree), defaultdict(lambda: None)
     c._read_offset = defaultdict(lambda: None)
     c._committed_offset[tp] = c._read_offset[tp] = committed  # as perform_seek leaves them
-    c._rewound, c._delivered, c._seeks = {}, {}, {}
-    c._commit_every, c.log = None, logging.getLogger("test")
+    c._rewound, c._delivered, c._seeks, c._seek_done = {}, {}, {}, None
+    c._commit_every, c._n_acked, c.log = commit_every, 0, logging.getLogger("test")
     c.log.dev = c.log.debug  # faust's logger has a level below debug
     c.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
     c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True, _tp_index={}))
@@ -278,8 +283,9 @@ def _drainer(batches, committed):
 
 
 def test_records_fetched_before_a_seek_are_not_delivered_after_it_nor_taken_for_a_gap():
-    """The fleet partition moved in a failover: the new owner had delivered 1021-1026 when the
-    rebalance sought it back to its commit (1021) and dropped 1026 from the stream buffer; faust
+    """The fleet partition moved in a failover: the new owner had delivered 1021-1026 when a seek
+    took it back to its commit (1021: a re-read of records the rebalance dropped from the stream
+    buffer, 1026 among them, as `_read_again` asks; a rebalance's perform_seek does the same); faust
     went on with the batch it had fetched before the seek, took 1027 after the seek's 1021 for a
     gap of compacted records, and committed past 1026, which was never processed: a fatal Xid
     whose command was never sent (issue 12, failover bench). Records fetched before a seek are
@@ -317,25 +323,39 @@ def test_a_record_compacted_away_at_the_commit_does_not_hold_the_partition_for_e
 
 
 def test_a_stale_fetch_during_a_rebalance_seek_waits_for_that_seek_not_the_beginning():
-    """A fetch that overlapped a rebalance's seek of every partition is skipped; while that seek
-    runs, the revoke has cleared the partition's read and committed offsets. The partition is
-    sought again once the rebalance's seek has ended, to the commit it found, not from the
-    beginning of the partition (a replay of everything)."""
-    async def rebalance_begins(c, tp):
-        c._count_seek(None)  # perform_seek has begun, as FastConsumer.perform_seek begins it ...
-        c._delivered.clear()
-        c._seek_done = done = asyncio.Event()
-        c._read_offset.pop(tp, None)  # ... after the revoke cleared the partition's offsets
+    """A fetch that overlapped a rebalance's seek of every partition (FastConsumer.perform_seek)
+    is skipped; while that seek runs, the revoke has cleared the partition's read and committed
+    offsets. The partition is sought again once the rebalance's seek has ended, to the commit it
+    found (700), not from the beginning of the partition (a replay of everything)."""
+    async def rebalance(c, tp):
+        c._read_offset.pop(tp, None)  # the revoke cleared the partition's offsets
         c._committed_offset.pop(tp, None)
+        thread = c._thread
 
-        async def ends():
+        async def seek_to_committed():  # the group coordinator answers a moment later
             await asyncio.sleep(0.05)
-            c._read_offset[tp] = c._committed_offset[tp] = 700
-            c._count_seek(None)
-            done.set()
+            thread.seek(tp, 700)
+            return {tp: 700}
 
-        asyncio.ensure_future(ends())
+        thread.seek_to_committed = seek_to_committed
+        asyncio.ensure_future(c.perform_seek())
+        await asyncio.sleep(0)  # the seek has begun
 
-    c, tp, delivered, sought = _drainer([[690, rebalance_begins, 691], list(range(700, 703))], committed=690)
-    assert sought == [700], "sought before the rebalance's seek ended"
+    c, tp, delivered, sought = _drainer([[690, rebalance, 691], list(range(700, 703))], committed=690)
+    assert sought == [700, 700], "sought before the rebalance's seek ended"  # the rebalance's, then ours
     assert delivered == [690, 700, 701, 702]
+
+
+def test_a_record_whose_commit_wait_saw_a_seek_is_not_delivered_after_it():
+    """A commit inside the loop can itself seek a partition back (a hole at the head: read again);
+    the record the loop was about to deliver was fetched before that seek: it is skipped, and read
+    again from the seek's offset like the rest."""
+    async def arm(c, tp):  # the next record's commit seeks the partition back to its commit
+        async def commit():
+            await c.seek(tp, 50)
+
+        c._n_acked, c.commit = 1, commit
+
+    c, tp, delivered, sought = _drainer([[50, 51, arm, 52, 53], [50, 51, 52, 53]], committed=50, commit_every=1)
+    assert delivered == [50, 51, 50, 51, 52, 53], "a record fetched before the seek was delivered after it"
+    assert not c._gap[tp]
