@@ -21,6 +21,7 @@ evidence itself, never the policy's thresholds.
 from __future__ import annotations
 
 import sys
+import zlib
 
 from schemas.base import Record
 from schemas.models import (
@@ -138,24 +139,36 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     return state, outputs, changed
 
 
+def _phase(key: str) -> int:
+    """The second of the minute at which this GPU's persisted minute starts: from its key, the
+    same in every process (a replay or a restart writes rows at the same moments)."""
+    return zlib.crc32(key.encode()) % 60
+
+
+_PHASES: dict[str, int] = {}  # key -> _phase(key): two look-ups per record, not two CRCs
+
+
 def _material(s: GpuState) -> tuple:
     """What must survive a restart; counters that only feed statistics are left out. (On the hot
     path: twice per record, so plain attribute reads only.)"""
     inc = s.incident
     ps = s.pinned_since
+    ph = _PHASES.get(s.key)
+    if ph is None:
+        ph = _PHASES[s.key] = _phase(s.key)
     return (
         s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status, ps,
         s.pinned_samples < GUARD_MIN_PINNED_SAMPLES and s.pinned_samples,
         # while pinned, the newest snapshot with and without compute decide the wedge: kept exactly
         # (a pinned GPU is rare); otherwise only whether one was seen since the pin started
         s.last_compute_ts if ps is not None else None, s.last_nocompute_ts if ps is not None else None,
-        # the GPU's clock judges skewed stamps: kept to the minute, far inside the skew bound. Each
-        # GPU's minute starts at its own second (a phase from its key): on one shared minute every
-        # GPU's row changed in the same second, a burst of one changelog record per GPU that
-        # stalled the agents behind faust's producer buffer (issue 12: Xid -> command p99 1.3 s
-        # with 4,000 GPUs, its outliers on the minute)
-        None if s.clock is None else int((s.clock + hash(s.key) % 60) // 60),
-        s.last_unpinned_ts is not None and int((s.last_unpinned_ts + hash(s.key) % 60) // 60),
+        # the GPU's clock judges skewed stamps: kept to the minute (after a restart a record
+        # stamped within a minute of the skew bound may be judged against a clock up to a minute
+        # older). Each GPU's minute starts at its own second: on one shared minute every GPU's
+        # row changed in the same second, a burst of one changelog record per GPU that stalled
+        # the agents behind faust's producer buffer (issue 12: latency outliers on the minute)
+        None if s.clock is None else int((s.clock + ph) // 60),
+        s.last_unpinned_ts is not None and int((s.last_unpinned_ts + ph) // 60),
         len(s.occurrences), len(s.xids), len(s.workload_failures), s.healthy_since is None, s.last_xid_ts,
         s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
         s.procs_ts if s.occurrences else None,  # settles occurrences' workloads (evidence.settled)

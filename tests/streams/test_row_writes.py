@@ -31,3 +31,25 @@ def test_the_minute_a_healthy_gpus_row_is_written_again_is_spread_over_the_fleet
     average = sum(writes.values()) / 120
     assert max(writes.values()) <= 4 * average + 5, f"a burst: {max(writes.values())} rows in one second (average {average:.0f})"
     assert set(per_gpu.values()) <= {1, 2, 3}, "a healthy GPU's row is written about once a minute"
+
+
+def test_the_moments_rows_are_written_are_the_same_in_every_process():
+    """The phase comes from the GPU's key, not from Python's per-process string hash: a replay, a
+    restarted worker and a failing test write the same rows at the same moments."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from streams.classify import step\nfrom streams.policy import Policy\n"
+            "from tests.streams.builders import sample\n"
+            "out = []\n"
+            "for i in range(40):\n"
+            "    g, s = f'GPU-{i:08d}-0000-0000-0000-000000000000', None\n"
+            "    for t in range(60, 130):\n"
+            "        s, _, changed = step(s, g, sample(t, gpu=g), Policy())\n"
+            "        if changed and t > 60:\n"
+            "            out.append((i, t))\n"
+            "print(out)\n")
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert runs[0] == runs[1] and runs[0].count("(") >= 40
