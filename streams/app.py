@@ -23,6 +23,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import math
 import time
 import weakref
 from typing import Any, Awaitable, Callable, Iterable
@@ -182,9 +183,9 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     fleet agent, the last place that changes it (issue 10); executors refuse unsigned commands.
     `web_bind`: where faust's web server (probes, ``/metrics``) listens; loopback unless the
     command says otherwise (in a pod: the pod's address, for the kubelet and Prometheus)."""
-    if not (isinstance(batch, int) and batch >= 1):
+    if type(batch) is not int or batch < 1:
         raise ValueError(f"batch must be a whole number of records >= 1, not {batch!r}")
-    if not within or within <= 0:
+    if not isinstance(within, (int, float)) or not math.isfinite(within) or within <= 0:
         # faust's take_events waits for a full batch when `within` is 0 or None: a quiet
         # partition's last records (a fatal Xid) would wait for traffic that may never come
         raise ValueError(f"within must be a number of seconds > 0, not {within!r}")

@@ -178,7 +178,8 @@ def test_known_nodes_are_rows_of_their_own_and_a_one_row_fleet_state_is_split_on
     assert orjson.loads(rows[b"node:node-old"]) == 1.0 and orjson.loads(rows[b"node:node-0"]) == 5.0
 
 
-@pytest.mark.parametrize("bad", [{"within": 0}, {"within": None}, {"within": -1}, {"batch": 0}, {"batch": 2.5}])
+@pytest.mark.parametrize("bad", [{"within": 0}, {"within": None}, {"within": -1}, {"within": float("inf")},
+                                 {"within": float("nan")}, {"batch": 0}, {"batch": 2.5}, {"batch": True}])
 def test_a_batch_setting_that_would_hold_records_back_is_refused(bad):
     """faust's take_events with `within` 0 or None waits for a full batch: a quiet partition's last
     records (the fatal Xid of a sick GPU) would wait for traffic that may never come."""
