@@ -98,10 +98,12 @@ class FastConsumer(faust_aiokafka.Consumer):
         # partition's (`perform_seek`). Each is counted as it begins and as it ends, so a fetch
         # that overlapped a seek in any way is seen as older than it (`_drain_messages`).
         self._seeks: dict = {}
+        self._seeks_total = 0  # all of them: the drain loop's one comparison per record
         self._seek_done: asyncio.Event | None = None  # set when the newest perform_seek ends
 
     def _count_seek(self, tp: Any) -> None:
         self._seeks[tp] = self._seeks.get(tp, 0) + 1
+        self._seeks_total += 1
 
     async def perform_seek(self) -> None:
         self._count_seek(None)
@@ -136,8 +138,14 @@ class FastConsumer(faust_aiokafka.Consumer):
         channels_of = getattr(self.app.topics, "_tp_index", {}).get  # the conductor's tp -> channels
         wait_first = self.wait_first
         delivered = self._delivered
-        seeks = self._seeks
-        seeks_get = seeks.get
+        seeks_get = self._seeks.get
+        fetched_after: dict = {}  # the seek counts when the current fetch began
+
+        def sought(tp: Any, topic: str) -> bool:
+            """Sought since the current fetch began, and a partition whose commits are guarded."""
+            return ((seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp))
+                    and acks_enabled_for(topic))
+
         sleep = asyncio.sleep
         num_since_yield = 0
         try:
@@ -156,7 +164,8 @@ class FastConsumer(faust_aiokafka.Consumer):
                 # own thread may be handing this batch over: the batch's end then overwrites the
                 # position the seek set, and reading would go on after the stale records.
                 # (Changelog partitions keep faust's way: table recovery tracks their offsets.)
-                fetched_after = dict(seeks)
+                fetched_after = dict(self._seeks)
+                seeks_at_fetch = self._seeks_total
                 skipped: dict = {}
                 ait = getmany(timeout=1.0)
                 # getmany can be called in a loop that never gives the event loop a turn
@@ -167,8 +176,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                         if num_since_yield > 100:
                             await sleep(0)
                             num_since_yield = 0
-                        if ((seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp))
-                                and acks_enabled_for(message.topic)):
+                        if self._seeks_total != seeks_at_fetch and sought(tp, message.topic):
                             skipped[tp] = None
                             continue
                         offset = message.offset
@@ -180,7 +188,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                             # the commit looked like a hole at the head for ever).
                             expected = r_offset if r_offset is None or tp not in delivered else delivered[tp] + 1
                             if expected is not None and offset > expected and acks_enabled_for(message.topic):
-                                await self._add_absent(tp, expected, offset - 1)
+                                self._add_absent(tp, expected, offset - 1)
                             if commit_every is not None and self._n_acked >= commit_every:
                                 self._n_acked = 0
                                 await self.commit()
@@ -190,13 +198,11 @@ class FastConsumer(faust_aiokafka.Consumer):
                                 channels = channels_of(tp, ())
                                 if any(chan.queue.full() for chan in channels):
                                     await wait_for_room([chan.queue for chan in channels], suspend_flow)
-                                if ((seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp))
-                                        and acks_enabled_for(message.topic)):
+                                if self._seeks_total != seeks_at_fetch and sought(tp, message.topic):
                                     skipped[tp] = None  # sought while the commit or the buffer waited
                                     continue
                                 await deliver(callback(message), suspend_flow, wait_first)
-                            if ((seeks_get(None) != fetched_after.get(None) or seeks_get(tp) != fetched_after.get(tp))
-                                    and acks_enabled_for(message.topic)):
+                            if self._seeks_total != seeks_at_fetch and sought(tp, message.topic):
                                 continue  # sought while it was delivered: the read offset is the seek's
                             set_read_offset(tp, offset)
                             delivered[tp] = offset
@@ -219,8 +225,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         finally:
             unset_flag(CONSUMER_FETCHING)
 
-
-    async def _add_absent(self, tp: Any, first: int, last: int) -> None:
+    def _add_absent(self, tp: Any, first: int, last: int) -> None:
         """Offsets `first`..`last` are not in the partition (compacted away, transaction markers,
         deleted by retention): aiokafka read on from `first` and gave the record after `last`
         next. They count as processed, as faust's gaps do; unlike faust's `_add_gap`, the

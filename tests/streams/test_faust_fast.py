@@ -236,7 +236,7 @@ def _drainer(batches, committed, commit_every=None):
     c._gap, c._committed_offset = defaultdict(IntervalTree), defaultdict(lambda: None)
     c._read_offset = defaultdict(lambda: None)
     c._committed_offset[tp] = c._read_offset[tp] = committed  # as perform_seek leaves them
-    c._rewound, c._delivered, c._seeks, c._seek_done = {}, {}, {}, None
+    c._rewound, c._delivered, c._seeks, c._seeks_total, c._seek_done = {}, {}, {}, 0, None
     c._commit_every, c._n_acked, c.log = commit_every, 0, logging.getLogger("test")
     c.log.dev = c.log.debug  # faust's logger has a level below debug
     c.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
