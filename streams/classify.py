@@ -150,7 +150,7 @@ _PHASES: dict[str, int] = {}  # key -> _phase(key): two look-ups per record, not
 
 def _material(s: GpuState) -> tuple:
     """What must survive a restart; counters that only feed statistics are left out. (On the hot
-    path: twice per record, so plain attribute reads only.)"""
+    path: twice per record, so attribute reads and one dict look-up only.)"""
     inc = s.incident
     ps = s.pinned_since
     ph = _PHASES.get(s.key)
