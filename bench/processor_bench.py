@@ -869,12 +869,9 @@ def main() -> int:
     if bootstrap is None:
         from xidstream.localbroker import LocalBroker
 
-        broker = LocalBroker()
-        if broker.pid() is not None:
-            broker = None
-            bootstrap = "127.0.0.1:19092"
-        else:
-            bootstrap = broker.start()
+        local = LocalBroker()
+        broker = local if local.pid() is None else None  # ours to stop; one already running is left running
+        bootstrap = local.start()  # the running one's address, or the broker it starts
     tmp = Path(tempfile.mkdtemp(prefix="xidstream-pbench-"))
     say(f"processor bench: broker {bootstrap}, {args.partitions} partitions, {psutil.cpu_count()} CPUs (load average "
         f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}); figures: {', '.join(x for x in SECTIONS if x in only)}; "

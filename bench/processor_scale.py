@@ -846,12 +846,9 @@ def main() -> int:
     if bootstrap is None:
         from xidstream.localbroker import LocalBroker
 
-        broker = LocalBroker()
-        if broker.pid() is not None:
-            broker = None
-            bootstrap = "127.0.0.1:19092"
-        else:
-            bootstrap = broker.start()
+        local = LocalBroker()
+        broker = local if local.pid() is None else None  # ours to stop; one already running is left running
+        bootstrap = local.start()  # the running one's address, or the broker it starts
     # `timeout` and friends send SIGTERM: end through the finally blocks, which stop the workers and
     # delete the run's topics
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
