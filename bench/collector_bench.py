@@ -259,14 +259,9 @@ def main() -> int:
         churner = ctx.Process(target=churn_proc_tree, args=(proc_root, churn_stop), daemon=True)
         churner.start()
 
-    broker = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from xidstream.localbroker import LocalBroker
+    from xidstream.localbroker import broker_for_run
 
-        broker = LocalBroker()
-        started_here = broker.pid() is None
-        bootstrap = broker.start()
+    bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     settings = Settings(bootstrap=bootstrap, topic_prefix=f"bench{int(time.time())}.", node="bench-node")
     create_topics(settings)
 
@@ -342,7 +337,7 @@ def main() -> int:
             print(f"holder scans in the measured window: {scans}, {links:,} readlinks ({links / scans:,.0f} per scan; "
                   f"the cold first scan, {links0:,}, was in the warm-up tick); at 8.6 us each on a real node: "
                   f"{100 * links * 8.6e-6 / wall:.3f}% of a core")
-    if broker is not None and started_here:
+    if broker is not None:
         broker.stop()
     return 0
 

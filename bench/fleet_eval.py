@@ -52,15 +52,9 @@ def main() -> int:
     ap.add_argument("--xid45-teardowns", type=int, default=0, metavar="N",
                     help="multi-node job teardowns with Xid 45 on every rank to add (default 0)")
     args = ap.parse_args()
-    broker = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from xidstream.localbroker import LocalBroker
+    from xidstream.localbroker import broker_for_run
 
-        lb = LocalBroker()
-        if lb.pid() is None:
-            broker = lb
-        bootstrap = lb.start()
+    bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     tmp = Path(tempfile.mkdtemp(prefix="xidstream-fleet-"))
     s = Settings(bootstrap=bootstrap, topic_prefix=f"fleet-{uuid.uuid4().hex[:6]}.", partitions=args.partitions)
     create_topics(s)

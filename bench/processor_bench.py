@@ -864,14 +864,9 @@ def main() -> int:
         ap.error(str(exc))
     args.latency = ",".join(f"{g}x{w}" for g, w in args.latency_specs)
 
-    broker = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from xidstream.localbroker import LocalBroker
+    from xidstream.localbroker import broker_for_run
 
-        local = LocalBroker()
-        broker = local if local.pid() is None else None  # ours to stop; one already running is left running
-        bootstrap = local.start()  # the running one's address, or the broker it starts
+    bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     tmp = Path(tempfile.mkdtemp(prefix="xidstream-pbench-"))
     say(f"processor bench: broker {bootstrap}, {args.partitions} partitions, {psutil.cpu_count()} CPUs (load average "
         f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}); figures: {', '.join(x for x in SECTIONS if x in only)}; "

@@ -841,14 +841,9 @@ def main() -> int:
     unknown = set(args.kinds.split(",")) - set(KINDS) if args.kinds else set()
     if unknown:
         ap.error(f"unknown --kinds {', '.join(sorted(unknown))}; known: {', '.join(KINDS)}")
-    broker = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from xidstream.localbroker import LocalBroker
+    from xidstream.localbroker import broker_for_run
 
-        local = LocalBroker()
-        broker = local if local.pid() is None else None  # ours to stop; one already running is left running
-        bootstrap = local.start()  # the running one's address, or the broker it starts
+    bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     # `timeout` and friends send SIGTERM: end through the finally blocks, which stop the workers and
     # delete the run's topics
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

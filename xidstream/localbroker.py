@@ -39,7 +39,7 @@ from pathlib import Path
 
 from schemas.errors import BrokerError
 
-__all__ = ["LocalBroker", "DEPLOY_DIR", "default_cache_dir", "default_state_dir", "ROLES", "SECURE_PORT"]
+__all__ = ["LocalBroker", "broker_for_run", "DEPLOY_DIR", "default_cache_dir", "default_state_dir", "ROLES", "SECURE_PORT"]
 
 DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy" / "local"
 REPO_ROOT = DEPLOY_DIR.parents[1]
@@ -514,3 +514,14 @@ class LocalBroker:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def broker_for_run(bootstrap: str | None) -> tuple[str, LocalBroker | None]:
+    """The address a benchmark uses: `bootstrap` when given, else the local broker's, started if
+    none runs. The broker comes back only when this call started it: the caller stops that one
+    and leaves a running one (a developer's, the test suite's) running."""
+    if bootstrap is not None:
+        return bootstrap, None
+    local = LocalBroker()
+    ours = local.pid() is None
+    return local.start(), (local if ours else None)
