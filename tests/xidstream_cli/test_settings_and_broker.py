@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import BrokerError, ConfigError
-from xidstream.localbroker import LocalBroker
+from xidstream.localbroker import LocalBroker, broker_for_run
 from xidstream.settings import Settings
 
 
@@ -64,3 +64,11 @@ def test_broker_config_binds_loopback_on_non_default_ports(tmp_path):
     assert "listeners=PLAINTEXT://127.0.0.1:29092,CONTROLLER://127.0.0.1:29093" in text
     assert "auto.create.topics.enable=false" in text
     assert broker.pid() is None and not broker.stop()
+
+
+def test_a_benchmark_uses_a_given_or_running_broker_and_never_owns_it(kafka_bootstrap):
+    """broker_for_run: a given address is used as it is; with none, the running local broker (the
+    suite's) is used and not handed back to be stopped."""
+    assert broker_for_run("10.0.0.1:9092") == ("10.0.0.1:9092", None)
+    bootstrap, broker = broker_for_run(None)
+    assert bootstrap == kafka_bootstrap and broker is None
