@@ -13,6 +13,8 @@ faust-streaming 0.15.x (pinned in pyproject.toml): `FastConsumer._drain_messages
 - `RawSchema`: the input topics carry bytes that the agents decode themselves (schemas.codec);
   faust's schema still ran each key and value through its serializer registry (``raw`` codec,
   settings look-ups, error wrapping) per message. This one hands the message's bytes over.
+- `FastConsumer.on_buffer_full`: faust took a partition out of the fetch while its stream buffer
+  was under pressure, and the next fetch waited its timeout for the other, quiet partitions.
 - `drop_monitor`: faust's Monitor sensor keeps per-event statistics for faust's own web views,
   which this worker does not serve (it has ``/metrics``); the sensor calls cost per event.
 
@@ -101,6 +103,14 @@ class FastConsumer(faust_aiokafka.Consumer):
         self._seeks: dict = {}
         self._seeks_total = 0  # all of them: the drain loop's one comparison per record
         self._seek_done: asyncio.Event | None = None  # set when the newest perform_seek ends
+
+    def on_buffer_full(self, tp: Any) -> None:
+        """faust's takes `tp` out of the fetch while its stream buffer is 80% full, until the
+        buffer is empty; the next fetch then asks for the other partitions alone (a catch-up's
+        quiet gpu.xid, gpu.workloads, ...) and waits up to its 1 s timeout, while the agent empties
+        the buffer and idles: a third of the main thread's time in the issue 12 profile. A full
+        buffer is held back by the drain loop itself (`wait_for_room`), so every assigned
+        partition stays in the fetch."""
 
     def _count_seek(self, tp: Any) -> None:
         self._seeks[tp] = self._seeks.get(tp, 0) + 1

@@ -396,3 +396,35 @@ def test_the_livelock_check_passes_over_a_partition_waiting_for_its_offset_reset
     for tp in (TP("t.gpu.xid", 6), TP("t.gpu.xid", 7)):
         c.verify_event_path(0.0, tp)
     assert checked == [7]
+
+
+def test_a_stream_buffer_under_pressure_keeps_its_partitions_in_the_next_fetch():
+    """faust takes a partition out of the fetch while its stream buffer is 80% full, and puts it
+    back only when the buffer is empty; the next fetch asked the broker for the other partitions
+    (the empty gpu.xid, gpu.workloads, ...) alone and waited its whole 1 s timeout for them while
+    the agent emptied the buffer and idled (issue 12 profile: the worker's main thread idle for a
+    third of a catch-up, 0.85 cores). The drain loop's own back-pressure (`wait_for_room`) is what
+    holds a full buffer now: the fetch still asks for every assigned partition."""
+    import logging
+    from types import SimpleNamespace
+
+    samples, xid = TP("t.gpu.samples", 0), TP("t.gpu.xid", 0)
+    c = FastConsumer.__new__(FastConsumer)
+    c._active_partitions, c._paused_partitions, c._buffered_partitions = {samples, xid}, set(), set()
+    c.app = SimpleNamespace(in_recovery=False, client_only=False)
+    c.flow_active, c.log = True, logging.getLogger("test")
+    asked = []
+
+    async def _getmany(active_partitions, timeout):
+        asked.append(set(active_partitions))
+        return {}
+
+    c._getmany = _getmany
+
+    async def run():
+        c.not_waiting_next_records = asyncio.Event()
+        c.on_buffer_full(samples)  # the conductor, as the samples' stream buffer passes 80%
+        await c._wait_next_records(1.0)
+
+    asyncio.run(run())
+    assert asked == [{samples, xid}], "the fetch left out the partition whose buffer was under pressure"
