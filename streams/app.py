@@ -186,8 +186,9 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     if type(batch) is not int or batch < 1:
         raise ValueError(f"batch must be a whole number of records >= 1, not {batch!r}")
     if not isinstance(within, (int, float)) or not math.isfinite(within) or within <= 0:
-        # faust's take_events waits for a full batch when `within` is 0 or None: a quiet
-        # partition's last records (a fatal Xid) would wait for traffic that may never come
+        # a short batch waits up to `within` s for more (faust_fast.take_batches): with inf or NaN
+        # a quiet partition's last records (a fatal Xid) would wait for traffic that may never
+        # come; 0 and None meant the same in faust's take_events, which the agents used before
         raise ValueError(f"within must be a number of seconds > 0, not {within!r}")
     policy = policy or Policy()
     reg = settings.topics
@@ -378,10 +379,10 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             await fleet_topic.send(key=FLEET_KEY, value=v)
 
     async def gpus_body(stream: Any) -> None:
-        async for events in stream.take_events(batch, within=within):
+        async for events in faust_fast.take_batches(stream, batch, within):
             # One table write per changed row per batch, not one per record (issue 12): a row
             # folded from 40 records of a batch costs one changelog record, not 40. Exact on
-            # recovery: take_events acks the batch's events only after this body has run, so the
+            # recovery: take_batches acks the batch's events only after this body has run, so the
             # offsets faust commits never pass a record whose row was not written; a crash
             # re-reads the uncommitted records onto the last written rows, as before.
             dirty: dict[bytes, tuple[Any, GpuState]] = {}
@@ -435,7 +436,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         return state
 
     async def fleet_body(stream: Any) -> None:
-        async for events in stream.take_events(batch, within=within):
+        async for events in faust_fast.take_batches(stream, batch, within):
             # One batch, one write of what changed (issue 12): the main row when it changed, and
             # a row for each node seen for the first time. Acked after the body, as in gpus_body.
             state = load_fleet()

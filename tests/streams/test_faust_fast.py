@@ -428,3 +428,116 @@ def test_a_stream_buffer_under_pressure_keeps_its_partitions_in_the_next_fetch()
 
     asyncio.run(run())
     assert asked == [{samples, xid}], "the fetch left out the partition whose buffer was under pressure"
+
+
+class _Event:
+    """What `take_batches` uses of a faust Event: its value (for processors) and its ack."""
+
+    def __init__(self, value, acked):
+        self.value, self._acked = value, acked
+
+    def ack(self):
+        self._acked.append(self.value)
+        return True
+
+
+def _batches(run_body, *, max_=5, within=0.2):
+    """Run `run_body(put, batches, acked, stream)` against `take_batches` over a real faust stream
+    of an in-memory channel (the queue the conductor fills in a worker); the batches are the
+    values each loop body saw."""
+    import faust
+
+    from streams.faust_fast import take_batches
+
+    async def run():
+        app = faust.App("take-batches-test", broker="memory://", autodiscover=False)
+        stream = app.stream(app.channel(maxsize=100))
+        acked: list = []
+
+        def put(*values):
+            for v in values:
+                stream.channel.queue.put_nowait(_Event(v, acked))
+
+        return await run_body(put, take_batches(stream, max_, within), acked, stream)
+
+    return asyncio.run(run())
+
+
+def test_take_batches_hands_over_what_is_queued_up_to_max_and_acks_each_batch_after_its_body():
+    async def body(put, batches, acked, stream):
+        put(*range(7))
+        seen = []
+        async for batch in batches:
+            seen.append([e.value for e in batch])
+            assert acked == [v for b in seen[:-1] for v in b], "acked before its loop body ran"
+            if len(seen) == 2:
+                break
+        return seen, acked
+
+    seen, acked = _batches(body, max_=5)
+    assert seen == [[0, 1, 2, 3, 4], [5, 6]]
+    assert acked == [0, 1, 2, 3, 4]  # the body of the second batch never finished (break)
+
+
+def test_a_short_batch_waits_up_to_within_for_more_then_goes_without_them():
+    import time
+
+    async def body(put, batches, acked, stream):
+        put("lone")
+        t0 = time.monotonic()
+        seen = []
+        async for batch in batches:
+            seen.append(([e.value for e in batch], time.monotonic() - t0))
+            if len(seen) == 1:
+                put("a")  # then two more arrive while the next batch waits
+                asyncio.get_running_loop().call_later(0.05, put, "b")
+            else:
+                break
+        return seen
+
+    (first, t_first), (second, t_second) = _batches(body, max_=5, within=0.3)
+    assert first == ["lone"] and 0.25 <= t_first < 2.0  # no more came: handed over after `within`
+    assert second == ["a", "b"], "an event arriving while a short batch waits joins it"
+
+
+def test_the_events_of_a_batch_whose_body_raised_are_not_acked():
+    """faust's take_events acks a batch in a ``finally``, also when the body raised: the worker
+    could commit past records whose rows were never written. The agents' bodies that raise stop
+    the worker (`streams.app.guarded`); their records must be read again."""
+    async def body(put, batches, acked, stream):
+        put(1, 2, 3)
+        try:
+            async for batch in batches:
+                raise RuntimeError("the fold failed")
+        except RuntimeError:
+            pass
+        await batches.aclose()
+        return acked
+
+    assert _batches(body) == []
+
+
+def test_a_stopping_stream_hands_over_the_events_taken_so_far_and_ends():
+    async def body(put, batches, acked, stream):
+        put(1, 2)
+        asyncio.get_running_loop().call_later(0.1, stream._stopped.set)
+
+        async def collect():
+            return [[e.value for e in batch] async for batch in batches]
+
+        return await asyncio.wait_for(collect(), 5.0)
+
+    assert _batches(body, max_=10, within=30.0) == [[1, 2]]  # not 30 s later: at the stop
+
+
+def test_a_streams_processors_see_each_event_as_it_is_taken():
+    """agent.test_context() counts the events its agent took with a stream processor; its put()
+    returns when that ran."""
+    async def body(put, batches, acked, stream):
+        taken = []
+        stream.add_processor(lambda value: taken.append(value) or value)
+        put(1, 2, 3)
+        async for batch in batches:
+            return taken, [e.value for e in batch]
+
+    assert _batches(body, max_=3) == ([1, 2, 3], [1, 2, 3])
