@@ -258,6 +258,11 @@ def yardstick(s: Settings, total: int) -> dict:
             "gpus": len(fold)}
 
 
+# The throughput run's lag probe: its ends are each late by up to one poll; at 0.5 s (the memory
+# run's) that was a fifth of a 2.5 s catch-up.
+LAG_POLL_S = 0.1
+
+
 def until_caught_up(w: WorkerProcess, probe: LagProbe, what: str, timeout: float = 600.0, poll: float = 0.5) -> dict:
     """Poll the group's committed lag on the input topics until 0. Returns the first commit (time,
     lag, the worker's CPU s, machine cpu_times) and the end (time, CPU s, machine cpu_times)."""
@@ -295,7 +300,7 @@ def throughput_run(b: Bench, args: argparse.Namespace, i: int) -> dict:
         w = b.worker(s, f"tput{i}")
         probe = LagProbe(s, w.group, input_topics(s))
         try:
-            r = until_caught_up(w, probe, f"run {i}: worker")
+            r = until_caught_up(w, probe, f"run {i}: worker", poll=LAG_POLL_S)
         finally:
             probe.close()
         first = r["first"]
@@ -305,7 +310,7 @@ def throughput_run(b: Bench, args: argparse.Namespace, i: int) -> dict:
             raise RuntimeError(f"run {i}: the worker processed everything before its first commit; load more "
                                f"(--gpus, --seconds)")
         rate = done / span
-        # The commit that reaches lag 0 comes up to one commit interval (2.8 s) after the work ended;
+        # The commit that reaches lag 0 comes up to one commit interval (0.25 s) after the work ended;
         # between the first commit and the last one that still left a lag, the worker was busy throughout.
         # The worker is ahead of its commits at both of those ends alike, so the CPU between them per
         # record committed is its steady cost; over the first span it is low by what the worker had
@@ -345,8 +350,8 @@ Yardstick: a plain confluent-kafka Consumer, consume(num_messages=1000), schemas
 into a per-GPU dict (last utilization and memory, count of process lists); rate = records / time from its first
 record to its last. Worker: one `xidstream process` (WorkerProcess, fresh group) from the start of the same topics;
 rate = records still uncommitted at the group's first commit / time from that commit to committed lag 0 (LagProbe
-polled every 0.5 s; faust commits every 2.8 s or 10,000 records, so each end is late by up to one commit; the last
-one, with under 10,000 records left, by up to 2.8 s of idling). Beside it, without that idle tail: the rate between
+polled every {LAG_POLL_S} s; the worker commits every 0.25 s or 10,000 records, so each end is late by up to one commit
+and one poll). Beside it, without that idle tail: the rate between
 the first commit and the last one that still left a lag. Worker CPU (psutil, process and children) per record over
 both spans: the cost of a record, whatever else runs on the machine (over the first span it is low by the records the
 worker had processed past its first commit; between commits that error cancels out).

@@ -9,7 +9,7 @@
    1 Hz samples and process lists (the simulator with no faults, as fast as KafkaSink takes them);
    then N `xidstream process` workers start together in one group. Rate = records still uncommitted
    at the group's first commit / time from that commit to committed lag 0 (both ends are commits,
-   so each is late by up to faust's commit interval, 2.8 s). Beside it, the rate between the first
+   so each is late by up to the worker's commit interval, 0.25 s). Beside it, the rate between the first
    and the last commit that still left a lag (the workers busy throughout, without the idle tail
    before the commit that reaches 0). CPU is the workers' own (psutil) over the same windows:
    cores used; "per core" = rate / cores used. The machine's busy cores over the window (every
@@ -290,7 +290,7 @@ def scale_run(bootstrap: str, n: int, args: argparse.Namespace, tmp: Path) -> di
         if rate is None:
             say(f"{n} worker(s): every record was processed before the group's first commit: no rate; load more "
                 f"(--gpus, --seconds)")
-        # The step to lag 0 comes at the first commit after the work ended (faust commits every 2.8 s), so
+        # The step to lag 0 comes at the first commit after the work ended (every 0.25 s, streams.app), so
         # the window above holds up to one commit interval of idle time. Between the first and the last
         # commit that still left a lag, the workers were busy throughout: the rate between commits.
         busy_steps = [x for x in steps if x[1] > 0]
