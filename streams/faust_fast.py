@@ -110,6 +110,9 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
     queue = channel.queue
     get_nowait, empty, get = queue.get_nowait, queue.empty, channel.__anext__
     processors = stream._processors
+    app = stream.app
+    flow_active, acking_topics = app.flow_control.is_active, app.topics._acking_topics
+    track = app.consumer._unacked_messages.add
     loop = asyncio.get_running_loop()
     stopping = asyncio.ensure_future(stream._stopped.wait())
 
@@ -141,6 +144,20 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
             ended = True
             return None
 
+    def wanted(event: Any) -> bool:
+        """What faust's stream iterator does as it takes an event: one fetched before the latest
+        rebalance (another consumer generation) is dropped, not processed (its partition is read
+        again from its commit, by whoever owns it now); the message of any other is tracked as
+        unacked until its ack, which the rebalance (`wait_empty`) and `_read_dropped_tails_again`
+        go by (untracked, a batch's records looked dropped and were read again)."""
+        message = event.message
+        if not flow_active() or message.generation_id != app.consumer_generation_id:
+            return False
+        if message.topic in acking_topics and not message.tracked:
+            message.tracked = True
+            track(message)
+        return True
+
     async def took(event: Any) -> Any:
         for processor in processors:
             await maybe_async(processor(event.value))
@@ -149,7 +166,7 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
     try:
         while not (ended or stream.should_stop):
             first = next_queued() if not empty() else await next_event(None)
-            if first is None:
+            if first is None or not wanted(first):
                 continue
             batch = [await took(first) if processors else first]
             deadline = loop.time() + within
@@ -158,7 +175,8 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
                     await next_event(deadline - loop.time()) if deadline > loop.time() and not stream.should_stop else None)
                 if event is None:
                     break
-                batch.append(await took(event) if processors else event)
+                if wanted(event):
+                    batch.append(await took(event) if processors else event)
             yield batch
             for event in batch:
                 event.ack()
@@ -212,6 +230,13 @@ class FastConsumer(faust_aiokafka.Consumer):
             await super().seek(partition, offset)
         finally:
             self._count_seek(partition)
+
+    async def _seek(self, partition: Any, offset: int) -> None:
+        # aiokafka's seek drops the partition's fetched records (Fetcher._records); faust calls it
+        # from this thread while aiokafka's own may be handing those records out: KeyError in
+        # Fetcher.fetched_records, and the worker stopped (issue 12 latency bench, 10,000 GPUs on
+        # two workers). On aiokafka's thread the two take turns.
+        await self._thread.call_thread(self._thread.seek, partition, offset)
 
     async def _drain_messages(self, fetcher: Any) -> None:
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.

@@ -247,6 +247,9 @@ def _drainer(batches, committed, commit_every=None):
         def seek(self, partition, offset):
             sought.append(offset)
 
+        async def call_thread(self, method, *args):
+            return method(*args)
+
         async def seek_to_beginning(self, *partitions):
             sought.append("beginning")
 
@@ -430,11 +433,18 @@ def test_a_stream_buffer_under_pressure_keeps_its_partitions_in_the_next_fetch()
     assert asked == [{samples, xid}], "the fetch left out the partition whose buffer was under pressure"
 
 
-class _Event:
-    """What `take_batches` uses of a faust Event: its value (for processors) and its ack."""
+class _Message:
+    """What `take_batches` reads of a faust message (a class: faust tracks messages in a WeakSet)."""
 
-    def __init__(self, value, acked):
-        self.value, self._acked = value, acked
+    def __init__(self, generation_id, topic="t.gpu.samples"):
+        self.topic, self.generation_id, self.tracked = topic, generation_id, False
+
+
+class _Event:
+    """What `take_batches` uses of a faust Event: its message, its value (for processors), its ack."""
+
+    def __init__(self, value, acked, message):
+        self.value, self._acked, self.message = value, acked, message
 
     def ack(self):
         self._acked.append(self.value)
@@ -444,19 +454,23 @@ class _Event:
 def _batches(run_body, *, max_=5, within=0.2):
     """Run `run_body(put, batches, acked, stream)` against `take_batches` over a real faust stream
     of an in-memory channel (the queue the conductor fills in a worker); the batches are the
-    values each loop body saw."""
+    values each loop body saw. `put(*values, generation=None)`: events of the app's current
+    consumer generation unless told otherwise."""
     import faust
 
     from streams.faust_fast import take_batches
 
     async def run():
-        app = faust.App("take-batches-test", broker="memory://", autodiscover=False)
+        app = faust.App("take-batches-test", broker="kafka://127.0.0.1:1", autodiscover=False)  # never connected
+        app.topics._acking_topics.add("t.gpu.samples")
+        app.flow_control.resume()  # a worker resumes it once its partitions are assigned
         stream = app.stream(app.channel(maxsize=100))
         acked: list = []
 
-        def put(*values):
+        def put(*values, generation=None):
+            gen = app.consumer_generation_id if generation is None else generation
             for v in values:
-                stream.channel.queue.put_nowait(_Event(v, acked))
+                stream.channel.queue.put_nowait(_Event(v, acked, _Message(gen)))
 
         return await run_body(put, take_batches(stream, max_, within), acked, stream)
 
@@ -541,3 +555,60 @@ def test_a_streams_processors_see_each_event_as_it_is_taken():
             return taken, [e.value for e in batch]
 
     assert _batches(body, max_=3) == ([1, 2, 3], [1, 2, 3])
+
+
+def test_a_batchs_messages_are_tracked_as_unacked_until_its_body_ran():
+    """faust's stream iterator tracks each message it takes until its ack; the rebalance waits for
+    them (`wait_empty`), and `_read_dropped_tails_again` takes a partition whose delivered records
+    are neither acked nor tracked for one that lost them. Untracked, every batch being folded looked
+    lost: 143 "never processed ... reading them again" in a 90 s run of one worker, and one of those
+    seeks crashed a worker (the latency bench, 10,000 GPUs on two workers)."""
+    async def body(put, batches, acked, stream):
+        unacked = stream.app.consumer._unacked_messages
+        put(1, 2)
+        async for batch in batches:
+            during = sorted(id(e.message) in {id(m) for m in unacked} for e in batch)
+            return during, all(e.message.tracked for e in batch)
+
+    assert _batches(body) == ([True, True], True)
+
+
+def test_an_event_fetched_before_a_rebalance_is_dropped_not_processed():
+    """As faust's stream iterator: an event of an earlier consumer generation belongs to a
+    partition that may have moved; it is read again from its commit by its owner."""
+    async def body(put, batches, acked, stream):
+        put(1, generation=stream.app.consumer_generation_id - 1)
+        put(2)
+        async for batch in batches:
+            return [e.value for e in batch], acked
+
+    assert _batches(body) == ([2], [])
+
+
+def test_a_seek_runs_on_aiokafkas_thread():
+    """aiokafka's seek drops the partition's fetched records; faust called it from the worker's
+    main thread while aiokafka's thread iterated them in `Fetcher.fetched_records`: KeyError, and
+    the worker stopped (issue 12 latency bench, 10,000 GPUs on two workers)."""
+    import threading
+    from types import SimpleNamespace
+
+    tp = TP("t.gpu.samples", 3)
+    seen = []
+
+    class Thread:
+        """A consumer thread: `call_thread` runs the method on a thread of its own."""
+
+        def seek(self, partition, offset):
+            seen.append((partition, offset, threading.current_thread().name))
+
+        async def call_thread(self, method, *args):
+            worker = threading.Thread(target=method, args=args, name="aiokafka")
+            worker.start()
+            await asyncio.get_running_loop().run_in_executor(None, worker.join)
+
+    c = FastConsumer.__new__(FastConsumer)
+    c._thread = Thread()
+    c._read_offset, c._seeks, c._seeks_total, c._delivered = defaultdict(lambda: None), {}, 0, {}
+    c.log = SimpleNamespace(dev=lambda *a, **k: None)
+    asyncio.run(c.seek(tp, 26754))
+    assert seen == [(tp, 26754, "aiokafka")]
