@@ -231,13 +231,6 @@ class FastConsumer(faust_aiokafka.Consumer):
         finally:
             self._count_seek(partition)
 
-    async def _seek(self, partition: Any, offset: int) -> None:
-        # aiokafka's seek drops the partition's fetched records (Fetcher._records); faust calls it
-        # from this thread while aiokafka's own may be handing those records out: KeyError in
-        # Fetcher.fetched_records, and the worker stopped (issue 12 latency bench, 10,000 GPUs on
-        # two workers). On aiokafka's thread the two take turns.
-        await self._thread.call_thread(self._thread.seek, partition, offset)
-
     async def _drain_messages(self, fetcher: Any) -> None:
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.
         callback = self.callback

@@ -247,9 +247,6 @@ def _drainer(batches, committed, commit_every=None):
         def seek(self, partition, offset):
             sought.append(offset)
 
-        async def call_thread(self, method, *args):
-            return method(*args)
-
         async def seek_to_beginning(self, *partitions):
             sought.append("beginning")
 
@@ -584,31 +581,3 @@ def test_an_event_fetched_before_a_rebalance_is_dropped_not_processed():
 
     assert _batches(body) == ([2], [])
 
-
-def test_a_seek_runs_on_aiokafkas_thread():
-    """aiokafka's seek drops the partition's fetched records; faust called it from the worker's
-    main thread while aiokafka's thread iterated them in `Fetcher.fetched_records`: KeyError, and
-    the worker stopped (issue 12 latency bench, 10,000 GPUs on two workers)."""
-    import threading
-    from types import SimpleNamespace
-
-    tp = TP("t.gpu.samples", 3)
-    seen = []
-
-    class Thread:
-        """A consumer thread: `call_thread` runs the method on a thread of its own."""
-
-        def seek(self, partition, offset):
-            seen.append((partition, offset, threading.current_thread().name))
-
-        async def call_thread(self, method, *args):
-            worker = threading.Thread(target=method, args=args, name="aiokafka")
-            worker.start()
-            await asyncio.get_running_loop().run_in_executor(None, worker.join)
-
-    c = FastConsumer.__new__(FastConsumer)
-    c._thread = Thread()
-    c._read_offset, c._seeks, c._seeks_total, c._delivered = defaultdict(lambda: None), {}, 0, {}
-    c.log = SimpleNamespace(dev=lambda *a, **k: None)
-    asyncio.run(c.seek(tp, 26754))
-    assert seen == [(tp, 26754, "aiokafka")]
