@@ -36,9 +36,9 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine
 
 from aiokafka.structs import TopicPartition
 from faust import Schema, Sensor
-from mode.utils.futures import maybe_async
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from mode.utils.futures import maybe_async
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "faster_transport",
            "drop_monitor"]
