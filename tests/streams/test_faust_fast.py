@@ -581,3 +581,35 @@ def test_an_event_fetched_before_a_rebalance_is_dropped_not_processed():
 
     assert _batches(body) == ([2], [])
 
+
+
+def test_a_record_waiting_in_its_stream_buffer_is_not_taken_for_a_dropped_one():
+    """Delivered records wait in their channel's queue until the agent takes them (and tracks
+    them); a commit in between saw them neither acked nor tracked and read the partition again:
+    45 needless re-reads in a 90 s run of two workers (issue 12 latency bench, 10,000 GPUs), each a
+    seek and a re-fold, and the fatal Xids behind them waited up to 1.5 s (p99 1,439 ms)."""
+    from types import SimpleNamespace
+    from weakref import WeakSet
+
+    queued, lost = TP("t.gpu.samples", 4), TP("t.gpu.samples", 5)
+
+    def event(tp):
+        return SimpleNamespace(message=SimpleNamespace(tp=tp))
+
+    queue = asyncio.Queue()
+    queue.put_nowait(event(queued))
+    channel = SimpleNamespace(queue=queue)
+
+    async def run():
+        c = _offsets(FastConsumer)
+        c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True,
+                                                       _tp_index={queued: [channel], lost: [channel]}))
+        c._delivered, c._unacked_messages = {}, WeakSet()
+        for tp in (queued, lost):
+            c._committed_offset[tp] = 23104
+            c._delivered[tp] = 23110
+        c._read_dropped_tails_again()
+        await asyncio.sleep(0)
+        return c.seeks
+
+    assert asyncio.run(run()) == [(lost, 23104)]
