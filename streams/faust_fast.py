@@ -25,7 +25,8 @@ is read from its beginning after a rebalance (`seek_to_committed`); a record mis
 a partition, or dropped with nothing after it, is read again instead of committed past
 (`_new_offset`, `force_commit`); records fetched before a seek of their partition are not
 delivered after it, where faust took the offsets they jumped over for a gap and committed past
-them (`_drain_messages`); gap offsets are kept once, so commits do not stall.
+them (`_drain_messages`); gap offsets are kept once, so commits do not stall; a table recovery that
+waits for changelog records aiokafka has already read past reads them again (`_watch_recovery`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from aiokafka.structs import TopicPartition
 from faust import Schema, Sensor
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from mode import Service
 from mode.utils.futures import maybe_async
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "faster_transport",
@@ -185,6 +187,11 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
 
 
 REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again once more after this
+# Table recovery: an active changelog partition that aiokafka has read past the last record recovery
+# applied, and that gave recovery nothing for this long, lost those records on their way (see
+# `FastConsumer._watch_recovery`). Records flow within milliseconds while a recovery reads; 3 s is
+# well clear of that and leaves a failover inside the issue's 10 s (6 s session timeout + recovery).
+RECOVERY_STALL_S = 3.0
 
 
 class FastConsumer(faust_aiokafka.Consumer):
@@ -200,6 +207,80 @@ class FastConsumer(faust_aiokafka.Consumer):
         self._seeks: dict = {}
         self._seeks_total = 0  # all of them: the drain loop's one comparison per record
         self._seek_done: asyncio.Event | None = None  # set when the newest perform_seek ends
+
+    def changelog_positions(self, tps: Any) -> dict:
+        """aiokafka's next offset to fetch for each of `tps` that has a valid one (read from this
+        thread: a plain attribute of aiokafka's partition state, for a check that tolerates a stale
+        value)."""
+        subscription = self._thread._ensure_consumer()._fetcher._subscriptions.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        out = {}
+        for tp in tps:
+            state = assignment.state_value(TopicPartition(tp.topic, tp.partition)) if assignment is not None else None
+            if state is not None and state.has_valid_position:
+                out[tp] = state.position
+        return out
+
+    @Service.task
+    async def _watch_recovery(self) -> None:
+        """Table recovery that waits for changelog records aiokafka has already handed over.
+
+        In 3 of about 90 failover kills (issue 12 bench, start-up and rebalance kills) the survivor's
+        recovery read nothing for good: faust logged "No event received for active tp ... since
+        recovery start" for every changelog partition, while aiokafka's position of each was at the
+        partition's end (in-process sampler, seed 77 run 2): the records were fetched and never
+        reached recovery's queue, and nothing reads a changelog partition again once its position
+        is past them. The worker then processed nothing (80 fatal Xids without a command in 40 s).
+        Where they are lost is not found; faust's recovery has had hangs of this kind before
+        (faust-streaming issue #74, a full stream buffer during recovery). Whatever loses them, the
+        partition is sought back to the last record recovery applied (as recovery's own seek does),
+        and read again."""
+        progress: dict = {}  # tp -> (last offset recovery applied, since when)
+        while not self.should_stop:
+            await self.sleep(1.0)
+            try:
+                stalled = self._stalled_recovery(progress, time.monotonic())
+                if stalled:
+                    where = ", ".join(f"{tp.topic}[{tp.partition}] from {offset}"
+                                      for tp, offset in sorted(stalled.items()))
+                    self.log.warning("table recovery: changelog records were fetched but never applied for %.0f s "
+                                     "(recovery stalled); reading them again: %s", RECOVERY_STALL_S, where)
+                    await self.seek_wait(stalled)
+                    progress.clear()
+            except Exception as exc:  # noqa: BLE001 - a check that fails must not stop the worker; next second
+                self.log.warning("table recovery watch: %r", exc)
+
+    def _stalled_recovery(self, progress: dict, now: float) -> dict:
+        """The active changelog partitions (tp -> offset to seek) of a recovery that is reading
+        (flow on, the partition fetched) whose applied offset stood still for `RECOVERY_STALL_S`
+        while aiokafka's position is past the next record; none while records wait in the queue."""
+        recovery = getattr(self.app.tables, "_recovery", None)
+        if recovery is None or not recovery.in_recovery or not self.flow_active:
+            progress.clear()
+            return {}
+        if self.app.tables.changelog_queue.qsize():
+            progress.clear()  # events on their way: progress
+            return {}
+        fetching = self._active_partitions or set()
+        watched = {tp for tp in recovery.active_tps if tp in fetching}
+        for tp in list(progress):
+            if tp not in watched:
+                del progress[tp]
+        positions = self.changelog_positions(watched)
+        stalled = {}
+        for tp in watched:
+            applied, high = recovery.active_offsets.get(tp), recovery.active_highwaters.get(tp)
+            if applied is None or high is None or applied >= high:
+                progress.pop(tp, None)
+                continue
+            seen = progress.get(tp)
+            if seen is None or seen[0] != applied:
+                progress[tp] = (applied, now)
+                continue
+            position = positions.get(tp)
+            if now - seen[1] >= RECOVERY_STALL_S and position is not None and position > applied + 1:
+                stalled[tp] = max(applied, 0)
+        return stalled
 
     def on_buffer_full(self, tp: Any) -> None:
         """faust's takes `tp` out of the fetch while its stream buffer is 80% full, until the

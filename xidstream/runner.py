@@ -19,9 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 class WorkerProcess:
     def __init__(self, settings: Settings, workdir: Path, *, name: str = "worker", policy: str | None = None,
-                 loglevel: str = "warning", extra_args: list[str] | None = None, fast_rebalance: bool = True) -> None:
+                 loglevel: str = "warning", extra_args: list[str] | None = None, fast_rebalance: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         """`fast_rebalance=False` runs the worker with the processor's own group timeouts (issue 12's
-        failover test measures those), not the shorter ones for a one-broker test setup."""
+        failover test measures those), not the shorter ones for a one-broker test setup. `env` is
+        added to this process's environment for the worker."""
         self.settings = settings
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -31,6 +33,7 @@ class WorkerProcess:
         self.loglevel = loglevel
         self.extra = extra_args or []
         self.fast_rebalance = fast_rebalance
+        self.env = env
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -52,7 +55,8 @@ class WorkerProcess:
             cmd += ["--policy", str(self.policy)]
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=REPO, start_new_session=True)
+                                     cwd=REPO, start_new_session=True,
+                                     env={**os.environ, **self.env} if self.env else None)
         return self
 
     def alive(self) -> bool:
