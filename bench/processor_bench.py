@@ -652,6 +652,9 @@ def latency_run(b: Bench, args: argparse.Namespace, gpus: int, n_workers: int) -
                     f"(acknowledged: {acked_behind[-1] if acked_behind else 0:.1f} s)")
             time.sleep(0.5)
         window = time.monotonic() - t_inject
+        # Memory in the steady state: each worker's RSS after the window, every GPU at 1 Hz (the
+        # memory section's figure is right after a catch-up, the worst case)
+        rss = [rss_mib(w) for w in workers]
         cores = ((cpu_seconds(workers) - cpu0[0]) / window, (sum(me.cpu_times()[:2]) - cpu0[1]) / window,
                  machine_busy(cpu0[2], psutil.cpu_times()))
         sim_stop.set()
@@ -682,6 +685,8 @@ def latency_run(b: Bench, args: argparse.Namespace, gpus: int, n_workers: int) -
         say(f"{tag}: CPU while injecting: workers {cores[0]:.2f} cores, this process (simulator, injector, "
             f"consumer, probes) {cores[1]:.2f}, the whole machine {cores[2]:.2f} of {psutil.cpu_count()} busy "
             f"(the rest: the broker, other people's jobs)")
+        say(f"{tag}: worker RSS after the window (steady state, every GPU at 1 Hz): "
+            + ", ".join(f"{v:.1f} MiB" for v in rss))
         say(f"{tag}: committed lag (input topics) every 5 s since the simulator started (* = while injecting): {lag_text}")
         missing = len(sent) - len(got)
         if lat:
@@ -700,7 +705,7 @@ def latency_run(b: Bench, args: argparse.Namespace, gpus: int, n_workers: int) -
             say(f"{tag}: worker logs: {', '.join(str(w.log_path) for w in workers)}")
         return {"tag": tag, "gpus": n, "workers": n_workers, "lat": lat, "sent": len(sent), "missing": missing,
                 "achieved": achieved, "target": target, "fell_behind": fell_behind, "lags": window_lags, "warmed": warmed,
-                "cores": cores}
+                "cores": cores, "rss": rss}
     finally:
         stop.set()
         for t in threads:
@@ -735,7 +740,8 @@ valid. Goal: p99 <= {GOAL_P99_MS:.0f} ms.
             note.append(f"{r['missing']} of {r['sent']} Xids without a command")
         if not r["warmed"]:
             note.append("the workers never caught up during the warm-up")
-        note.append(f"workers {r['cores'][0]:.2f} cores, machine {r['cores'][2]:.2f} of {psutil.cpu_count()} busy")
+        note.append(f"workers {r['cores'][0]:.2f} cores, machine {r['cores'][2]:.2f} of {psutil.cpu_count()} busy; "
+                    f"worker RSS at the end {', '.join(f'{v:.0f}' for v in r['rss'])} MiB")
         lags = [v for v in r["lags"] if v is not None]
         if lat:
             p99 = pct(lat, 0.99)
