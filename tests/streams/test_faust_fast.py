@@ -613,3 +613,49 @@ def test_a_record_waiting_in_its_stream_buffer_is_not_taken_for_a_dropped_one():
         return c.seeks
 
     assert asyncio.run(run()) == [(lost, 23104)]
+
+
+def _watching(applied: dict, high: dict, positions: dict, *, queued: int = 0, fetching=None, in_recovery=True):
+    """A stand-in for the consumer `FastConsumer._stalled_recovery` reads: faust's recovery (its
+    applied offsets and highwaters), recovery's queue, the partitions being fetched, aiokafka's
+    positions."""
+    from types import SimpleNamespace
+
+    recovery = SimpleNamespace(in_recovery=in_recovery, active_tps=set(applied), active_offsets=applied,
+                               active_highwaters=high)
+    queue = SimpleNamespace(qsize=lambda: queued)
+    return SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(_recovery=recovery, changelog_queue=queue)),
+                           flow_active=True, _active_partitions=set(applied) if fetching is None else fetching,
+                           changelog_positions=lambda tps: {tp: positions[tp] for tp in tps if tp in positions})
+
+
+def test_a_recovery_is_taken_for_stalled_only_when_aiokafka_read_past_what_it_applied_and_nothing_moved():
+    from streams.faust_fast import RECOVERY_STALL_S
+
+    stalled = FastConsumer._stalled_recovery
+    a, b = TP("gpu-state-changelog", 0), TP("gpu-state-changelog", 1)
+    applied, high = {a: -1, b: 40}, {a: 99, b: 99}
+    # aiokafka read both to their end (position 100), recovery applied nothing of a and b up to 40
+    me = _watching(applied, high, {a: 100, b: 100})
+    progress: dict = {}
+    assert stalled(me, progress, 0.0) == {}  # first look: the clock starts
+    assert stalled(me, progress, RECOVERY_STALL_S - 0.1) == {}
+    assert stalled(me, progress, RECOVERY_STALL_S) == {a: 0, b: 40}  # -1 (nothing applied): from the start
+
+    # recovery moving on is progress: b's clock starts again
+    progress = {}
+    stalled(me, progress, 0.0)
+    applied[b] = 60
+    assert stalled(me, progress, RECOVERY_STALL_S) == {a: 0}
+    # records waiting in recovery's queue are progress too
+    assert stalled(_watching(applied, high, {a: 100, b: 100}, queued=5), progress, 10 * RECOVERY_STALL_S) == {}
+
+    # not stalled: aiokafka has not read past the next record (a fetch is still on its way), the
+    # partition is not being fetched (paused: before recovery's own seek), or it is complete
+    for me in (_watching(applied, high, {a: 0, b: 61}),
+               _watching(applied, high, {a: 100, b: 100}, fetching=set()),
+               _watching({a: 99, b: 99}, high, {a: 100, b: 100}),
+               _watching(applied, high, {a: 100, b: 100}, in_recovery=False)):
+        progress = {}
+        stalled(me, progress, 0.0)
+        assert stalled(me, progress, 10 * RECOVERY_STALL_S) == {}
