@@ -188,9 +188,12 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
 
 REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again once more after this
 # Table recovery: an active changelog partition that aiokafka has read past the last record recovery
-# applied, and that gave recovery nothing for this long, lost those records on their way (see
+# received, and that gave recovery nothing for this long, lost those records on their way (see
 # `FastConsumer._watch_recovery`). Records flow within milliseconds while a recovery reads; 3 s is
-# well clear of that and leaves a failover inside the issue's 10 s (6 s session timeout + recovery).
+# well clear of that and keeps a failover inside issue 12's goal of 10 s (6 s session timeout +
+# recovery). A partition read again and stalled again at the same offset waits twice as long each
+# time (a partition whose last offset holds no record, e.g. a transaction marker, also never
+# completes in faust; this keeps that from a warning every few seconds).
 RECOVERY_STALL_S = 3.0
 
 
@@ -208,24 +211,25 @@ class FastConsumer(faust_aiokafka.Consumer):
         self._seeks_total = 0  # all of them: the drain loop's one comparison per record
         self._seek_done: asyncio.Event | None = None  # set when the newest perform_seek ends
 
-    def changelog_positions(self, tps: Any) -> dict:
-        """aiokafka's next offset to fetch for each of `tps` that has a valid one (read from this
-        thread: a plain attribute of aiokafka's partition state, for a check that tolerates a stale
-        value)."""
+    def _positions(self, tps: Any) -> dict:
+        """aiokafka's next offset to fetch for each of `tps` that has a valid one. Read on the event
+        loop's thread while aiokafka's thread writes it: a check that tolerates a stale value, and
+        `_seek_if_stalled` checks it again on aiokafka's thread before it acts."""
         subscription = self._thread._ensure_consumer()._fetcher._subscriptions.subscription
         assignment = subscription.assignment if subscription is not None else None
         out = {}
         for tp in tps:
             state = assignment.state_value(TopicPartition(tp.topic, tp.partition)) if assignment is not None else None
-            if state is not None and state.has_valid_position:
-                out[tp] = state.position
+            position = getattr(state, "_position", None)  # the attribute: `.position` asserts it is valid
+            if position is not None:
+                out[tp] = position
         return out
 
     @Service.task
     async def _watch_recovery(self) -> None:
         """Table recovery that waits for changelog records aiokafka has already handed over.
 
-        In 3 of about 90 failover kills (issue 12 bench, start-up and rebalance kills) the survivor's
+        In 3 of about 80 failover kills (issue 12 bench, start-up and rebalance kills) the survivor's
         recovery read nothing for good: faust logged "No event received for active tp ... since
         recovery start" for every changelog partition, while aiokafka's position of each was at the
         partition's end (in-process sampler, seed 77 run 2): the records were fetched and never
@@ -233,52 +237,84 @@ class FastConsumer(faust_aiokafka.Consumer):
         is past them. The worker then processed nothing (80 fatal Xids without a command in 40 s).
         Where they are lost is not found; faust's recovery has had hangs of this kind before
         (faust-streaming issue #74, a full stream buffer during recovery). Whatever loses them, the
-        partition is sought back to the last record recovery applied (as recovery's own seek does),
-        and read again."""
-        progress: dict = {}  # tp -> (last offset recovery applied, since when)
+        partition is sought back to the last record recovery received (recovery's own seek goes
+        there too; recovery skips that one record as seen) and read again."""
+        progress: dict = {}  # tp -> (last offset recovery received, since when, the wait before a seek)
         while not self.should_stop:
             await self.sleep(1.0)
             try:
+                generation = self.app.consumer_generation_id
+                if progress.get(None) != generation:  # a rebalance: a new recovery, new clocks
+                    progress.clear()
+                    progress[None] = generation
                 stalled = self._stalled_recovery(progress, time.monotonic())
                 if stalled:
-                    where = ", ".join(f"{tp.topic}[{tp.partition}] from {offset}"
-                                      for tp, offset in sorted(stalled.items()))
-                    self.log.warning("table recovery: changelog records were fetched but never applied for %.0f s "
-                                     "(recovery stalled); reading them again: %s", RECOVERY_STALL_S, where)
-                    await self.seek_wait(stalled)
-                    progress.clear()
+                    sought = await self._thread.call_thread(self._seek_if_stalled, stalled, generation)
+                    if sought:
+                        now = time.monotonic()
+                        self.log.warning("table recovery: changelog records were fetched but never reached "
+                                         "recovery (stalled); reading them again: %s", ", ".join(
+                                             f"{tp.topic}[{tp.partition}] from {offset} (nothing for "
+                                             f"{now - progress[tp][1]:.0f} s)" for tp, offset in sorted(sought.items())))
+                        for tp in sought:  # the same offset stalling again waits twice as long
+                            applied, _, wait = progress[tp]
+                            progress[tp] = (applied, now, 2 * wait)
             except Exception as exc:  # noqa: BLE001 - a check that fails must not stop the worker; next second
                 self.log.warning("table recovery watch: %r", exc)
 
+    async def _seek_if_stalled(self, stalled: dict, generation: int) -> dict:
+        """On aiokafka's thread: seek each of `stalled` (tp -> offset) that is still as it was
+        judged (same consumer generation, still in recovery, position still past the offset + 1),
+        the way faust's own `seek_wait` does; what was sought. Judged on the event loop's thread,
+        a seek that lands after a rebalance would skip records of the next recovery."""
+        recovery = getattr(self.app.tables, "_recovery", None)
+        if self.app.consumer_generation_id != generation or recovery is None or not recovery.in_recovery:
+            return {}
+        consumer = self._thread._ensure_consumer()
+        assignment = consumer._fetcher._subscriptions.subscription.assignment
+        sought = {}
+        for tp, offset in stalled.items():
+            ktp = TopicPartition(tp.topic, tp.partition)
+            if ktp not in assignment.tps:
+                continue
+            position = getattr(assignment.state_value(ktp), "_position", None)
+            if position is None or position <= offset + 1:
+                continue
+            consumer.seek(ktp, offset)
+            if offset > 0:
+                self._read_offset[tp] = offset
+            else:
+                self._read_offset.pop(tp, None)
+            sought[tp] = offset
+        return sought
+
     def _stalled_recovery(self, progress: dict, now: float) -> dict:
         """The active changelog partitions (tp -> offset to seek) of a recovery that is reading
-        (flow on, the partition fetched) whose applied offset stood still for `RECOVERY_STALL_S`
-        while aiokafka's position is past the next record; none while records wait in the queue."""
+        (flow on, the partition fetched) whose received offset stood still for its wait
+        (`RECOVERY_STALL_S`, doubled after each seek at that offset) while aiokafka's position is
+        past the next record; none while records wait in recovery's queue."""
         recovery = getattr(self.app.tables, "_recovery", None)
         if recovery is None or not recovery.in_recovery or not self.flow_active:
-            progress.clear()
             return {}
         if self.app.tables.changelog_queue.qsize():
-            progress.clear()  # events on their way: progress
+            for tp in [k for k in progress if k is not None]:  # events on their way: progress
+                applied, _, wait = progress[tp]
+                progress[tp] = (applied, now, wait)
             return {}
         fetching = self._active_partitions or set()
         watched = {tp for tp in recovery.active_tps if tp in fetching}
-        for tp in list(progress):
-            if tp not in watched:
-                del progress[tp]
-        positions = self.changelog_positions(watched)
+        positions = self._positions(watched)
         stalled = {}
         for tp in watched:
             applied, high = recovery.active_offsets.get(tp), recovery.active_highwaters.get(tp)
             if applied is None or high is None or applied >= high:
-                progress.pop(tp, None)
                 continue
             seen = progress.get(tp)
             if seen is None or seen[0] != applied:
-                progress[tp] = (applied, now)
+                progress[tp] = (applied, now, RECOVERY_STALL_S)
                 continue
             position = positions.get(tp)
-            if now - seen[1] >= RECOVERY_STALL_S and position is not None and position > applied + 1:
+            if now - seen[1] >= seen[2] and position is not None and position > applied + 1:
                 stalled[tp] = max(applied, 0)
         return stalled
 

@@ -19,6 +19,7 @@ replay): the same incident id, the same `command_id` for every step.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -492,13 +493,15 @@ def test_recovery_reads_again_changelog_records_it_lost(kafka_settings, tmp_path
         w.stop()
         assert w.proc.returncode == 0, w.tail()
 
+        # the injector's folder first on the path, so that its sitecustomize is the one Python loads
+        path = os.pathsep.join(p for p in (str(Path(__file__).parent / "lose_changelog_once"),
+                                           os.environ.get("PYTHONPATH")) if p)
         lossy = WorkerProcess(s, tmp_path, name="lossy", loglevel="info",
-                              env={"PYTHONPATH": str(Path(__file__).parent / "lose_changelog_once"),
-                                   "XIDSTREAM_TEST_LOSE_CHANGELOG_ONCE": "1"})
+                              env={"PYTHONPATH": path, "XIDSTREAM_TEST_LOSE_CHANGELOG_ONCE": "1"})
         high, start = _start_and_recover(lossy, changelog)
         text = lossy.log_path.read_text(errors="replace")
         assert sum(o + 1 for o in high.values() if o >= 0) >= 100 and set(start.values()) == {-1}, (high, start)
-        assert "recovery stalled); reading them again" in text, lossy.tail()
+        assert "recovery (stalled); reading them again" in text, lossy.tail()
 
         _publish(s, rest)
         assert out.until(lambda o: {c.action for c in o.commands(GPU1)} >= set(PLAN), 60, [lossy]), \

@@ -626,7 +626,7 @@ def _watching(applied: dict, high: dict, positions: dict, *, queued: int = 0, fe
     queue = SimpleNamespace(qsize=lambda: queued)
     return SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(_recovery=recovery, changelog_queue=queue)),
                            flow_active=True, _active_partitions=set(applied) if fetching is None else fetching,
-                           changelog_positions=lambda tps: {tp: positions[tp] for tp in tps if tp in positions})
+                           _positions=lambda tps: {tp: positions[tp] for tp in tps if tp in positions})
 
 
 def test_a_recovery_is_taken_for_stalled_only_when_aiokafka_read_past_what_it_applied_and_nothing_moved():
@@ -649,6 +649,12 @@ def test_a_recovery_is_taken_for_stalled_only_when_aiokafka_read_past_what_it_ap
     assert stalled(me, progress, RECOVERY_STALL_S) == {a: 0}
     # records waiting in recovery's queue are progress too
     assert stalled(_watching(applied, high, {a: 100, b: 100}, queued=5), progress, 10 * RECOVERY_STALL_S) == {}
+    assert stalled(me, progress, 11 * RECOVERY_STALL_S - 0.1) == {}
+    assert stalled(me, progress, 11 * RECOVERY_STALL_S) == {a: 0, b: 60}
+    # after a seek at that offset (the watch doubles its wait), the same offset waits twice as long
+    progress[a] = (-1, 0.0, 2 * RECOVERY_STALL_S)
+    assert a not in stalled(me, progress, 2 * RECOVERY_STALL_S - 0.1)
+    assert a in stalled(me, progress, 2 * RECOVERY_STALL_S)
 
     # not stalled: aiokafka has not read past the next record (a fetch is still on its way), the
     # partition is not being fetched (paused: before recovery's own seek), or it is complete
