@@ -197,7 +197,61 @@ REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again on
 RECOVERY_STALL_S = 3.0
 
 
+class _Wanted:
+    """The partitions a fetch asks aiokafka for: faust's live set of active partitions, except that
+    it is never "none". aiokafka's `Fetcher.fetched_records(partitions)` takes an empty set for
+    "every partition" (``if partitions and tp not in partitions``), and faust hands it its live set,
+    which a rebalance empties (revoked, then every partition paused while the tables recover) while
+    a fetch from before it still waits. That fetch then took every partition's records, the
+    changelog partitions table recovery had just sought included; faust dropped them (flow stopped)
+    and recovery waited for them for good (issue 12 failover bench: the survivor's stall)."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, live: Any) -> None:
+        self.live = live
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, tp: Any) -> bool:
+        return tp in self.live
+
+
+def _put_back(consumer: Any, records: dict) -> None:
+    """Seek each partition of `records` (aiokafka's, just handed over and not to be delivered) back
+    to its first record, so that they are fetched again rather than lost. On aiokafka's thread,
+    right after the fetch that returned them: nothing has moved those partitions since."""
+    for tp, batch in records.items():
+        if batch:
+            try:
+                consumer.seek(tp, batch[0].offset)
+            except Exception:  # noqa: BLE001 - revoked meanwhile: its next owner reads it from its commit
+                pass
+
+
+class FastConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    async def _fetch_records(self, consumer: Any, active_partitions: Any, timeout: float | None = None,
+                             max_records: int | None = None) -> Any:
+        # A fetch waits up to its timeout, and a rebalance can begin and end meanwhile (aiokafka
+        # holds a fetch over the reassignment). faust drops what such a fetch returns: the stream
+        # partitions are sought to their commits afterwards, but a changelog partition table
+        # recovery sought in the meantime is not, and its records were gone for that recovery. They
+        # are put back instead.
+        app = self.consumer.app
+        generation = app.consumer_generation_id
+        records = await super()._fetch_records(consumer, _Wanted(active_partitions), timeout=timeout,
+                                               max_records=max_records)
+        if records and (not self.consumer.flow_active or app.consumer_generation_id != generation):
+            _put_back(consumer, records)
+            return {}
+        return records
+
+
 class FastConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> Any:
+        return FastConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
     def __post_init__(self) -> None:
         super().__post_init__()
         self._rewound: dict = {}  # tp -> (the committed offset it was last read again from, when)

@@ -515,3 +515,52 @@ def test_recovery_reads_again_changelog_records_it_lost(kafka_settings, tmp_path
         w.stop()
         if lossy is not None:
             lossy.stop()
+
+
+def test_a_fetch_over_an_emptied_partition_set_takes_nothing_and_records_put_back_are_read_again(kafka_settings):
+    """The cause of the stall above, found with an in-process sampler on the failover bench: faust
+    hands aiokafka its live set of active partitions; a rebalance empties it (every partition
+    paused while tables recover) while a fetch from before it still waits, and aiokafka reads an
+    empty set as "every partition": that fetch took the changelog records table recovery had just
+    sought, and faust dropped them. On the real broker and aiokafka: the trap itself, that
+    `faust_fast._Wanted` over an empty set takes nothing, and that `_put_back` makes records handed
+    over (and not delivered) come again."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as KTP
+
+    from streams.faust_fast import _put_back, _Wanted
+    from transport.kafka import create_topics
+
+    s = kafka_settings
+    create_topics(s, names=["gpu.xid"])
+    topic = s.topics.name("gpu.xid")
+    p = Producer(producer_config(s))
+    for part in (0, 1):
+        for i in range(3):
+            p.produce(topic, key=f"k{i}".encode(), value=f"v{part}-{i}".encode(), partition=part)
+    assert p.flush(30) == 0
+
+    async def run():
+        c = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+        await c.start()
+        try:
+            tps = [KTP(topic, 0), KTP(topic, 1)]
+            c.assign(tps)
+            fetcher = c._fetcher
+            live: set = set()  # faust's set, emptied by a rebalance
+            assert await fetcher.fetched_records(_Wanted(live), timeout=3.0) == {}
+            taken = await fetcher.fetched_records(set(), timeout=5.0)  # aiokafka: empty = every partition
+            assert {tp.partition: [r.value for r in rs] for tp, rs in taken.items()} == \
+                {0: [b"v0-0", b"v0-1", b"v0-2"], 1: [b"v1-0", b"v1-1", b"v1-2"]}
+            assert [await c.position(tp) for tp in tps] == [3, 3]  # handed over: read past
+            _put_back(c, taken)
+            live.add(tps[1])
+            again = await fetcher.fetched_records(_Wanted(live), timeout=5.0)
+            assert {tp.partition: [r.offset for r in rs] for tp, rs in again.items()} == {1: [0, 1, 2]}
+            assert await c.position(tps[0]) == 0  # put back, not asked for: waits where it was
+        finally:
+            await c.stop()
+
+    asyncio.run(run())
