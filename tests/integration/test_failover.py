@@ -564,3 +564,55 @@ def test_a_fetch_over_an_emptied_partition_set_takes_nothing_and_records_put_bac
             await c.stop()
 
     asyncio.run(run())
+
+
+def test_lz4_batches_produced_by_librdkafka_read_back_the_same_through_the_fast_decoder(kafka_settings):
+    """`faust_fast.fast_lz4` swaps aiokafka's LZ4 frame decoder for python-lz4's (issue 12: 4.5 ->
+    0.5 us a small frame). The collectors' producer (librdkafka, `compression.type` lz4) writes
+    batches of one to many records; aiokafka must read every value back unchanged through it."""
+    import asyncio
+
+    import aiokafka.record._crecords.default_records as c_records
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as KTP
+    from lz4.frame import decompress
+
+    from streams.faust_fast import fast_lz4
+    from transport.kafka import create_topics
+
+    assert fast_lz4() and c_records.lz4_decode is decompress
+    frames = []
+
+    def counted(payload):  # the frames aiokafka hands the fast decoder: proof the path is taken
+        frames.append(len(payload))
+        return decompress(payload)
+    s = kafka_settings
+    create_topics(s, names=["gpu.samples"])
+    topic = s.topics.name("gpu.samples")
+    values = [(f'{{"n": {i}, "pad": "' + "x" * (i * 37 % 900) + '"}').encode() for i in range(600)]
+    p = Producer(producer_config(s))
+    assert producer_config(s).get("compression.type") == "lz4"
+    for i, v in enumerate(values):
+        p.produce(topic, value=v, partition=0)
+        if i % 50 == 0:
+            p.flush(10)  # some batches of one record, some of many
+    assert p.flush(30) == 0
+
+    async def run():
+        c = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+        await c.start()
+        c_records.lz4_decode = counted
+        try:
+            c.assign([KTP(topic, 0)])
+            got = []
+            while len(got) < len(values):
+                batch = await c.getmany(timeout_ms=5000)
+                assert batch, f"only {len(got)} of {len(values)} records came back"
+                got += [r.value for rs in batch.values() for r in rs]
+            return got
+        finally:
+            c_records.lz4_decode = decompress
+            await c.stop()
+
+    assert asyncio.run(run()) == values
+    assert len(frames) >= 12, frames  # one per flushed batch at least
