@@ -157,7 +157,6 @@ class _App(faust.App):
     batch: int = 500
 
     def _new_transport(self) -> Any:
-        faust_fast.fast_lz4()
         return faust_fast.faster_transport(self, super()._new_transport())
 
     def on_init_dependencies(self) -> Any:

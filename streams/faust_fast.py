@@ -46,7 +46,7 @@ from mode import Service
 from mode.utils.futures import maybe_async
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "faster_transport",
-           "drop_monitor", "fast_lz4"]
+           "drop_monitor"]
 
 
 class _RestOf:
@@ -667,28 +667,6 @@ class RawSchema(Schema):
             return create_event(message.key, message.value, message.headers, message)
 
         return decode
-
-
-def fast_lz4() -> bool:
-    """aiokafka decompresses each LZ4 record batch with cramjam's frame decoder, which costs 4.5 us
-    a frame however small; python-lz4's costs 0.4-0.7 us. Collectors send small batches (a node's
-    few GPUs a second, keyed over the partitions: one to a few records a frame), so that was about 3
-    us of the worker's ~28 us per record (issue 12 profile: 12% of its CPU in `lz4_decode`). Both
-    read the standard LZ4 frame that Kafka's record format v2 carries (KIP-57); only that path
-    (`default_records`, Python and Cython) is switched, not the legacy v0/v1 formats. Without
-    python-lz4, aiokafka's own stays. True when switched."""
-    try:
-        from lz4.frame import decompress
-    except ImportError:
-        return False
-    import aiokafka.record.default_records as py_records
-    py_records.lz4_decode = decompress
-    try:
-        import aiokafka.record._crecords.default_records as c_records
-    except ImportError:  # aiokafka built without its extensions
-        return True
-    c_records.lz4_decode = decompress  # the Cython module looks the name up in its globals per call
-    return True
 
 
 class _QuietSensor(Sensor):
