@@ -268,16 +268,21 @@ class FastConsumer(faust_aiokafka.Consumer):
         self._seeks_total = 0  # all of them: the drain loop's one comparison per record
         self._seek_done: asyncio.Event | None = None  # set when the newest perform_seek ends
 
+    def _partition_state(self, tp: Any) -> Any:
+        """aiokafka's state of `tp` (its position, ...); None when it is not assigned."""
+        subscription = self._thread._ensure_consumer()._fetcher._subscriptions.subscription
+        if subscription is None:
+            return None
+        return subscription.assignment.state_value(TopicPartition(tp.topic, tp.partition))
+
     def _positions(self, tps: Any) -> dict:
         """aiokafka's next offset to fetch for each of `tps` that has a valid one. Read on the event
         loop's thread while aiokafka's thread writes it: a check that tolerates a stale value, and
         `_seek_if_stalled` checks it again on aiokafka's thread before it acts."""
-        subscription = self._thread._ensure_consumer()._fetcher._subscriptions.subscription
-        assignment = subscription.assignment if subscription is not None else None
         out = {}
         for tp in tps:
-            state = assignment.state_value(TopicPartition(tp.topic, tp.partition)) if assignment is not None else None
-            position = getattr(state, "_position", None)  # the attribute: `.position` asserts it is valid
+            # the attribute: `.position` asserts it is valid
+            position = getattr(self._partition_state(tp), "_position", None)
             if position is not None:
                 out[tp] = position
         return out
@@ -300,13 +305,14 @@ class FastConsumer(faust_aiokafka.Consumer):
         (recovery's own seek goes there too; recovery skips that one record as seen) and read
         again."""
         progress: dict = {}  # tp -> (last offset recovery received, since when, the wait before a seek)
+        watched_generation = None
         while not self.should_stop:
             await self.sleep(1.0)
             try:
                 generation = self.app.consumer_generation_id
-                if progress.get(None) != generation:  # a rebalance: a new recovery, new clocks
+                if generation != watched_generation:  # a rebalance: a new recovery, new clocks
                     progress.clear()
-                    progress[None] = generation
+                    watched_generation = generation
                 stalled = self._stalled_recovery(progress, time.monotonic())
                 if stalled:
                     sought = await self._thread.call_thread(self._seek_if_stalled, stalled, generation)
@@ -331,16 +337,12 @@ class FastConsumer(faust_aiokafka.Consumer):
         if self.app.consumer_generation_id != generation or recovery is None or not recovery.in_recovery:
             return {}
         consumer = self._thread._ensure_consumer()
-        assignment = consumer._fetcher._subscriptions.subscription.assignment
         sought = {}
         for tp, offset in stalled.items():
-            ktp = TopicPartition(tp.topic, tp.partition)
-            if ktp not in assignment.tps:
-                continue
-            position = getattr(assignment.state_value(ktp), "_position", None)
+            position = getattr(self._partition_state(tp), "_position", None)  # None: revoked meanwhile
             if position is None or position <= offset + 1:
                 continue
-            consumer.seek(ktp, offset)
+            consumer.seek(TopicPartition(tp.topic, tp.partition), offset)
             if offset > 0:
                 self._read_offset[tp] = offset
             else:
@@ -357,8 +359,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         if recovery is None or not recovery.in_recovery or not self.flow_active:
             return {}
         if self.app.tables.changelog_queue.qsize():
-            for tp in [k for k in progress if k is not None]:  # events on their way: progress
-                applied, _, wait = progress[tp]
+            for tp, (applied, _, wait) in progress.items():  # events on their way: progress
                 progress[tp] = (applied, now, wait)
             return {}
         fetching = self._active_partitions or set()
@@ -552,9 +553,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         # while a partition waits for its offset reset (`seek_to_committed` below sends a
         # never-committed one to its beginning): the consumer crashed and the survivor of a
         # failover exited (failover bench, a kill during start-up). No position, nothing to check.
-        subscription = self._thread._ensure_consumer()._fetcher._subscriptions.subscription
-        assignment = subscription.assignment if subscription is not None else None
-        state = assignment.state_value(TopicPartition(tp.topic, tp.partition)) if assignment is not None else None
+        state = self._partition_state(tp)
         if state is not None and not state.has_valid_position:
             return None
         return super().verify_event_path(now, tp)

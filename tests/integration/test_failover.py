@@ -404,6 +404,34 @@ def _start_and_recover(worker: WorkerProcess, changelog: str) -> tuple[dict, dic
     return ({p: o for (t, p), o in high.items() if t == changelog}, {p: o for (t, p), o in start.items() if t == changelog})
 
 
+def _first_half_then_stop(s, w: WorkerProcess, first, fillers: int) -> Outputs:
+    """`w` (started) folds `fillers` healthy GPUs and the incident's first half up to its RECORD,
+    commits it all and stops cleanly (SIGTERM); a reader of the outputs from their beginning."""
+    _publish(s, _healthy_fleet(first, fillers))
+    _publish(s, first)
+    out = Outputs(s)
+    try:
+        assert out.until(lambda o: Action.RECORD in {c.action for c in o.commands(GPU1)}, 60, [w]), w.tail()
+        _idle(w, s)
+        w.stop()  # SIGTERM: faust flushes and closes its stores
+        assert w.proc.returncode == 0, w.tail()
+    except BaseException:
+        out.close()
+        raise
+    return out
+
+
+def _second_half(s, w: WorkerProcess, out: Outputs, rest, reference: Engine) -> None:
+    """`w` gets the incident's second half and finishes it: every command of the plan, the same
+    incident and command ids as the pure path."""
+    _publish(s, rest)
+    assert out.until(lambda o: {c.action for c in o.commands(GPU1)} >= set(PLAN), 60, [w]), \
+        f"commands: {[c.action.value for c in out.commands(GPU1)]}\n{w.tail()}"
+    _idle(w, s)
+    out.read(1.0)
+    _check_incident(out, reference)
+
+
 def test_rocksdb_restart_reads_only_the_changelog_tail(kafka_settings, tmp_path):
     """A worker with `--store rocksdb://` folds the first half of the incident, stops cleanly
     (SIGTERM), and restarts on the same data dir: its recovery starts at the changelog offset its
@@ -426,13 +454,7 @@ def test_rocksdb_restart_reads_only_the_changelog_tail(kafka_settings, tmp_path)
         # Rows are written once per batch and only when what they persist changes (issue 12), so
         # the incident alone leaves a changelog of a few records: 400 more GPUs, one row each,
         # make one that a replay cannot hide in.
-        _publish(s, _healthy_fleet(first, 400))
-        _publish(s, first)
-        out = Outputs(s)
-        assert out.until(lambda o: Action.RECORD in {c.action for c in o.commands(GPU1)}, 60, [w]), w.tail()
-        _idle(w, s)
-        w.stop()  # SIGTERM: faust flushes and closes its stores
-        assert w.proc.returncode == 0, w.tail()
+        out = _first_half_then_stop(s, w, first, 400)
         w.log_path.rename(tmp_path / "rocks-first.log")
 
         ends = _end_offsets(s, changelog)
@@ -449,12 +471,7 @@ def test_rocksdb_restart_reads_only_the_changelog_tail(kafka_settings, tmp_path)
         assert remaining == {q: 0 for q in high}, f"the restart reads the changelog again: {remaining}"
 
         # the same decisions after the restart: the second half finishes the incident
-        _publish(s, rest)
-        assert out.until(lambda o: {c.action for c in o.commands(GPU1)} >= set(PLAN), 60, [w]), \
-            f"commands: {[c.action.value for c in out.commands(GPU1)]}\n{w.tail()}"
-        _idle(w, s)
-        out.read(1.0)
-        _check_incident(out, reference)
+        _second_half(s, w, out, rest, reference)
 
         # the control: without the data dir the same restart reads the whole changelog
         w.stop()
@@ -485,13 +502,7 @@ def test_recovery_reads_again_changelog_records_it_lost(kafka_settings, tmp_path
     lossy = None
     try:
         w.start()
-        _publish(s, _healthy_fleet(first, 200))
-        _publish(s, first)
-        out = Outputs(s)
-        assert out.until(lambda o: Action.RECORD in {c.action for c in o.commands(GPU1)}, 60, [w]), w.tail()
-        _idle(w, s)
-        w.stop()
-        assert w.proc.returncode == 0, w.tail()
+        out = _first_half_then_stop(s, w, first, 200)
 
         # the injector's folder first on the path, so that its sitecustomize is the one Python loads
         path = os.pathsep.join(p for p in (str(Path(__file__).parent / "lose_changelog_once"),
@@ -503,12 +514,7 @@ def test_recovery_reads_again_changelog_records_it_lost(kafka_settings, tmp_path
         assert sum(o + 1 for o in high.values() if o >= 0) >= 100 and set(start.values()) == {-1}, (high, start)
         assert "recovery (stalled); reading them again" in text, lossy.tail()
 
-        _publish(s, rest)
-        assert out.until(lambda o: {c.action for c in o.commands(GPU1)} >= set(PLAN), 60, [lossy]), \
-            f"commands: {[c.action.value for c in out.commands(GPU1)]}\n{lossy.tail()}"
-        _idle(lossy, s)
-        out.read(1.0)
-        _check_incident(out, reference)
+        _second_half(s, lossy, out, rest, reference)
     finally:
         if out is not None:
             out.close()
