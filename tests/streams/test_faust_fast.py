@@ -222,15 +222,22 @@ def test_a_delivered_record_that_vanished_with_nothing_after_it_is_read_again():
     assert seeks == [(quiet, 3)]
 
 
-def _drainer(batches, committed, commit_every=None):
+def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet", 0), channels=None,
+             producer_pending=0, message=None):
     """A FastConsumer whose fetches give `batches` (each a list of offsets of one partition, or a
     callable: a seek landing between two records, as a rebalance's does while the loop waits),
-    with the streams' side reduced to a list of the offsets delivered; `_drain_messages` runs
-    until the batches are used up."""
+    with the streams' side reduced to a list of the offsets the conductor's callback delivered;
+    `_drain_messages` runs until the batches are used up. `channels`: the conductor's channels of
+    `tp` (none: every message goes to the callback); `producer_pending`: messages waiting in the
+    producer's buffer (of at most 100); `message(offset, tp)`: the fetched message."""
     import logging
+    from collections import deque
     from types import SimpleNamespace
 
-    tp = TP("t.xidstream.fleet", 0)
+    import faust
+    from mode.utils.queues import FlowControlEvent
+
+    message = message or (lambda offset, tp: SimpleNamespace(offset=offset, topic=tp.topic, tp=tp))
     c = FastConsumer.__new__(FastConsumer)
     c._acked, c._acked_index = defaultdict(list), defaultdict(set)
     c._gap, c._committed_offset = defaultdict(IntervalTree), defaultdict(lambda: None)
@@ -240,7 +247,14 @@ def _drainer(batches, committed, commit_every=None):
     c._commit_every, c._n_acked, c.log = commit_every, 0, logging.getLogger("test")
     c.log.dev = c.log.debug  # faust's logger has a level below debug
     c.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
-    c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True, _tp_index={}))
+    flow_control = FlowControlEvent(initially_suspended=False)
+    producer = SimpleNamespace(buffer=SimpleNamespace(max_messages=100, pending=SimpleNamespace(
+        _queue=deque(range(producer_pending)))))
+    c.app = SimpleNamespace(
+        topics=SimpleNamespace(acks_enabled_for=lambda topic: True, _tp_index={tp: channels} if channels else {},
+                               _tp_to_callback_lock=asyncio.Lock()),
+        conf=SimpleNamespace(Event=faust.Event, producer_threaded=False), flow_control=flow_control,
+        producer=producer)
     sought, delivered = [], []
 
     class Thread:
@@ -265,7 +279,7 @@ def _drainer(batches, committed, commit_every=None):
                 if callable(item):
                     await item(c, tp)
                 else:
-                    yield tp, SimpleNamespace(offset=item, topic=tp.topic, tp=tp)
+                    yield tp, message(item, tp)
             if not pending:
                 fetcher._stopped.set()
         return records()
@@ -665,3 +679,107 @@ def test_a_recovery_is_taken_for_stalled_only_when_aiokafka_read_past_what_it_ap
         progress = {}
         stalled(me, progress, 0.0)
         assert stalled(me, progress, 10 * RECOVERY_STALL_S) == {}
+
+
+def _consumer_message(tp, offset, *, key=b"GPU-1", value=b'{"v": 1}', headers=None):
+    from faust.types.tuples import ConsumerMessage
+
+    return ConsumerMessage(tp.topic, tp.partition, offset, 1.0, 0, headers or [], key, value, None, len(key),
+                           len(value), tp, generation_id=1)
+
+
+def _raw_app():
+    import faust
+
+    return faust.App("direct-delivery-test", broker="kafka://127.0.0.1:1", autodiscover=False)  # never connected
+
+
+def test_a_partition_with_one_raw_channel_gets_its_events_without_the_conductors_callback():
+    """The conductor's delivery per message (flow-control and producer waits, the channel's decode,
+    the queue's pressure bookkeeping, all from a coroutine per message) was about a seventh of a
+    catching-up worker's CPU (issue 12 profile). For the input topics (one channel, raw bytes:
+    `RawSchema`) the drain loop makes the same event and puts it in the same queue itself."""
+    samples = TP("t.gpu.samples", 3)
+    channel = _raw_app().topic(samples.topic, schema=RawSchema())
+    fetched = {}
+
+    def message(offset, tp):
+        fetched[offset] = _consumer_message(tp, offset, key=f"GPU-{offset}".encode(), headers=[("h", b"1")])
+        return fetched[offset]
+
+    c, tp, delivered, sought = _drainer([[5, 6, 7]], committed=5, tp=samples, channels={channel}, message=message)
+    events = [channel.queue.get_nowait() for _ in range(channel.queue.qsize())]
+    assert delivered == [], "the conductor's callback was called for a raw channel's partition"
+    assert [e.message for e in events] == [fetched[5], fetched[6], fetched[7]]
+    assert [(e.key, e.value, e.headers) for e in events] == [(f"GPU-{o}".encode(), b'{"v": 1}', {"h": b"1"})
+                                                            for o in (5, 6, 7)]
+    assert [e.message.refcount for e in events] == [1, 1, 1]  # as the conductor's incref: one channel
+    assert c._delivered[samples] == 7 and c._read_offset[samples] == 7
+
+
+def test_the_conductor_still_delivers_what_the_direct_path_cannot():
+    """Every other case goes to the conductor's callback, as before: a partition read by two
+    channels, a channel that decodes (not raw), the producer's buffer over its limit (the
+    conductor waits for it to ebb), and flow control suspended (a rebalance)."""
+    samples = TP("t.gpu.samples", 3)
+    app = _raw_app()
+    raw, raw2 = app.topic(samples.topic, schema=RawSchema()), app.topic(samples.topic, schema=RawSchema())
+    decoding = app.topic(samples.topic, key_type=bytes, value_type=bytes)
+
+    def suspend(c, tp):
+        async def now(c, tp):
+            c.app.flow_control.suspend()
+        return now
+
+    cases = {"two channels": dict(channels={raw, raw2}), "a decoding channel": dict(channels={decoding}),
+             "producer buffer over its limit": dict(channels={raw}, producer_pending=101)}
+    for case, kwargs in cases.items():
+        c, tp, delivered, sought = _drainer([[5, 6]], committed=5, tp=samples,
+                                            message=lambda o, tp: _consumer_message(tp, o), **kwargs)
+        assert delivered == [5, 6], case
+    c, tp, delivered, sought = _drainer([[5, suspend(None, None), 6]], committed=5, tp=samples, channels={raw},
+                                        message=lambda o, tp: _consumer_message(tp, o))
+    assert delivered == [6], "a message was put in a stream buffer while flow control was suspended"
+    assert raw.queue.qsize() == 1 and raw.queue.get_nowait().message.offset == 5
+
+
+def test_acking_a_batch_at_once_leaves_the_consumer_as_faust_acking_each_event():
+    """`FastConsumer.ack_events` against faust's `Event.ack` per event, on the same messages: the
+    committable offsets, the unacked set, the count towards the next commit and each message's
+    state must be the same (a message on two channels, one acked already, one below the commit,
+    the same offset twice, a topic without commits, a message not from a consumer)."""
+    from types import SimpleNamespace
+    from weakref import WeakSet
+
+    import faust
+    from faust.types.tuples import Message
+
+    samples, changelog = TP("t.gpu.samples", 0), TP("app-gpu-state-changelog", 0)
+
+    def run(ack):
+        c = _offsets(FastConsumer)
+        c._unacked_messages, c._n_acked, c._waiting_for_ack = WeakSet(), 0, None
+        c._committed_offset[samples] = 10
+        app = SimpleNamespace(consumer=c, topics=SimpleNamespace(_acking_topics={samples.topic}))
+        app.topics.acks_enabled_for = lambda topic: topic in app.topics._acking_topics
+        c.app = app
+        messages = [_consumer_message(samples, o) for o in (9, 10, 11, 12, 12, 13)]
+        messages.append(_consumer_message(changelog, 4))
+        messages[2].refcount = 2  # on two channels: acked by the second
+        messages[3].acked = True
+        messages.append(Message(samples.topic, 0, 14, 1.0, 0, [], b"k", b"v", None, 1, 1, tp=samples))
+        for m in messages:
+            m.refcount = max(m.refcount, 1)
+            c._unacked_messages.add(m)
+        events = [faust.Event(app, m.key, m.value, m.headers, m) for m in messages]
+        ack(c, events)
+        return (dict(c._acked), dict(c._acked_index), c._n_acked, sorted(m.offset for m in c._unacked_messages),
+                [(m.acked, m.refcount) for m in messages])
+
+    def each(c, events):
+        for event in events:
+            event.ack()
+
+    faust_way = run(each)
+    assert faust_way[0] == {samples: [10, 12, 13]}  # the test's premise: faust's bookkeeping as known
+    assert run(lambda c, events: c.ack_events(events)) == faust_way
