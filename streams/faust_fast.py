@@ -216,6 +216,16 @@ REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again on
 RECOVERY_STALL_S = 3.0
 
 
+# Messages the drain loop delivers before it gives the event loop a turn (faust: 100). With 100 the
+# agent took each hundred as it came and had emptied the stream buffer by the time the drain loop
+# waited for its next fetch (aiokafka's thread parsing the next 2,000 records, ~6 ms): the main
+# thread idled through every fetch, 0.74-0.82 cores in a catch-up. With a whole fetch delivered
+# (`streams.app.MAX_POLL_RECORDS`) the agent folds it while the next one is parsed: 0.94 cores,
+# 43-46k instead of 33-37k records/s (issue 12, 2,000 GPUs x 60 s, two runs each). The loop is held
+# for ~5 ms per fetch at most; heartbeats run on aiokafka's own thread.
+DELIVER_BETWEEN_TURNS = 2000
+
+
 class _Wanted:
     """The partitions a fetch asks aiokafka for: faust's live set of active partitions, except that
     it is never "none". aiokafka's `Fetcher.fetched_records(partitions)` takes an empty set for
@@ -483,7 +493,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                 if not self.should_stop:
                     async for tp, message in ait:
                         num_since_yield += 1
-                        if num_since_yield > 100:
+                        if num_since_yield > DELIVER_BETWEEN_TURNS:
                             await sleep(0)
                             num_since_yield = 0
                         if self._seeks_total != seeks_at_fetch and sought(tp, message.topic):
