@@ -427,6 +427,17 @@ class FastConsumer(faust_aiokafka.Consumer):
             self._count_seek(None)
             done.set()
 
+    async def _seek(self, partition: Any, offset: int) -> None:
+        # faust calls aiokafka's seek from the event loop's thread while aiokafka's own thread may be
+        # handing out that partition's fetched records: its `fetched_records` then met a partition
+        # the seek had just removed (a KeyError that stopped a worker, latency bench), or set the
+        # position past the seek's offset as it handed over a batch. On aiokafka's thread, a seek
+        # runs between two of its steps, never inside one.
+        await self._thread.call_thread(self._seek_on_thread, partition, offset)
+
+    async def _seek_on_thread(self, partition: Any, offset: int) -> None:
+        self._thread._ensure_consumer().seek(partition, offset)
+
     async def seek(self, partition: Any, offset: int) -> None:
         self._count_seek(partition)
         self._delivered.pop(partition, None)

@@ -261,6 +261,13 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
         def seek(self, partition, offset):
             sought.append(offset)
 
+        def _ensure_consumer(self):  # aiokafka's consumer: its seek is the one recorded
+            return self
+
+        async def call_thread(self, fun, *args):  # aiokafka's thread: a hop, here a loop turn
+            await asyncio.sleep(0)
+            return await fun(*args)
+
         async def seek_to_beginning(self, *partitions):
             sought.append("beginning")
 
@@ -783,3 +790,40 @@ def test_acking_a_batch_at_once_leaves_the_consumer_as_faust_acking_each_event()
     faust_way = run(each)
     assert faust_way[0] == {samples: [10, 12, 13]}  # the test's premise: faust's bookkeeping as known
     assert run(lambda c, events: c.ack_events(events)) == faust_way
+
+
+def test_a_seek_runs_on_aiokafkas_thread():
+    """faust seeks aiokafka from the event loop's thread, while aiokafka's own thread may be handing
+    out that partition's fetched records (a KeyError in `Fetcher.fetched_records` stopped a worker
+    once). The seek is handed to aiokafka's thread, as faust already does with `seek_wait`."""
+    import threading
+
+    seeks = []
+
+    class Consumer:  # aiokafka's consumer, as the thread holds it
+        def seek(self, tp, offset):
+            seeks.append((tp, offset, threading.get_ident()))
+
+    class Thread:  # a consumer thread: its own event loop on its own OS thread
+        def __init__(self):
+            self.loop = asyncio.new_event_loop()
+            self.os_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+            self.os_thread.start()
+
+        def _ensure_consumer(self):
+            return Consumer()
+
+        def seek(self, tp, offset):  # faust's way: aiokafka's seek right here
+            self._ensure_consumer().seek(tp, offset)
+
+        async def call_thread(self, fun, *args):
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(fun(*args), self.loop))
+
+    c = FastConsumer.__new__(FastConsumer)
+    c._thread = thread = Thread()
+    tp = TP("t.gpu.xid", 2)
+    try:
+        asyncio.run(c._seek(tp, 40))
+    finally:
+        thread.loop.call_soon_threadsafe(thread.loop.stop)
+    assert seeks == [(tp, 40, thread.os_thread.ident)], "aiokafka's seek ran outside its own thread"
