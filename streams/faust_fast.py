@@ -50,10 +50,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine
 
 from aiokafka.structs import TopicPartition
 from faust import Schema, Sensor
-from faust.transport.consumer import CONSUMER_FETCHING
+from faust.transport.consumer import CONSUMER_FETCHING, ensure_TP
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from mode import Service
 from faust.types.tuples import ConsumerMessage, ack_lock
+from mode import Service
 from mode.utils.futures import maybe_async, notify
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "faster_transport",
@@ -225,7 +225,9 @@ RECOVERY_STALL_S = 3.0
 # thread idled through every fetch, 0.74-0.82 cores in a catch-up. With a whole fetch delivered
 # (`streams.app.MAX_POLL_RECORDS`) the agent folds it while the next one is parsed: 0.94 cores,
 # 43-46k instead of 33-37k records/s (issue 12, 2,000 GPUs x 60 s, two runs each). The loop is held
-# for ~5 ms per fetch at most; heartbeats run on aiokafka's own thread.
+# for ~5 ms per fetch of input records (direct delivery), longer for a fetch of 2,000 changelog or
+# fleet records through the conductor (table recovery, a backlog); heartbeats run on aiokafka's own
+# thread.
 DELIVER_BETWEEN_TURNS = 2000
 
 
@@ -436,6 +438,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         # the seek had just removed (a KeyError that stopped a worker, latency bench), or set the
         # position past the seek's offset as it handed over a batch. On aiokafka's thread, a seek
         # runs between two of its steps, never inside one.
+        # (So never `seek` from aiokafka's thread: it would wait there for itself.)
         await self._thread.call_thread(self._seek_on_thread, partition, offset)
 
     async def _seek_on_thread(self, partition: Any, offset: int) -> None:
@@ -444,6 +447,12 @@ class FastConsumer(faust_aiokafka.Consumer):
     async def seek(self, partition: Any, offset: int) -> None:
         self._count_seek(partition)
         self._delivered.pop(partition, None)
+        # The read offset faust sets once the seek is done, set before it too: the seek waits for
+        # its hop to aiokafka's thread (`_seek`), and meanwhile the drain loop may skip a stale batch
+        # of this partition and seek it to its read offset (`_seek_to_expected`); the old one, read
+        # there, undid this seek as it landed second (review of the seek change: a re-read put off
+        # by 10 s).
+        self._read_offset[ensure_TP(partition)] = offset if offset else None
         try:
             await super().seek(partition, offset)
         finally:
@@ -478,7 +487,9 @@ class FastConsumer(faust_aiokafka.Consumer):
         callback_lock = app.topics._tp_to_callback_lock
         producer_buffer = app.producer.buffer
         # the producer buffer's length as `ProducerBuffer.size` reads it (which looks up a setting)
-        producer_pending = () if app.conf.producer_threaded else producer_buffer.pending._queue
+        # the producer's buffer, whose length `ProducerBuffer.size` gives (after a settings look-up
+        # per call); None with a threaded producer, whose buffer is elsewhere: no direct delivery
+        producer_pending = None if app.conf.producer_threaded else producer_buffer.pending._queue
         sleep = asyncio.sleep
         num_since_yield = 0
         try:
@@ -493,9 +504,10 @@ class FastConsumer(faust_aiokafka.Consumer):
                 # processed (issue 12: fatal Xids without a command after a failover, on the fleet
                 # partition). Records of a committed (acked) topic sought since the fetch began are
                 # skipped, and the partition is sought again, after the batch, to the offset the
-                # seek left. Again, because faust applies a seek from this thread while aiokafka's
-                # own thread may be handing this batch over: the batch's end then overwrites the
-                # position the seek set, and reading would go on after the stale records.
+                # seek left. Again, because when faust applied a seek from this thread, aiokafka's
+                # own thread could be handing this batch over, and the batch's end overwrote the
+                # position the seek set. Seeks run on aiokafka's thread now (`_seek`), so this is a
+                # guard that costs a seek per stale batch (rare: rebalances and re-reads).
                 # (Changelog partitions keep faust's way: table recovery tracks their offsets.)
                 fetched_after = dict(self._seeks)
                 direct: dict = {}  # tp -> the queue of its one raw channel, or None (`_direct_queue`)
@@ -504,6 +516,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                 ait = getmany(timeout=1.0)
                 # getmany can be called in a loop that never gives the event loop a turn
                 await sleep(0)
+                num_since_yield = 0
                 if not self.should_stop:
                     async for tp, message in ait:
                         num_since_yield += 1
@@ -542,10 +555,16 @@ class FastConsumer(faust_aiokafka.Consumer):
                                 if self._seeks_total != seeks_at_fetch and sought(tp, message.topic):
                                     skipped[tp] = None  # sought while the commit or the buffer waited
                                     continue
-                                if (queue is not None and producer_pending != () and flow_active() and not suspend_flow.is_set()
+                                if (queue is not None and producer_pending is not None and flow_active()
+                                        and not suspend_flow.is_set()
                                         and not callback_lock.locked() and not queue.full()
                                         and len(producer_pending) <= producer_buffer.max_messages):
-                                    # the conductor's delivery, for a partition with one raw channel
+                                    # the conductor's delivery, for a partition with one raw
+                                    # channel: its checks above (it would wait where they fail),
+                                    # its incref and RawSchema's event. Not its pressure
+                                    # callbacks: they tell `on_buffer_full` (a no-op here) and the
+                                    # sensors (faust's Monitor is dropped) of a buffer under
+                                    # pressure, which `wait_for_room` handles
                                     message.incref()
                                     queue.force_put_nowait(event_cls(app, message.key, message.value,
                                                                      message.headers, message))
@@ -577,7 +596,9 @@ class FastConsumer(faust_aiokafka.Consumer):
     def ack_events(self, events: list) -> None:
         """`Event.ack` of each of `events`, in one pass: faust's route per event (`Event.ack`,
         `Message.ack`, `ConsumerMessage.on_final_ack`, `Consumer.ack`) takes the ack lock three
-        times and looks up the same things each time. The same steps, under the lock once."""
+        times and looks up the same things each time. The same steps, under the lock once. (They are
+        faust's `Event.ack` and `Consumer.ack`: an app whose Event class overrides `ack` would be
+        bypassed; this one's is faust's.)"""
         acking = self.app.topics._acking_topics
         committed_offsets, acked_index, acked, unacked = (self._committed_offset, self._acked_index,
                                                           self._acked, self._unacked_messages)

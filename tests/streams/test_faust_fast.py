@@ -223,13 +223,14 @@ def test_a_delivered_record_that_vanished_with_nothing_after_it_is_read_again():
 
 
 def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet", 0), channels=None,
-             producer_pending=0, message=None):
+             producer_pending=0, producer_threaded=False, message=None):
     """A FastConsumer whose fetches give `batches` (each a list of offsets of one partition, or a
     callable: a seek landing between two records, as a rebalance's does while the loop waits),
     with the streams' side reduced to a list of the offsets the conductor's callback delivered;
     `_drain_messages` runs until the batches are used up. `channels`: the conductor's channels of
     `tp` (none: every message goes to the callback); `producer_pending`: messages waiting in the
-    producer's buffer (of at most 100); `message(offset, tp)`: the fetched message."""
+    producer's buffer (of at most 100); `producer_threaded`: faust's setting of that name;
+    `message(offset, tp)`: the fetched message."""
     import logging
     from collections import deque
     from types import SimpleNamespace
@@ -253,7 +254,7 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
     c.app = SimpleNamespace(
         topics=SimpleNamespace(acks_enabled_for=lambda topic: True, _tp_index={tp: channels} if channels else {},
                                _tp_to_callback_lock=asyncio.Lock()),
-        conf=SimpleNamespace(Event=faust.Event, producer_threaded=False), flow_control=flow_control,
+        conf=SimpleNamespace(Event=faust.Event, producer_threaded=producer_threaded), flow_control=flow_control,
         producer=producer)
     sought, delivered = [], []
 
@@ -264,8 +265,9 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
         def _ensure_consumer(self):  # aiokafka's consumer: its seek is the one recorded
             return self
 
-        async def call_thread(self, fun, *args):  # aiokafka's thread: a hop, here a loop turn
-            await asyncio.sleep(0)
+        async def call_thread(self, fun, *args):  # aiokafka's thread: a hop, here a few loop turns
+            for _ in range(3):
+                await asyncio.sleep(0)
             return await fun(*args)
 
         async def seek_to_beginning(self, *partitions):
@@ -727,34 +729,48 @@ def test_a_partition_with_one_raw_channel_gets_its_events_without_the_conductors
 def test_the_conductor_still_delivers_what_the_direct_path_cannot():
     """Every other case goes to the conductor's callback, as before: a partition read by two
     channels, a channel that decodes (not raw), the producer's buffer over its limit (the
-    conductor waits for it to ebb), and flow control suspended (a rebalance)."""
+    conductor waits for it to ebb), a threaded producer (its buffer is elsewhere), and, from the
+    next message on, flow control suspended (a rebalance) or the conductor's callbacks being
+    rebuilt (its lock held: a resubscription)."""
     samples = TP("t.gpu.samples", 3)
     app = _raw_app()
     raw, raw2 = app.topic(samples.topic, schema=RawSchema()), app.topic(samples.topic, schema=RawSchema())
     decoding = app.topic(samples.topic, key_type=bytes, value_type=bytes)
 
-    def suspend(c, tp):
-        async def now(c, tp):
-            c.app.flow_control.suspend()
-        return now
+    def message(offset, tp):
+        return _consumer_message(tp, offset)
 
     cases = {"two channels": dict(channels={raw, raw2}), "a decoding channel": dict(channels={decoding}),
-             "producer buffer over its limit": dict(channels={raw}, producer_pending=101)}
+             "producer buffer over its limit": dict(channels={raw}, producer_pending=101),
+             "threaded producer": dict(channels={raw}, producer_threaded=True)}
     for case, kwargs in cases.items():
-        c, tp, delivered, sought = _drainer([[5, 6]], committed=5, tp=samples,
-                                            message=lambda o, tp: _consumer_message(tp, o), **kwargs)
+        c, tp, delivered, sought = _drainer([[5, 6]], committed=5, tp=samples, message=message, **kwargs)
         assert delivered == [5, 6], case
-    c, tp, delivered, sought = _drainer([[5, suspend(None, None), 6]], committed=5, tp=samples, channels={raw},
-                                        message=lambda o, tp: _consumer_message(tp, o))
-    assert delivered == [6], "a message was put in a stream buffer while flow control was suspended"
-    assert raw.queue.qsize() == 1 and raw.queue.get_nowait().message.offset == 5
+
+    c, tp, delivered, sought = _drainer([[5, 6]], committed=5, tp=samples, message=message, channels={raw},
+                                        producer_pending=100)
+    assert delivered == [] and raw.queue.qsize() == 2, "a producer buffer at its limit is not over it"
+    raw.queue.clear()
+
+    async def suspend(c, tp):
+        c.app.flow_control.suspend()
+
+    async def resubscribe(c, tp):
+        await c.app.topics._tp_to_callback_lock.acquire()
+
+    for case, change in (("flow control suspended", suspend), ("callbacks being rebuilt", resubscribe)):
+        c, tp, delivered, sought = _drainer([[5, change, 6]], committed=5, tp=samples, channels={raw},
+                                            message=message)
+        assert delivered == [6], f"{case}: a message went straight into a stream buffer"
+        assert raw.queue.qsize() == 1 and raw.queue.get_nowait().message.offset == 5, case
 
 
 def test_acking_a_batch_at_once_leaves_the_consumer_as_faust_acking_each_event():
     """`FastConsumer.ack_events` against faust's `Event.ack` per event, on the same messages: the
     committable offsets, the unacked set, the count towards the next commit and each message's
     state must be the same (a message on two channels, one acked already, one below the commit,
-    the same offset twice, a topic without commits, a message not from a consumer)."""
+    the same offset twice, one never counted, a topic without commits, a message not from a
+    consumer)."""
     from types import SimpleNamespace
     from weakref import WeakSet
 
@@ -770,14 +786,15 @@ def test_acking_a_batch_at_once_leaves_the_consumer_as_faust_acking_each_event()
         app = SimpleNamespace(consumer=c, topics=SimpleNamespace(_acking_topics={samples.topic}))
         app.topics.acks_enabled_for = lambda topic: topic in app.topics._acking_topics
         c.app = app
-        messages = [_consumer_message(samples, o) for o in (9, 10, 11, 12, 12, 13)]
+        messages = [_consumer_message(samples, o) for o in (9, 10, 11, 12, 12, 13, 15)]
         messages.append(_consumer_message(changelog, 4))
-        messages[2].refcount = 2  # on two channels: acked by the second
-        messages[3].acked = True
         messages.append(Message(samples.topic, 0, 14, 1.0, 0, [], b"k", b"v", None, 1, 1, tp=samples))
         for m in messages:
-            m.refcount = max(m.refcount, 1)
+            m.refcount = 1
             c._unacked_messages.add(m)
+        messages[2].refcount = 2  # on two channels: acked by the second
+        messages[3].acked = True
+        messages[6].refcount = 0  # never counted (acked by its first ack all the same)
         events = [faust.Event(app, m.key, m.value, m.headers, m) for m in messages]
         ack(c, events)
         return (dict(c._acked), dict(c._acked_index), c._n_acked, sorted(m.offset for m in c._unacked_messages),
@@ -788,7 +805,7 @@ def test_acking_a_batch_at_once_leaves_the_consumer_as_faust_acking_each_event()
             event.ack()
 
     faust_way = run(each)
-    assert faust_way[0] == {samples: [10, 12, 13]}  # the test's premise: faust's bookkeeping as known
+    assert faust_way[0] == {samples: [10, 12, 13, 15]}  # the test's premise: faust's bookkeeping as known
     assert run(lambda c, events: c.ack_events(events)) == faust_way
 
 
@@ -827,3 +844,18 @@ def test_a_seek_runs_on_aiokafkas_thread():
     finally:
         thread.loop.call_soon_threadsafe(thread.loop.stop)
     assert seeks == [(tp, 40, thread.os_thread.ident)], "aiokafka's seek ran outside its own thread"
+
+
+def test_a_seek_still_on_its_way_to_aiokafkas_thread_is_not_undone_by_the_stale_batchs_seek():
+    """A seek waits for its hop to aiokafka's thread. A re-read (`_read_again`: seek to the commit,
+    900) that begins while the loop delivers a batch fetched before it makes the loop skip the rest
+    of that batch and seek the partition to the offset the last seek left; read before the re-read's
+    hop ended, that was the last offset delivered (1000), and that seek, landing second, undid the
+    re-read: 900-999 waited for the next hole check, 10 s later (review of the seek change)."""
+    async def reread(c, tp):
+        asyncio.ensure_future(c.seek(tp, 900))
+        await asyncio.sleep(0)  # the re-read has begun; its hop has not ended
+
+    c, tp, delivered, sought = _drainer([[1000, reread, 1001, 1002], list(range(900, 903))], committed=900)
+    assert sought == [900, 900], "the stale batch's seek undid the re-read"
+    assert delivered == [1000, 900, 901, 902]
