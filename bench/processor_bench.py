@@ -1,7 +1,7 @@
 """Stream-processor benchmark on the real broker (issue 12: the figures of one and two workers): prints figures; not a test.
 
     .venv/bin/python bench/processor_bench.py [--only throughput,memory,latency,fleet] [--bootstrap HOST:PORT]
-        [--gpus 2000] [--seconds 20] [--runs 3] [--memory-gpus 10000]
+        [--gpus 2000] [--seconds 20] [--runs 7] [--memory-gpus 10000]
         [--latency 4000x1,10000x2] [--latency-seconds 60] [--fleet-commands 20000] [--fleet-nodes 12500]
 
 Every figure runs on fresh topics (a topic prefix of its own, so a fresh consumer group); workers
@@ -14,7 +14,8 @@ also on failure. The exact method of each figure is printed with it.
    1 Hz samples and process lists (+ one inventory record per GPU) are loaded; then the yardstick, a
    plain confluent-kafka consumer that consumes 1,000 at a time, decodes every record
    (`schemas.decode_any`) and folds it into a per-GPU dict, reads them all; then one worker
-   processes them from the start. `--runs` times, fresh topics each time; best and median.
+   processes them from the start. `--runs` times, fresh topics each time; best and median (the goals
+   are judged by the median).
 2. Memory per tracked GPU: worker RSS after catching up on `--memory-gpus` GPUs x 10 s and 15 s of
    rest, minus a worker's on empty topics; and the marginal cost between half and all of the fleet.
 3. Latency, fatal Xid -> command: GPUs x workers for each spec of `--latency`, the simulator at 1 Hz
@@ -384,10 +385,10 @@ Goals: >= {GOAL_RATE:,}/s and >= {GOAL_RATIO} x the yardstick.
     ok = lambda c: "met" if c else "not met"  # noqa: E731
     table.append(("input records/s, one worker", f"best {best['rate']:,.0f}/s, median {med:,.0f}/s over {args.runs} runs "
                   f"({n_gpus:,} GPUs x {args.seconds} s; between commits, median {med_between}) "
-                  f"({ok(best['rate'] >= GOAL_RATE)})", f">= {GOAL_RATE:,}/s"))
+                  f"({ok(med >= GOAL_RATE)} by the median)", f">= {GOAL_RATE:,}/s"))
     table.append(("worker / yardstick (consume 1,000 + decode_any + per-GPU fold, same topics)",
                   f"best {best['ratio']:.2f}, median {med_ratio:.2f} (yardstick median {med_y:,.0f}/s) "
-                  f"({ok(best['ratio'] >= GOAL_RATIO)})", f">= {GOAL_RATIO}"))
+                  f"({ok(med_ratio >= GOAL_RATIO)} by the median)", f">= {GOAL_RATIO}"))
     table.append(("CPU per input record (median)", f"worker {med_cpu:.1f} us over the first span, {med_between_cpu} between "
                   f"commits; yardstick {med_y_cpu:.1f} us", ""))
 
@@ -855,7 +856,11 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--gpus", type=int, default=2000, help="throughput: simulated GPUs")
     ap.add_argument("--seconds", type=int, default=20, help="throughput: seconds of 1 Hz telemetry per GPU")
-    ap.add_argument("--runs", type=int, default=3, help="throughput: runs, fresh topics each")
+    # 7: a run spans about 2 s between commits 0.25 s apart, and single runs' ratios spread
+    # 0.22-0.31 on this machine (issue 12); medians of 3 runs spread 0.24-0.30 over five
+    # invocations, medians of 7 runs 0.26-0.27 over three
+    ap.add_argument("--runs", type=int, default=7, help="throughput: runs, fresh topics each; the goals are judged "
+                    "by the median")
     ap.add_argument("--memory-gpus", type=int, default=10_000, help="memory: GPUs (the marginal cost uses half as many too)")
     ap.add_argument("--latency", default=None, help="latency: GPUSxWORKERS specs, comma-separated, each on fresh topics "
                                                     "(default: <latency-gpus>x<latency-workers>,10000x2)")
