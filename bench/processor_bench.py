@@ -858,7 +858,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=20, help="throughput: seconds of 1 Hz telemetry per GPU")
     # 7: a run spans about 2 s between commits 0.25 s apart, and single runs' ratios spread
     # 0.22-0.31 on this machine (issue 12); medians of 3 runs spread 0.24-0.30 over five
-    # invocations, medians of 7 runs 0.26-0.27 over three
+    # invocations, medians of 7 runs 0.26-0.27 over four
     ap.add_argument("--runs", type=int, default=7, help="throughput: runs, fresh topics each; the goals are judged "
                     "by the median")
     ap.add_argument("--memory-gpus", type=int, default=10_000, help="memory: GPUs (the marginal cost uses half as many too)")
