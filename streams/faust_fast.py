@@ -486,7 +486,6 @@ class FastConsumer(faust_aiokafka.Consumer):
         flow_active = app.flow_control.is_active
         callback_lock = app.topics._tp_to_callback_lock
         producer_buffer = app.producer.buffer
-        # the producer buffer's length as `ProducerBuffer.size` reads it (which looks up a setting)
         # the producer's buffer, whose length `ProducerBuffer.size` gives (after a settings look-up
         # per call); None with a threaded producer, whose buffer is elsewhere: no direct delivery
         producer_pending = None if app.conf.producer_threaded else producer_buffer.pending._queue
@@ -544,7 +543,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                             else:
                                 queue = direct.get(tp, _UNKNOWN)
                                 if queue is _UNKNOWN:
-                                    queue = direct[tp] = self._direct_queue(tp)
+                                    queue = direct[tp] = self._direct_queue(channels_of(tp, ()))
                                 if queue is not None:
                                     if queue.full():
                                         await wait_for_room((queue,), suspend_flow)
@@ -629,11 +628,12 @@ class FastConsumer(faust_aiokafka.Consumer):
             finally:
                 notify(self._waiting_for_ack)
 
-    def _direct_queue(self, tp: Any) -> Any:
-        """The stream buffer of `tp`'s one channel when that channel takes raw bytes (`RawSchema`),
-        else None: such a message needs none of the conductor's decoding, only its event."""
-        channels = getattr(self.app.topics, "_tp_index", {}).get(tp)
-        if not channels or len(channels) != 1:
+    @staticmethod
+    def _direct_queue(channels: Any) -> Any:
+        """The stream buffer of a partition's one channel (`channels`: the conductor's channels of
+        it) when that channel takes raw bytes (`RawSchema`), else None: such a message needs none
+        of the conductor's decoding, only its event."""
+        if len(channels) != 1:
             return None
         (channel,) = channels
         if not isinstance(getattr(channel, "schema", None), RawSchema):
