@@ -22,7 +22,7 @@ import orjson
 
 from collectors.metrics import CollectorMetrics
 from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable, XidNotice
-from collectors.parse.kernel import KernelRecord, parse_line, sxid_continues
+from collectors.parse.kernel import REFUSALS, KernelRecord, Parsed, parse_line_checked, sxid_continues
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
 from collectors.spool import write_durably
@@ -330,6 +330,7 @@ class Collector:
         self._boot_wall = config.boot_time or datetime.now(timezone.utc) - timedelta(seconds=time.monotonic())
         self._since = config.backfill_since or self._boot_wall
         self.history_skipped = 0  # history lines older than the look-back, or of unknown time
+        self._refusals: dict[str, int] = {}  # kernel log lines refused, by collectors.parse.REFUSALS reason
         self.ticks = 0
         # GPUs of the saved inventory that NVML no longer gives a handle for (issue 9, defect 2).
         self._inventory_file = Path(state_dir) / "inventory.json" if state_dir is not None else None
@@ -473,13 +474,25 @@ class Collector:
         self.metrics.kernel_lines.inc(len(lines))
         for line in lines:
             line_no = self.cursors.add_line(line.cursor)
-            for rec in parse_line(line.text):
+            parsed = parse_line_checked(line.text, line.source)
+            if parsed.refused is not None:
+                self._refused(parsed, line)
+            for rec in parsed.records:
                 fields = self._fields_from_kernel(rec, now, line)
                 if fields is None:
                     continue
                 self.metrics.kernel_records.labels(rec.kind).inc()
                 if self.merger.add(mono, fields, line.source, line_no, rec):
                     self.cursors.hold(line_no)
+
+    def _refused(self, parsed: Parsed, line: Any) -> None:
+        """Count and log a line that names the driver but is not its record (a forgery, or a
+        parser bug): the first of each reason, then every 1,000th, so a flood cannot fill the log."""
+        self.metrics.kernel_refused.labels(parsed.refused).inc()
+        n = self._refusals[parsed.refused] = self._refusals.get(parsed.refused, 0) + 1
+        if n == 1 or n % 1000 == 0:
+            log.warning("kernel log: refused a %s line (%s; %d so far)%s: %.300r", line.source,
+                        REFUSALS[parsed.refused], n, f": {parsed.error}" if parsed.error else "", line.text)
 
     def _line_time(self, rec: KernelRecord, line: Any, now: datetime) -> tuple[datetime, TsSource]:
         if not self.config.kmsg_wall_clock:  # replay in the loop's own time (see CollectorConfig)

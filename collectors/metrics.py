@@ -49,6 +49,11 @@ class CollectorMetrics:
                                          "NVML event waits that failed (not Timeout); the event set is re-created after a back-off", registry=r)
         self.kernel_lines = Counter("xidstream_collector_kernel_lines", "Kernel log lines read", registry=r)
         self.kernel_records = Counter("xidstream_collector_kernel_records", "Xid and related records found", ["kind"], registry=r)
+        # Lines that name the driver but are not the driver's own record (collectors.parse.REFUSALS):
+        # a rise in "quoted" or "facility" is someone trying to forge an Xid; "error" is a parser bug.
+        self.kernel_refused = Counter("xidstream_collector_kernel_refused",
+                                      "Kernel log lines naming the driver refused as not its own record, by reason",
+                                      ["reason"], registry=r)
         self.kmsg_lost = Gauge("xidstream_collector_kmsg_overwritten", "Times the kernel ring buffer overwrote unread records", registry=r)
         self.gpu_status = Gauge("xidstream_collector_gpu_status", "1 for the GPU's current NVML status", ["gpu_uuid", "status"], registry=r)
         self.loop_seconds = Histogram("xidstream_collector_loop_seconds", "Duration of one collection tick",

@@ -10,8 +10,31 @@ The driver's Xid print (open-gpu-kernel-modules, ``kernel_rc.c``):
 very old drivers print ``Xid (0000:01:00): 13, 0005 0000 ...`` (no ``PCI:``, no pid), some print a
 pid and no name; an unknown pid is ``pid='<unknown>'`` and an unknown name ``name=<unknown>``.
 
-Only text after an ``NVRM:`` marker can be an Xid, so an audit line with ``pid=7092 comm=`` never
-is; two messages glued onto one line are split at the second marker.
+Only the driver's own records are believed (everything a node sends is untrusted input, the kernel
+log included). The kernel copies text that an unprivileged process chooses into its own records: the
+x86 ``traps:`` and ``segfault`` reports print the faulting mapping's file name unescaped, so a tenant
+that crashes inside a file named ``NVRM: Xid (PCI:0000:ee:00): 79, ...`` gets a genuine kernel record
+(facility 0) that quotes a driver line. So:
+
+- a record counts only where the driver writes it: its marker (``NVRM: `` or
+  ``nvidia-nvswitchN: SXid``) opens the message body, right after the known prefixes; a marker
+  anywhere else is quoted text, refused with the reason ``quoted``;
+- every accepted shape is anchored and has at least 16 fixed characters before its first free-form
+  field. A tenant controls the start of a kernel message only through a task name (``comm``,
+  TASK_COMM_LEN 16: at most 15 characters, as in ``python3[5030]: segfault at ...``) or an interface
+  name (IFNAMSIZ 16), so it cannot complete one;
+- /dev/kmsg records must carry facility 0 (kernel): a userspace write to /dev/kmsg arrives with
+  facility 1 (``devkmsg_write`` defaults it to LOG_USER and never lets a writer choose 0). A
+  ``<N>`` priority prefix (``dmesg -r``) is held to the same rule;
+- journal records must carry ``_TRANSPORT=kernel`` (``journalctl -k`` selects those; a record fed
+  from elsewhere may not);
+- two messages glued onto one line (a log pipeline that lost a newline; never in kmsg or journal
+  records, which are one message each) are split only at a second marker that follows a timestamp
+  prefix of its own (``[ 1.1] NVRM: ...``), and only after a driver message: a driver line inside a
+  ``traps:`` report is not a glued line.
+
+`parse_line` never raises: a parser bug costs the line, but `parse_line_checked` says so (reason
+``error``) and the collector counts and logs it.
 """
 
 from __future__ import annotations
@@ -23,7 +46,8 @@ from datetime import datetime, timedelta, timezone
 
 import orjson
 
-__all__ = ["KernelRecord", "parse_line", "extract_pci", "split_prefix", "sxid_continues", "merge_sxid"]
+__all__ = ["KernelRecord", "Parsed", "parse_line", "parse_line_checked", "extract_pci", "split_prefix",
+           "sxid_continues", "merge_sxid", "REFUSALS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +81,8 @@ class KernelRecord:
 _HEX_PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
 
 _MARKER = re.compile(r"NVRM: |nvidia-nvswitch\d*: SXid ")
+# A glued second message starts with a timestamp prefix of its own: dmesg's, or dmesg -r's.
+_GLUE = re.compile(r"(?:<\d+>)?\[\s*\d+\.\d+\]\s?(?=NVRM: |nvidia-nvswitch\d*: SXid )")
 _XID = re.compile(
     rf"NVRM: Xid \((?:PCI:)?(?P<pci>{_HEX_PCI})(?:\.\d)?(?: GPU-I:(?P<gi>\d+))?(?: GPU-CI:(?P<ci>\d+))?\): "
     r"(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
@@ -71,11 +97,28 @@ _RECOVERY = re.compile(
 _SXID = re.compile(
     rf"(?P<dev>nvidia-nvswitch\d*): SXid \((?:PCI:)?(?P<pci>{_HEX_PCI})(?:\.\d)?\): (?P<code>\d+),?\s*(?P<msg>.*)$"
 )
+# The driver's fallen-off-the-bus prints (nv.c): "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus."
+# and the two-line "NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system
+# has" + "NVRM: fallen off the bus and is not responding to commands." (the second names no GPU and is
+# not a record of its own). Anchored: a substring test let any NVRM-opened text that a tenant's
+# file name completes ("NVRM: x[5030]: segfault ... in GPU has fallen off the bus 0000:ee:00") pass.
+_FALLEN = re.compile(
+    rf"NVRM: (?:GPU (?P<pci>{_HEX_PCI})(?:\.\d)?: GPU has fallen off the bus\.?|"
+    rf"The NVIDIA GPU (?P<pci2>{_HEX_PCI})(?:\.\d)? \(PCI ID: [0-9a-fA-F]{{4}}:[0-9a-fA-F]{{4}}\) installed in this "
+    r"system has(?: fallen off the bus.*)?)\s*$"
+)
 _ANY_PCI = re.compile(rf"(?<![0-9a-fA-F:]){_HEX_PCI}(?:\.\d)?(?![0-9a-fA-F])")
-_GPU_REF = re.compile(r"\bGPU(\d+)\b")
 
 # Prefixes, tried in order at the start of the line.
 _KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<us>\d+),[^;]*;")
+# rsyslog's RFC 3339 high-precision stamp (RSYSLOG_FileFormat): "2025-05-27T04:18:56.089671+00:00 host kernel: "
+_RFC3339 = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)) \S+ kernel: (?:\[\s*(?P<mono>\d+\.\d+)\]\s?)?"
+)
+# A monitoring system's wrapper around a syslog line (../shared/data: "Xid errors on instance: ip-..,
+# Error: May 19 07:08:57 ip-.. kernel: [..] NVRM: Xid ..."). A prefix of 33 fixed characters: no
+# kernel message that a tenant can start opens with it.
+_WRAPPER = re.compile(r"^Xid errors on instance: [\w.-]+, Error: ")
 _ISO = re.compile(r"^\w+\s*:\s*\w+\s*:\s*(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z))\s")
 _PRIO = re.compile(r"^<\d+>")
 _DMESG = re.compile(r"^\[\s*(?P<ts>\d+\.\d+)\]\s?")
@@ -97,6 +140,10 @@ def split_prefix(line: str) -> tuple[str, dict]:
     """Strip a known prefix; return the body and what the prefix said about time."""
     meta: dict = {}
     body = line.rstrip("\r\n")
+    if body.startswith("Xid errors on instance: "):
+        m = _WRAPPER.match(body)
+        if m:
+            body = body[m.end():]
     if body.startswith("{"):
         try:
             rec = orjson.loads(body)
@@ -110,6 +157,8 @@ def split_prefix(line: str) -> tuple[str, dict]:
                 except (TypeError, ValueError):
                     msg = ""
             body = msg if isinstance(msg, str) else ""
+            transport = rec.get("_TRANSPORT")
+            meta["transport"] = transport if isinstance(transport, str) else None
             try:
                 if "__REALTIME_TIMESTAMP" in rec:
                     us = int(rec["__REALTIME_TIMESTAMP"])
@@ -126,14 +175,27 @@ def split_prefix(line: str) -> tuple[str, dict]:
     if first.isdigit():
         m = _KMSG.match(body)
         if m:
+            meta["facility"] = int(m["prio"]) >> 3
             meta["seq"] = int(m["seq"])
             meta["mono_us"] = int(m["us"])
             meta["kernel_ts"] = m["us"]
             meta["ts_kind"] = "kmsg"
             return body[m.end():], meta
+        m = _RFC3339.match(body)
+        if m:
+            meta["kernel_ts"] = m["ts"]
+            if m["mono"]:
+                meta["mono_us"] = int(float(m["mono"]) * 1e6)
+            try:
+                meta["wall_ts"] = datetime.fromisoformat(m["ts"]).astimezone(timezone.utc)
+                meta["ts_kind"] = "iso"
+            except ValueError:
+                pass
+            return body[m.end():], meta
     elif first == "<":
         m = _PRIO.match(body)
         if m:
+            meta["facility"] = int(body[1:m.end() - 1]) >> 3
             body = body[m.end():]
             first = body[:1]
     elif first.isalpha() and not body.startswith("NVRM"):
@@ -180,16 +242,23 @@ def split_prefix(line: str) -> tuple[str, dict]:
     return body, meta
 
 
-def _segments(body: str) -> list[str]:
-    """Cut a body at every NVRM/SXid marker; glued messages become separate segments."""
-    m = _MARKER.search(body)
-    if m is None:
+def _segments(body: str, glue: bool = True) -> list[str]:
+    """The driver messages of a body: none unless a marker opens it (anything else only quotes a
+    driver line); with `glue`, a second message glued on after its own timestamp prefix too."""
+    body = body.lstrip(" ")
+    if _MARKER.match(body) is None:
         return []
-    nxt = _MARKER.search(body, m.end())
-    if nxt is None:  # the usual case: one message on the line
-        return [body[m.start():].rstrip()]
-    starts = [m.start()] + [x.start() for x in _MARKER.finditer(body, m.end())]
-    return [body[a:b].rstrip() for a, b in zip(starts, starts[1:] + [len(body)])]
+    if not glue:
+        return [body.rstrip()]
+    cuts = [(m.start(), m.end()) for m in _GLUE.finditer(body, 1)]
+    if not cuts:  # the usual case: one message on the line
+        return [body.rstrip()]
+    out, at = [], 0
+    for start, text_at in cuts:
+        out.append(body[at:start].rstrip())
+        at = text_at
+    out.append(body[at:].rstrip())
+    return out
 
 
 def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
@@ -225,12 +294,9 @@ def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
     m = _RATE_LIMIT.match(seg)
     if m:
         return KernelRecord(kind="gsp_rate_limit", raw=raw, message=seg[6:], pci=_norm(m["pci"]), **meta)
-    if "fallen off the bus" in seg:
-        pci = _ANY_PCI.search(seg)
-        ref = _GPU_REF.search(seg)
-        return KernelRecord(kind="fallen_off_bus", raw=raw, message=seg[6:],
-                            pci=_norm(pci.group(0)) if pci else None,
-                            gpu_ref=int(ref.group(1)) if ref and not pci else None, **meta)
+    m = _FALLEN.match(seg)
+    if m:
+        return KernelRecord(kind="fallen_off_bus", raw=raw, message=seg[6:], pci=_norm(m["pci"] or m["pci2"]), **meta)
     m = _RECOVERY.match(seg)
     if m:
         return KernelRecord(kind="recovery_failure", raw=raw, message=seg[6:],
@@ -239,23 +305,70 @@ def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
     return None
 
 
-def parse_line(line: str) -> list[KernelRecord]:
-    """Every Xid or related record in one kernel log line (usually zero or one). Never raises."""
+# Why a line that mentions the driver gave no record (parse_line_checked's `refused`).
+REFUSALS = {
+    "quoted": "a driver marker inside another message (e.g. a traps:/segfault report quoting a file name)",
+    "facility": "a /dev/kmsg record or <N> prefix with a facility other than 0 (kernel): a userspace write",
+    "transport": "a journal record whose _TRANSPORT is not kernel",
+    "error": "the parser raised (a bug): the line is skipped and counted",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    records: list[KernelRecord]
+    refused: str | None = None  # a REFUSALS key, when a line naming the driver gave nothing
+    error: str | None = None  # the exception's text, for refused == "error"
+
+
+_NOTHING = Parsed([])
+
+
+def parse_line_checked(line: str, source: str | None = None) -> Parsed:
+    """`parse_line`, saying why a line that names the driver gave no record. `source` is the
+    `LogLine.source` the line came from: "kmsg" and "journal" lines are single kernel records (no
+    glued messages; kmsg's facility and the journal's transport checked); anything else (files,
+    stdin, tests) is text whose writer the host trusts, so glued messages are split."""
     # Fast path: most kernel lines are not the driver's. A journal record may carry its message as
     # a byte array, so JSON lines always take the slow path.
     if "NVRM" not in line and "SXid" not in line and not line.startswith("{"):
-        return []
+        return _NOTHING
     try:
         body, meta = split_prefix(line)
+        facility = meta.pop("facility", None)
+        transport = meta.pop("transport", False)
+        if facility is not None and facility != 0:
+            return Parsed([], "facility") if _MARKER.search(body) else _NOTHING
+        if transport is not False and transport != "kernel":
+            # A journal record (a JSON line) counts only when journald says the kernel wrote it.
+            return Parsed([], "transport") if _MARKER.search(body) else _NOTHING
         raw = line.rstrip("\r\n")
+        segs = _segments(body, glue=source not in ("kmsg", "journal"))
+        if not segs:
+            return Parsed([], "quoted") if _MARKER.search(body) else _NOTHING
         out = []
-        for seg in _segments(body):
+        for i, seg in enumerate(segs):
             rec = _parse_segment(seg, raw, meta)
-            if rec is not None:
-                out.append(rec)
-        return out
-    except Exception:  # noqa: BLE001 - a parser bug must not cost the collector; the line is skipped
-        return []
+            if rec is None:
+                if i + 1 < len(segs):
+                    # What follows an unparsed piece is not known to be a glued record: it may be
+                    # text the piece quotes (a task name "NVRM: Xid (PCI:" opens a segfault report
+                    # whose file name is "[ 1.1] NVRM: Xid ..."). A genuine glue follows a record.
+                    return Parsed(out, "quoted")
+                break
+            out.append(rec)
+        if not out and _MARKER.search(body.lstrip(" "), 1):
+            # An unknown message that opens with a marker and carries another: text it quotes.
+            return Parsed(out, "quoted")
+        return Parsed(out)
+    except Exception as exc:  # noqa: BLE001 - a parser bug must not cost the collector, but it is counted
+        return Parsed([], "error", f"{type(exc).__name__}: {exc}")
+
+
+def parse_line(line: str, source: str | None = None) -> list[KernelRecord]:
+    """Every Xid or related record in one kernel log line (usually zero or one). Never raises;
+    `parse_line_checked` says why a line naming the driver gave nothing."""
+    return parse_line_checked(line, source).records
 
 
 def extract_pci(line: str) -> str | None:
