@@ -344,6 +344,8 @@ class Collector:
         # executor resets a GPU; the event thread leaves NVML alone meanwhile (the lock).
         self.release = nvml_release or (NvmlRelease(state_dir) if state_dir is not None else None)
         self.released_for: set[str] = set()  # GPU UUIDs whose reset NVML is released for now
+        self._acked_without_nvml: set[str] = set()  # requests answered by a collector without NVML
+        self._before_release: dict[str, str] = {}  # GPU UUID -> its status when NVML was released
         self._nvml_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -432,6 +434,8 @@ class Collector:
         self._emit(self.merger.due(mono), now)
         if self.nvml is not None and self.release is not None:
             self._check_release()
+        elif self.release is not None:
+            self._answer_release_without_nvml()
         if self.nvml is not None and self.released_for:
             if self.procfs is not None and mono - self._last_holders >= self.config.holders_interval:
                 self._holders = self.procfs.device_holders()
@@ -661,8 +665,22 @@ class Collector:
             self._events_stale = True
         self.lost, self._lost_why = lost, why
         before = dict(self._saved)
+        merged = []
         for g in self.gpus:
-            self._saved[g.uuid] = g
+            good = self._saved.get(g.uuid)
+            if g.status == "ok" or good is None:
+                # Healthy; or never seen healthy (a first deployment): saved as read, so that a
+                # restart can still publish it as lost, and published with its own status.
+                self._saved[g.uuid] = g
+                merged.append(g)
+                continue
+            # It answered GpuIsLost / ResetRequired during the read: the fields it could not give
+            # come from the entry saved when it was healthy, which its nulls must not overwrite.
+            kept = [k for k, v in g.__dict__.items() if v is None and getattr(good, k) is not None]
+            fields = {k: (v if v is not None else getattr(good, k)) for k, v in g.__dict__.items()}
+            notes = g.notes + ((f"{', '.join(kept)} from the saved inventory",) if kept else ())
+            merged.append(GpuIdentity(**{**fields, "notes": notes}))
+        self.gpus = merged
         if before != self._saved or not (self._inventory_file and self._inventory_file.exists()):
             self._save_inventory()
 
@@ -700,6 +718,15 @@ class Collector:
         old = self._status.get(gpu.uuid, "ok")
         if old != status:
             level = logging.ERROR if status != "ok" else logging.WARNING
+            # `unavailable` is only NVML released for a planned reset (_sample_released): one line
+            # says so for the node (_check_release), not an ERROR per GPU; nor is a GPU coming back
+            # to the status it had before. A GPU whose status changed across the reset (lost after
+            # it, or healthy again) still gets its line.
+            if status == "unavailable":
+                self._before_release.setdefault(gpu.uuid, old)
+                level = logging.DEBUG
+            elif old == "unavailable" and self._before_release.pop(gpu.uuid, "ok") == status:
+                level = logging.DEBUG
             log.log(level, "GPU %s (%s) NVML status: %s -> %s %s", gpu.index, gpu.uuid, old, status, error or "")
             self.metrics.gpu_status.labels(gpu.uuid, old).set(0)
             self._status[gpu.uuid] = status
@@ -739,6 +766,20 @@ class Collector:
             self.identity.learn_nvml(self.gpus + self.lost)
             self._events_stale = True  # the event set was freed with the handles
             self._last_inventory = float("-inf")  # re-read and publish what changed at once
+
+    def _answer_release_without_nvml(self) -> None:
+        """Without NVML (`collect --no-nvml`, or NVML that failed to start) this collector holds no
+        /dev/nvidia* handle, so it has nothing to release: it acknowledges at once, saying so
+        (`held_nvml: false`), rather than leave the node executor to time out and refuse the reset.
+        One line per request; an acknowledgement goes when its request is done or has expired."""
+        wanted = set(self.release.pending())
+        for uuid in sorted(wanted - self._acked_without_nvml):
+            self.release.released(uuid, held_nvml=False)
+            log.info("GPU %s: reset requested by the node executor; acknowledged at once, this collector has "
+                     "no NVML open (kernel-log records only)", uuid)
+        for uuid in self._acked_without_nvml - wanted:
+            self.release.clear_released(uuid)
+        self._acked_without_nvml = wanted
 
     def _sample_released(self, gpu: GpuIdentity, now: datetime) -> None:
         error = f"NVML released for the reset of GPU(s) {', '.join(sorted(self.released_for))} (node executor)"

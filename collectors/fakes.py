@@ -14,6 +14,17 @@ Issue 9 knobs per GPU: `memory_reserved_mib` (v2 reports it apart; v1's `used` i
 `recovery_action` / `remapped_rows` / `ecc_dbe_volatile` (None: NotSupported), `errors`
 (function name -> NVML return code it raises), `lose_on_call` ((function, n): the GPU falls off the
 bus at the n-th call of that function).
+
+Driver knobs (on `FakePynvml`): `compute_versions`, the nvmlDeviceGetComputeRunningProcesses_v<n>
+symbols the driver library exports (R510+ has _v3; R470 and the other pre-R510 branches only _v2).
+The versioned functions raise `NVMLError_FunctionNotFound` for a missing symbol and the unversioned
+one raises pynvml's own `NVMLLibraryMismatchError`, exactly as nvidia-ml-py does
+(`_nvmlGetFunctionPointer`, `throwOnVersionMismatch`). `pmon_no_sample`: what the pmon size probe
+answers when no sample is newer than the cursor: NotFound (6, as nvml.h documents), or Success (0),
+which pynvml's nvmlDeviceGetProcessUtilization raises as `NVMLError(NVML_SUCCESS)` because its size
+probe expects InsufficientSize. Per GPU, `still_answers`: functions that keep answering while the GPU
+is lost or needs a reset (the driver still knows its UUID and PCI address, say), so a test can have
+the rest of an inventory read fail with GpuIsLost / ResetRequired.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
+
+from pynvml import NVMLLibraryMismatchError  # a plain Exception in nvidia-ml-py, not an NVMLError
 
 __all__ = ["FakePynvml", "FakeGpu", "FakeProcess"]
 
@@ -46,7 +59,7 @@ class _NVMLError(Exception):
 
 
 _NAMES = {
-    1: "Uninitialized", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
+    0: "Success", 1: "Uninitialized", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
     10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found", 15: "GPU is lost",
     16: "GPU requires restart", 21: "No data", 25: "Argument version mismatch", 999: "Unknown Error",
 }
@@ -95,6 +108,7 @@ class FakeGpu:
     ecc_dbe_volatile: int | None = 0  # None: no ECC on this board (NotSupported)
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML code it raises
     lose_on_call: tuple[str, int] | None = None  # (function, n): lost from its n-th call on
+    still_answers: set[str] = field(default_factory=set)  # functions that answer even while lost/reset_required
 
 
 class _FakeEventSet:
@@ -107,6 +121,7 @@ class FakePynvml:
     """A pynvml look-alike over `FakeGpu`s. `clock_us()` gives per-process sample timestamps."""
 
     NVMLError = _NVMLError
+    NVMLLibraryMismatchError = NVMLLibraryMismatchError
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_NOT_FOUND = 6
     NVML_ERROR_TIMEOUT = 10
@@ -122,13 +137,16 @@ class FakePynvml:
     nvmlMemory_v2 = 0x02000028
 
     def __init__(self, gpus: list[FakeGpu], driver_version: str = "590.44.01", cuda_version: str = "13.1",
-                 available: bool = True, recovery_events: bool = True) -> None:
+                 available: bool = True, recovery_events: bool = True,
+                 compute_versions: tuple[int, ...] = (3, 2), pmon_no_sample: int = 6) -> None:
         for name, cls in _ERROR_CLASSES.items():
             setattr(self, name, cls)
         # Instance attributes, so a test can delete them like an older nvidia-ml-py lacks them.
         self.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
         self.nvmlEventTypeGpuRecoveryAction = 0x8000
         self.recovery_events = recovery_events  # the driver delivers recovery-action events
+        self.compute_versions = tuple(compute_versions)  # nvmlDeviceGetComputeRunningProcesses_v<n> it exports
+        self.pmon_no_sample = pmon_no_sample  # the pmon probe's answer when there is no newer sample
         self.gpus = list(gpus)
         self.driver_version = driver_version
         major, minor = (cuda_version.split(".") + ["0"])[:2]
@@ -177,6 +195,8 @@ class FakePynvml:
                     gpu.status, gpu.lose_on_call = "lost", None
             if fn in gpu.errors:
                 raise _NVMLError(gpu.errors[fn])
+            if fn in gpu.still_answers:
+                return
             if gpu.status == "lost":
                 raise _NVMLError(15)
             if gpu.status == "reset_required":
@@ -293,12 +313,32 @@ class FakePynvml:
         self._check("nvmlDeviceGetTemperature", h)
         return h.temperature_c
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list:
+    def _compute_processes(self, h: FakeGpu, version: int) -> list:
+        self._check(f"nvmlDeviceGetComputeRunningProcesses_v{version}")  # library loaded and initialised
+        if version not in self.compute_versions:
+            raise _NVMLError(13)  # pynvml's _nvmlGetFunctionPointer: the library lacks the symbol
         self._check("nvmlDeviceGetComputeRunningProcesses", h)
         mib = 1024 * 1024
         return [SimpleNamespace(pid=p.pid, usedGpuMemory=int(p.used_memory_mib * mib) if p.used_memory_mib is not None else None,
                                 gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
                 for p in h.processes]
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: FakeGpu) -> list:
+        return self._compute_processes(handle, 3)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
+        return self._compute_processes(handle, 2)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list:
+        # nvidia-ml-py's unversioned call is _v3 under @throwOnVersionMismatch, which turns the
+        # missing symbol into NVMLLibraryMismatchError (not an NVMLError).
+        try:
+            return self._compute_processes(handle, 3)
+        except _ERROR_CLASSES["NVMLError_FunctionNotFound"]:
+            raise NVMLLibraryMismatchError(
+                "Unversioned function called and the pyNVML version does not match the NVML lib version. "
+                "Either use matching pyNVML and NVML lib versions or use a versioned function such as "
+                "nvmlDeviceGetComputeRunningProcesses_v2") from None
 
     def nvmlDeviceGetProcessUtilization(self, h: FakeGpu, last_seen_us: int) -> list:
         self._check("nvmlDeviceGetProcessUtilization", h)
@@ -308,7 +348,7 @@ class FakePynvml:
                    for p in h.processes if p.sm_util_pct is not None]
         samples = [s for s in samples if s.timeStamp > last_seen_us]
         if not samples:
-            raise _NVMLError(6)  # NVML_ERROR_NOT_FOUND: nothing newer than the cursor
+            raise _NVMLError(self.pmon_no_sample)  # nothing newer than the cursor (NotFound, or Success)
         return samples
 
     def nvmlEventSetCreate(self) -> _FakeEventSet:

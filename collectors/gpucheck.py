@@ -4,8 +4,10 @@ Run it on a machine with an NVIDIA GPU and driver to check the real NVML path of
 (the tests use the pynvml look-alike). It prints, per GPU, the identity (with the memory call's
 version and any notes), one sample with every contract field (memory reserved, recovery action,
 remapped rows, volatile DBE included), compute apps, pmon samples and whether Xid and
-recovery-action events can be registered. A GPU that NVML refuses a handle for, or that is lost
-during the check, is printed as lost, never as a traceback (issue 9, defect 1).
+recovery-action events can be registered, and every event already pending. A GPU that NVML
+refuses a handle for, or that is lost during the check, is printed as lost, never as a traceback
+(issue 9, defect 1). A driver without a call (nvmlDeviceGetComputeRunningProcesses_v3 before R510)
+is read through the older one, or printed as "not supported".
 
 Exit code: 0 all read, 1 NVML unavailable, 3 faults found (a lost GPU, or reads that failed).
 """
@@ -17,6 +19,8 @@ import time
 from typing import Any
 
 __all__ = ["run_gpu_check"]
+
+MAX_EVENTS = 256  # pending events printed at most: a node in an Xid storm must not flood the terminal
 
 
 def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -> int:
@@ -47,6 +51,8 @@ def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -
         say(f"\nGPU {gpu.index}: {gpu.uuid}")
         for key, value in gpu.__dict__.items():
             say(f"  {key:22} {value!r}")
+        if gpu.status != "ok":  # answered GpuIsLost / ResetRequired while its identity was read
+            faults += 1
         try:
             raw = nvml_module.nvmlDeviceGetPciInfo_v3(nvml_module.nvmlDeviceGetHandleByIndex(gpu.index)).busId
             say(f"  {'raw busId':22} {raw!r} ({type(raw).__name__})")
@@ -81,11 +87,22 @@ def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -
     say(f"recovery action events: {'asked for' if recovery is not None else 'not in this pynvml'}"
         + ("" if registered else " (no event set)"))
     if registered:
+        # The first wait may block; then take what is already pending without waiting, so every
+        # queued Xid is shown, not only the first.
+        events, failed = [], None
         try:
             notice = reader.wait_xid(int(wait_events * 1000))
-            say(f"waited {wait_events:.1f} s for an event: {notice!r}")
+            while notice is not None and len(events) < MAX_EVENTS:
+                events.append(notice)
+                notice = reader.wait_xid(0)
         except EventWaitFailed as exc:
-            say(f"event wait failed: {exc}")
+            failed = exc
+        more = f" (the first {MAX_EVENTS} shown)" if len(events) >= MAX_EVENTS else ""
+        say(f"waited {wait_events:.1f} s for events: {len(events)} pending{more}")
+        for notice in events:
+            say(f"  {notice!r}")
+        if failed is not None:
+            say(f"event wait failed: {failed}")
             faults += 1
     say(f"NVML errors other than NotSupported/NotFound/NoData: {reader.error_count}")
     reader.shutdown()

@@ -10,8 +10,16 @@ Every read is wrapped (runtime-notes section 4; gpud treats lost/reset as health
   GeForce has no ECC or row remapper, an old driver lacks the function), and counting them made the
   error metric rise on healthy nodes (issue 9, defect 5). A field found unsupported is not asked
   again until the next inventory refresh;
-- GpuIsLost / ResetRequired -> the sample's `status` says so and the collector publishes it;
+- GpuIsLost / ResetRequired -> the sample's `status` says so and the collector publishes it; the
+  same answers during the inventory read give the GPU's identity that status (never `ok`);
 - anything else -> the field is null and the error is counted; never an exception out of here.
+
+Versioned calls: nvidia-ml-py's unversioned wrappers call the newest symbol, and where the driver
+library lacks it `throwOnVersionMismatch` raises `NVMLLibraryMismatchError`, a plain Exception and
+not an NVMLError (pynvml.py). nvmlDeviceGetComputeRunningProcesses is one: it calls _v3, which
+drivers before R510 (470 and the other pre-R510 branches) do not export. So the reader asks the
+versioned functions itself, newest first, and takes a missing symbol (FunctionNotFound from
+pynvml's `_nvmlGetFunctionPointer`) or that mismatch as "this driver has no such call".
 """
 
 from __future__ import annotations
@@ -34,13 +42,22 @@ __all__ = ["NvmlReader", "NvmlUnavailable", "EventWaitFailed", "GpuIdentity", "S
 log = logging.getLogger(__name__)
 
 # NVML return codes (nvml.h); pynvml exposes them as NVML_ERROR_* too.
+SUCCESS = 0
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, TIMEOUT, GPU_IS_LOST, RESET_REQUIRED = 3, 4, 6, 10, 15, 16
 FUNCTION_NOT_FOUND, NO_DATA, ARGUMENT_VERSION_MISMATCH, UNKNOWN = 13, 21, 25, 999
 # Answers that mean "this board/driver has no such value (now)": null, never an error count.
-_ABSENT = frozenset({NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, NO_DATA, FUNCTION_NOT_FOUND})
+# SUCCESS: pynvml's two-call readers (nvmlDeviceGetProcessUtilization) expect the size probe to
+# answer InsufficientSize and raise NVMLError(ret) for anything else, Success included, which is
+# what NVML answers when it has no sample newer than the timestamp: nothing to report, no error.
+_ABSENT = frozenset({SUCCESS, NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, NO_DATA, FUNCTION_NOT_FOUND})
 # Absent for good on this board and driver: not asked again until the next inventory refresh.
 _UNSUPPORTED = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
 _HEALTH = {GPU_IS_LOST: "lost", RESET_REQUIRED: "reset_required"}
+# nvmlDeviceGetComputeRunningProcesses, newest first: _v3 (driver R510+), _v2 (R470 and other
+# pre-R510 branches), then the unversioned name, which older nvidia-ml-py releases bound to the v1
+# symbol (current ones bind it to _v3 again, raising NVMLLibraryMismatchError without it).
+_COMPUTE_PROCESSES = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+                      "nvmlDeviceGetComputeRunningProcesses")
 # nvmlFieldValue_t.valueType -> the c_nvmlValue_t member that holds it (nvml.h nvmlValueType_t).
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _MIB = 1024 * 1024
@@ -67,7 +84,9 @@ class GpuIdentity:
     minor: int | None = None  # /dev/nvidia<minor>
     memory_info_version: int | None = None  # 2: nvmlDeviceGetMemoryInfo_v2; 1: the v1 call
     notes: tuple[str, ...] = ()  # what could not be read, in words (inventory `notes`)
-    status: str = "ok"  # "lost": from the saved inventory, NVML refuses a handle (collectors.agent)
+    # "lost" / "reset_required": it answered so during the inventory read; "lost" also for a GPU of
+    # the saved inventory that NVML refuses a handle for (collectors.agent)
+    status: str = "ok"
 
 
 @dataclass
@@ -99,6 +118,7 @@ class _Device:
     pmon_cursor: int = 0  # highest per-process utilization timestamp seen (microseconds)
     mem_version: int = 1
     unsupported: set = field(default_factory=set)  # reads this board answered NotSupported
+    missing: set = field(default_factory=set)  # versioned functions this driver does not export
     event_recovery_action: int | None = None  # last action delivered by a recovery-action event
 
 
@@ -118,6 +138,11 @@ class NvmlReader:
         self.event_wait_failures = 0  # event waits that failed with something other than Timeout
         self.refused: dict[int, str] = {}  # NVML index -> why NVML refused its handle/identity
         self.last_error: str | None = None  # the error behind the last null `_call`
+        # What an NVML read may raise: NVMLError, and nvidia-ml-py's NVMLLibraryMismatchError (a
+        # plain Exception) from an unversioned wrapper whose symbol the driver lacks.
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+        self._mismatch: tuple[type, ...] = (mismatch,) if isinstance(mismatch, type) else ()
+        self._errors: tuple[type, ...] = (nvml.NVMLError, *self._mismatch)
 
     # -- set-up ----------------------------------------------------------------------------
     def init(self) -> list[GpuIdentity]:
@@ -158,32 +183,42 @@ class NvmlReader:
                 if prev is not None:
                     devices.append(prev)
                 continue
-            mem, version, note = self._memory(h)
+            health: list = []  # [text, code] once the GPU answers GpuIsLost / ResetRequired below
+            mem, version, note = self._memory(h, health)
+            name = _text(self._call(n.nvmlDeviceGetName, h, health=health))
+            serial = _text(self._call(n.nvmlDeviceGetSerial, h, health=health))
+            minor = self._call(n.nvmlDeviceGetMinorNumber, h, health=health)
+            notes = (note,) if note else ()
+            if health:
+                # It gave its UUID and PCI id, then GpuIsLost ("fallen off the bus or otherwise
+                # inaccessible") or ResetRequired ("requires a reset before it can be used again",
+                # NVML API Reference, nvmlReturn_t): a health state, never an `ok` GPU with nulls.
+                notes = (f"NVML answered {health[0]!r} during the inventory read; the fields after it are unread",)
             ident = GpuIdentity(
                 index=i, uuid=uuid, pci_bus_id=pci or "0000:00:00",
-                name=_text(self._call(n.nvmlDeviceGetName, h)),
-                serial=_text(self._call(n.nvmlDeviceGetSerial, h)),
+                name=name, serial=serial,
                 memory_total_mib=int(mem.total // _MIB) if mem is not None else None,
                 driver_version=_text(driver), cuda_version=cuda,
-                minor=self._call(n.nvmlDeviceGetMinorNumber, h),
+                minor=minor,
                 memory_info_version=version if mem is not None else None,
-                notes=(note,) if note else (),
+                notes=notes, status=_HEALTH[health[1]] if health else "ok",
             )
             self._identity_failed.discard(i)
             dev = old.get(uuid) or _Device(handle=h, ident=ident)
             dev.handle, dev.ident, dev.mem_version = h, ident, version
-            dev.unsupported = set()  # a driver update may add what was missing: ask again
+            dev.unsupported, dev.missing = set(), set()  # a driver update may add what was missing: ask again
             devices.append(dev)
         self._devices = devices
         self._by_handle = {_handle_key(d.handle): d for d in devices}
         self.refused = refused
         return [d.ident for d in devices]
 
-    def _memory(self, h: Any) -> tuple[Any, int, str | None]:
+    def _memory(self, h: Any, health: list) -> tuple[Any, int, str | None]:
         """(memory info, 2 or 1, note). v1's `used` is "reserved + allocated" (nvmlMemory_t), i.e.
         hundreds of MiB on an idle data-center GPU, more than the 1% the wedge and phantom rules
         allow; nvmlDeviceGetMemoryInfo_v2 (driver r510+) reports `reserved` apart (NVML API
-        Reference, nvmlMemory_v2_t). Fall back to v1 where the driver or binding lacks v2."""
+        Reference, nvmlMemory_v2_t). Fall back to v1 where the driver or binding lacks v2.
+        A GpuIsLost / ResetRequired answer is kept in `health` (see `_call`)."""
         n = self.nvml
         v2 = getattr(n, "nvmlMemory_v2", None)
         why = "the pynvml module has no nvmlMemory_v2"
@@ -194,10 +229,11 @@ class NvmlReader:
                 why = "the pynvml module's nvmlDeviceGetMemoryInfo takes no version"
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) in _HEALTH:
+                    health.extend((str(exc), exc.value))
                     return None, 2, None
                 why = f"nvmlDeviceGetMemoryInfo_v2: {exc}"
         note = f"memory from the v1 call: used includes driver-reserved memory ({why})"
-        return self._call(n.nvmlDeviceGetMemoryInfo, h), 1, note
+        return self._call(n.nvmlDeviceGetMemoryInfo, h, health=health), 1, note
 
     @property
     def gpus(self) -> list[GpuIdentity]:
@@ -214,15 +250,28 @@ class NvmlReader:
         self._event_set = None  # freed: a later init (after a reset) registers a new one
 
     # -- reads -----------------------------------------------------------------------------
-    def _call(self, fn: Any, *args: Any) -> Any:
-        """One read; None on any NVML error (counted unless it means "absent", see _ABSENT)."""
+    def _call(self, fn: Any, *args: Any, health: list | None = None) -> Any:
+        """One read; None on any NVML error (counted unless it means "absent", see _ABSENT).
+        With `health` (the inventory read): a GpuIsLost / ResetRequired answer is kept there as
+        [text, code] instead of counted, and once it holds one nothing more is asked."""
+        if health:
+            return None
         try:
             return fn(*args)
-        except self.nvml.NVMLError as exc:
+        except self._errors as exc:
+            code = self._code(exc)
             self.last_error = str(exc)
-            if getattr(exc, "value", None) not in _ABSENT:
+            if health is not None and code in _HEALTH:
+                health.extend((str(exc), code))
+            elif code not in _ABSENT:
                 self.error_count += 1
             return None
+
+    def _code(self, exc: BaseException) -> int | None:
+        """The NVML return code of an error; NVMLLibraryMismatchError is a missing function."""
+        if self._mismatch and isinstance(exc, self._mismatch):
+            return FUNCTION_NOT_FOUND
+        return getattr(exc, "value", None)
 
     def sample(self, gpu: GpuIdentity) -> SampleReading:
         n = self.nvml
@@ -237,8 +286,8 @@ class NvmlReader:
                 return None  # known unsupported, or the GPU already said it is lost: no more calls
             try:
                 return fn(h, *args, **kw)
-            except n.NVMLError as exc:
-                code = getattr(exc, "value", None)
+            except self._errors as exc:
+                code = self._code(exc)
                 if code in _HEALTH:
                     reading.status, reading.error = _HEALTH[code], str(exc)
                 elif code in _UNSUPPORTED:
@@ -307,12 +356,36 @@ class NvmlReader:
 
     def compute_apps(self, gpu: GpuIdentity) -> list[tuple[int, float | None]] | None:
         """(pid, used MiB) of compute processes; None when NVML could not say (`last_error` says
-        why). None is "unknown", never "no process" (issue 9, defect 7)."""
-        procs = self._call(self.nvml.nvmlDeviceGetComputeRunningProcesses, self._device(gpu).handle)
-        if procs is None:
-            return None
-        return [(int(p.pid), round(p.usedGpuMemory / _MIB, 1) if p.usedGpuMemory is not None else None)
-                for p in procs]
+        why: "not supported ..." where the driver has none of the calls). None is "unknown", never
+        "no process" (issue 9, defect 7). Asks the newest nvmlDeviceGetComputeRunningProcesses this
+        driver exports (see `_COMPUTE_PROCESSES`); a missing one is not asked again until the next
+        inventory refresh."""
+        n = self.nvml
+        dev = self._device(gpu)
+        tried = []
+        for name in _COMPUTE_PROCESSES:
+            fn = getattr(n, name, None)
+            if fn is None:
+                continue  # not in this nvidia-ml-py
+            tried.append(name)
+            if name in dev.missing:
+                continue
+            try:
+                procs = fn(dev.handle)
+            except self._errors as exc:
+                code = self._code(exc)
+                if code == FUNCTION_NOT_FOUND:
+                    dev.missing.add(name)
+                    continue
+                self.last_error = str(exc)
+                if code not in _ABSENT:
+                    self.error_count += 1
+                return None
+            return [(int(p.pid), round(p.usedGpuMemory / _MIB, 1) if p.usedGpuMemory is not None else None)
+                    for p in procs]
+        self.last_error = ("not supported: this driver exports none of " + ", ".join(tried) if tried
+                           else "not supported: this pynvml has no nvmlDeviceGetComputeRunningProcesses")
+        return None
 
     def pmon(self, gpu: GpuIdentity) -> list[tuple[int, float, float]]:
         """Per-process (pid, SM%, mem%) since the last call, like `nvidia-smi pmon`."""
@@ -320,9 +393,10 @@ class NvmlReader:
         dev = self._device(gpu)
         try:
             samples = n.nvmlDeviceGetProcessUtilization(dev.handle, dev.pmon_cursor)
-        except n.NVMLError as exc:
-            # NotFound / NoData are the normal "no sample newer than the cursor" answers.
-            if getattr(exc, "value", None) not in _ABSENT:
+        except self._errors as exc:
+            # NotFound / NoData, or Success from pynvml's size probe (see _ABSENT), are the normal
+            # "no sample newer than the cursor" answers.
+            if self._code(exc) not in _ABSENT:
                 self.error_count += 1
             return []
         best: dict[int, tuple[int, float, float]] = {}
@@ -461,7 +535,8 @@ class NvmlRelease:
 
     Two files per GPU in `<state dir>/nvml-release/`, each written whole (temp file + rename):
       reset-<uuid>.request   the executor: {"gpu_uuid", "command_id", "until" (epoch seconds)}
-      reset-<uuid>.released  the collector, once NVML is shut down: {"gpu_uuid", "pid", "at"}
+      reset-<uuid>.released  the collector, once NVML is shut down: {"gpu_uuid", "pid", "at", "held_nvml"}
+                             (held_nvml false: a collector without NVML, which had nothing to release)
     The executor waits (bounded) for `.released`, resets, re-reads the GPU, then deletes both
     (`done`). The collector resumes (nvmlInit, inventory re-read, event set re-created) when no
     request stands, or when a request's `until` passed: an executor that died mid-way cannot
@@ -525,8 +600,9 @@ class NvmlRelease:
                 out[doc["gpu_uuid"]] = doc
         return out
 
-    def released(self, uuid: str) -> None:
-        self._write(self._path(uuid, "released"), {"gpu_uuid": uuid, "pid": os.getpid(), "at": self.clock()})
+    def released(self, uuid: str, *, held_nvml: bool = True) -> None:
+        self._write(self._path(uuid, "released"),
+                    {"gpu_uuid": uuid, "pid": os.getpid(), "at": self.clock(), "held_nvml": held_nvml})
 
     def clear_released(self, uuid: str) -> None:
         try:

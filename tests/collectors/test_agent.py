@@ -457,7 +457,7 @@ def test_live_lines_are_not_backfilled_and_every_prefix_names_its_time_source(tm
     log.write_text("")
     c, sink = _file_rig(tmp_path)
     now = datetime(2026, 12, 31, 12, tzinfo=UTC)
-    rec = {"MESSAGE": X79, "__REALTIME_TIMESTAMP": str(int(datetime(2026, 12, 31, 11, 0, 1, tzinfo=UTC).timestamp() * 1e6))}
+    rec = {"MESSAGE": X79, "_TRANSPORT": "kernel", "__REALTIME_TIMESTAMP": str(int(datetime(2026, 12, 31, 11, 0, 1, tzinfo=UTC).timestamp() * 1e6))}
     with log.open("a") as fh:
         fh.write(f"[Thu Dec 31 11:00:00 2026] {X79}\n"
                  f"kern  :warn  : 2026-12-31T11:00:02,000000+00:00 {X79}\n"
@@ -495,3 +495,184 @@ def test_replay_in_the_loops_own_time_keeps_only_absolute_line_times():
     c.tick(T0)
     assert [(x.ts, x.ts_source.value) for x in _xids(sink)] == [
         (T0, "read"), (T0 + timedelta(seconds=5), "line")]
+
+
+# -- every driver -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("versions", [(2,), ()])
+def test_a_driver_without_compute_processes_v3_does_not_stop_the_collector(versions):
+    """R470 and other pre-R510 drivers lack nvmlDeviceGetComputeRunningProcesses_v3, where the
+    unversioned pynvml call raises NVMLLibraryMismatchError: fall back to _v2, else unknown."""
+    from collectors.fakes import FakeProcess
+
+    sink = MemorySink()
+    c, fake, _, clock = _rig(sink, gpus=[FakeGpu(0, "GPU-aaaa", "00000000:01:00.0",
+                                                 processes=[FakeProcess(4242, used_memory_mib=64)])])
+    fake.compute_versions = versions
+    c.tick(T0)
+    clock[0] = 1
+    c.tick(T0)
+    (p, _p) = _procs(sink, "GPU-aaaa")
+    if versions:
+        assert [(a.pid, a.used_memory_mib) for a in p.compute_apps] == [(4242, 64.0)] and p.error is None
+    else:
+        assert p.compute_apps is None and "not supported" in p.error
+    assert c.nvml.error_count == 0
+
+
+def _rig_saved(tmp_path, fake, clock):
+    sink = MemorySink()
+    c = Collector(CollectorConfig(node="n", kmsg_wall_clock=False), sink, nvml=NvmlReader(fake),
+                  nvml_events_thread=False, state_dir=tmp_path, clock=lambda: clock[0])
+    c.start(T0)
+    return c, sink
+
+
+@pytest.mark.parametrize("status", ["lost", "reset_required"])
+def test_a_gpu_unhealthy_during_the_inventory_read_is_not_ok_and_keeps_its_saved_fields(tmp_path, status):
+    """NVML answers GpuIsLost / ResetRequired while the inventory is read (UUID and PCI id still
+    answer): the GPU is published with that status, with the fields saved when it was healthy,
+    and the nulls of the failed reads do not overwrite the saved entry."""
+    import json
+
+    gpus = [FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="111", name="NVIDIA H100 80GB HBM3", memory_total_mib=81559),
+            FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", serial="222")]
+    clock = [0.0]
+    c, sink = _rig_saved(tmp_path, FakePynvml(gpus), clock)
+    good = _inventory(sink, "GPU-aaaa")[0]
+    assert good.status.value == "ok"
+
+    def unhealthy(g):
+        if status == "lost":
+            g.lose_on_call = ("nvmlDeviceGetMemoryInfo_v2", 1)  # falls off the bus during the read
+        else:
+            g.status, g.still_answers = "reset_required", {"nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo_v3"}
+
+    unhealthy(gpus[0])
+    clock[0] = 61  # the next inventory refresh
+    c.tick(T0)
+    inv = _inventory(sink, "GPU-aaaa")[-1]
+    assert inv.status.value == status
+    assert (inv.name, inv.serial, inv.memory_total_mib, inv.pci_bus_id) == ("NVIDIA H100 80GB HBM3", "111", 81559, "0000:01:00")
+    assert _samples(sink, "GPU-aaaa")[-1].status.value == status
+    c.stop()
+    saved = {g["uuid"]: g for g in json.loads((tmp_path / "inventory.json").read_text())["gpus"]}
+    assert (saved["GPU-aaaa"]["name"], saved["GPU-aaaa"]["serial"], saved["GPU-aaaa"]["memory_total_mib"],
+            saved["GPU-aaaa"]["minor"]) == ("NVIDIA H100 80GB HBM3", "111", 81559, 0)
+
+    # a restart while it is still unhealthy: never `ok`, the saved fields again
+    gpus[0].lose_on_call = None
+    if status == "reset_required":
+        again, sink2 = _rig_saved(tmp_path, FakePynvml(gpus), clock)
+        (inv2,) = _inventory(sink2, "GPU-aaaa")
+        assert inv2.status.value == status and (inv2.name, inv2.serial) == ("NVIDIA H100 80GB HBM3", "111")
+        again.stop()
+
+
+def test_a_first_deployment_never_publishes_a_gpu_nvml_refuses_as_ok(tmp_path):
+    """Nothing saved yet: a GPU that answers ResetRequired is published as such, with what NVML
+    did answer (UUID, PCI id), never as `ok`."""
+    gpus = [FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", status="reset_required",
+                    still_answers={"nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo_v3"}),
+            FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", lose_on_call=("nvmlDeviceGetSerial", 1))]
+    c, sink = _rig_saved(tmp_path, FakePynvml(gpus), [0.0])
+    a, b = _inventory(sink, "GPU-aaaa"), _inventory(sink, "GPU-bbbb")
+    assert [(r.status.value, r.pci_bus_id) for r in a] == [("reset_required", "0000:01:00")]
+    assert [(r.status.value, r.pci_bus_id) for r in b] == [("lost", "0000:02:00")]
+    c.stop()
+
+
+# -- the reset handshake: planned, quiet ---------------------------------------------------------------
+def _release_rig(tmp_path, nvml):
+    from collectors.nvml import NvmlRelease
+
+    clock = [1000.0]
+    rel = NvmlRelease(tmp_path / "collector", clock=lambda: clock[0])
+    sink = MemorySink()
+    c = Collector(CollectorConfig(node="n", kmsg_wall_clock=False), sink, nvml=nvml, kernel=MemoryKernelSource(),
+                  nvml_events_thread=False, state_dir=tmp_path / "collector", nvml_release=rel,
+                  clock=lambda: clock[0])
+    c.start(T0)
+    executor = NvmlRelease(tmp_path / "collector", clock=lambda: clock[0])  # the node executor's view
+    return c, sink, executor, clock
+
+
+@pytest.mark.parametrize("nvml", ["none", "unavailable"])
+def test_a_collector_without_nvml_acknowledges_a_release_request(tmp_path, caplog, nvml):
+    """`collect --no-nvml` (or NVML that failed to start) holds no NVML handle: it has nothing to
+    release and says so at once, so the node executor does not wait it out and fail the reset."""
+    import logging
+
+    reader = None if nvml == "none" else NvmlReader(FakePynvml([], available=False))
+    c, sink, executor, clock = _release_rig(tmp_path, reader)
+    c.tick(T0)
+    executor.request("GPU-bbbb", command_id="cmd-1", hold_s=60)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="collectors"):
+        for i in range(3):
+            clock[0] += 1
+            c.tick(T0)
+    ack = executor.wait_released("GPU-bbbb", 0)
+    assert ack is not None and ack["gpu_uuid"] == "GPU-bbbb" and ack["held_nvml"] is False
+    said = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(said) == 1 and said[0].levelno < logging.ERROR and "GPU-bbbb" in said[0].getMessage()
+    assert [type(r).__name__ for r in sink.records] == []  # nothing else changes without NVML
+    executor.done("GPU-bbbb")
+    clock[0] += 1
+    c.tick(T0)
+    # an abandoned request expires; its acknowledgement is cleared with it
+    executor.request("GPU-aaaa", hold_s=5)
+    clock[0] += 1
+    c.tick(T0)
+    assert executor.wait_released("GPU-aaaa", 0) is not None
+    clock[0] += 10
+    c.tick(T0)
+    assert list((tmp_path / "collector" / "nvml-release").glob("*.released")) == []
+    c.stop()
+
+
+def test_a_planned_release_on_an_8_gpu_node_logs_one_line_per_step_and_no_error(tmp_path, caplog):
+    import logging
+
+    fake = FakePynvml([FakeGpu(i, f"GPU-{i:04d}", f"00000000:{i + 1:02x}:00.0") for i in range(8)])
+    c, sink, executor, clock = _release_rig(tmp_path, NvmlReader(fake))
+    c.tick(T0)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="collectors"):
+        executor.request("GPU-0003", command_id="cmd-1", hold_s=60)
+        clock[0] += 1
+        c.tick(T0)
+        assert executor.wait_released("GPU-0003", 0) is not None and not fake.initialized
+        released = [r for r in caplog.records if r.levelno >= logging.INFO]
+        assert len(released) == 1 and "released" in released[0].getMessage()
+        clock[0] += 1
+        c.tick(T0)
+        caplog.clear()
+        executor.done("GPU-0003")
+        clock[0] += 1
+        c.tick(T0)
+        assert fake.initialized
+        resumed = [r for r in caplog.records if r.levelno >= logging.INFO]
+        assert len(resumed) == 1 and "taken up again" in resumed[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    c.stop()
+
+
+def test_a_gpu_already_lost_before_a_planned_release_is_not_announced_again(tmp_path, caplog):
+    import logging
+
+    fake = FakePynvml([FakeGpu(i, f"GPU-{i:04d}", f"00000000:{i + 1:02x}:00.0") for i in range(3)])
+    c, sink, executor, clock = _release_rig(tmp_path, NvmlReader(fake))
+    fake.gpu(2).status = "reset_required"  # known before the release: said once already
+    c.tick(T0)
+    with caplog.at_level(logging.DEBUG, logger="collectors"):
+        caplog.clear()
+        executor.request("GPU-0001", hold_s=60)
+        clock[0] += 1
+        c.tick(T0)
+        executor.done("GPU-0001")
+        fake.gpu(1).status = "lost"  # the reset went wrong: that one is news
+        clock[0] += 1
+        c.tick(T0)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "GPU-0001" in errors[0] and "lost" in errors[0]
+    c.stop()

@@ -65,3 +65,43 @@ def test_gpu_check_reports_every_new_field():
                   "remapped_rows_pending", "remapped_rows_failure", "ecc_dbe_volatile", "memory_info_version",
                   "recovery action events"):
         assert field in text, field
+
+
+def test_gpu_check_on_a_driver_without_compute_processes_v3_falls_back_and_exits_0():
+    """R470 has no nvmlDeviceGetComputeRunningProcesses_v3: the unversioned pynvml call raises
+    NVMLLibraryMismatchError; gpu-check reads _v2 instead, no traceback."""
+    from collectors.fakes import FakeProcess
+
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1", processes=[FakeProcess(4242, used_memory_mib=100)])],
+                      driver_version="470.256.02", compute_versions=(2,))
+    assert run_gpu_check(fake, out, wait_events=0.01) == 0
+    assert "[(4242, 100.0)]" in out.getvalue()
+
+
+def test_gpu_check_on_a_driver_without_any_versioned_compute_call_says_not_supported():
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1")], compute_versions=())
+    assert run_gpu_check(fake, out, wait_events=0.01) == 0  # not supported is an answer, not a fault
+    (line,) = [ln for ln in out.getvalue().splitlines() if "compute apps" in ln]
+    assert "unknown (not supported" in line
+
+
+def test_gpu_check_on_healthy_gpus_whose_pmon_probe_answers_success_exits_0():
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1")], pmon_no_sample=0)
+    assert run_gpu_check(fake, out, wait_events=0.01) == 0
+    assert "NVML errors other than NotSupported/NotFound/NoData: 0" in out.getvalue()
+
+
+def test_gpu_check_shows_every_pending_xid_event():
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1"),
+                       FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", serial="2")])
+    for ref, xid in ((0, 13), (1, 31), (0, 43)):
+        fake.inject_xid(ref, xid)
+    run_gpu_check(fake, out, wait_events=0.01)
+    text = out.getvalue()
+    for uuid, xid in (("GPU-aaaa", 13), ("GPU-bbbb", 31), ("GPU-aaaa", 43)):
+        assert f"uuid='{uuid}'" in text and f"xid={xid}," in text, (uuid, xid)
+    assert text.count("xid=") == 3

@@ -211,3 +211,93 @@ def test_the_fake_uses_only_the_real_pynvml_surface():
     assert "version" in inspect.signature(pynvml.nvmlDeviceGetMemoryInfo).parameters
     assert {"nvmlReturn", "valueType", "value"} <= {f for f, _ in pynvml.c_nvmlFieldValue_t._fields_}
     assert {"reserved", "used", "total"} <= {f for f, _ in pynvml.c_nvmlMemory_v2_t._fields_}
+
+
+# -- every driver --------------------------------------------------------------------------------
+class _StubNvmlLib:
+    """Stands in for libnvidia-ml.so under the real pynvml: only the symbols named exist, as in a
+    driver library that predates the others; each answers NVML_SUCCESS with nothing to report."""
+
+    def __init__(self, *symbols: str) -> None:
+        for name in symbols:
+            setattr(self, name, lambda *args: 0)
+
+
+def test_the_fake_raises_what_pynvml_raises_on_a_driver_without_compute_processes_v3(monkeypatch):
+    """Pins the fake to nvidia-ml-py itself: on a driver library without the _v3 symbol (R470),
+    the real pynvml's unversioned call raises NVMLLibraryMismatchError (a plain Exception), _v3
+    raises NVMLError_FunctionNotFound, and _v2 answers; the fake does the same."""
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlLib", _StubNvmlLib("nvmlDeviceGetComputeRunningProcesses_v2",
+                                                        "nvmlDeviceGetProcessUtilization"))
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0")], compute_versions=(2,), pmon_no_sample=0)
+    fake.nvmlInit()
+    h = fake.nvmlDeviceGetHandleByIndex(0)
+    for module, handle in ((pynvml, None), (fake, h)):
+        with pytest.raises(pynvml.NVMLLibraryMismatchError):
+            module.nvmlDeviceGetComputeRunningProcesses(handle)
+        with pytest.raises(module.NVMLError) as lookup:
+            module.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+        assert type(lookup.value).__name__ == "NVMLError_FunctionNotFound" and lookup.value.value == 13
+        assert module.nvmlDeviceGetComputeRunningProcesses_v2(handle) == []
+        # the pmon size probe answering Success is raised as NVMLError(NVML_SUCCESS)
+        with pytest.raises(module.NVMLError) as probe:
+            module.nvmlDeviceGetProcessUtilization(handle, 0)
+        assert probe.value.value == pynvml.NVML_SUCCESS
+    assert not issubclass(pynvml.NVMLLibraryMismatchError, pynvml.NVMLError)
+
+
+@pytest.mark.parametrize("versions, v3_calls, v2_calls", [((3, 2), 3, 0), ((2,), 1, 3)])
+def test_compute_apps_fall_back_through_the_versioned_calls(versions, v3_calls, v2_calls):
+    """R510+ drivers have nvmlDeviceGetComputeRunningProcesses_v3; R470 and other pre-R510
+    branches only _v2, where the unversioned pynvml call raises NVMLLibraryMismatchError."""
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", processes=[FakeProcess(4242, used_memory_mib=512)])],
+                      compute_versions=versions)
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    for _ in range(3):
+        assert reader.compute_apps(gpu) == [(4242, 512.0)]
+    # a missing symbol is asked for once, not at every read
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == v3_calls
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v2"] == v2_calls
+    assert reader.error_count == 0
+
+
+def test_compute_apps_on_a_driver_without_any_versioned_call_are_unknown_not_supported():
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0")], compute_versions=())
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    assert reader.compute_apps(gpu) is None and reader.compute_apps(gpu) is None  # unknown, never []
+    assert reader.last_error.startswith("not supported")
+    assert reader.error_count == 0
+    fake.compute_versions = (3, 2)  # a driver update: the next inventory refresh asks again
+    reader.refresh_inventory()
+    assert reader.compute_apps(gpu) == []
+
+
+def test_pmon_probe_answering_success_is_no_sample_not_an_error():
+    """pynvml's nvmlDeviceGetProcessUtilization raises NVMLError(NVML_SUCCESS) when the size probe
+    finds no sample newer than the cursor: a healthy idle GPU, not an NVML error."""
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0")], pmon_no_sample=0)
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    for _ in range(5):
+        assert reader.pmon(gpu) == []
+    assert reader.error_count == 0
+
+
+@pytest.mark.parametrize("status, gpu_kw", [
+    ("lost", dict(lose_on_call=("nvmlDeviceGetName", 1))),  # falls off the bus mid-read
+    ("reset_required", dict(status="reset_required", still_answers={"nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo_v3"})),
+])
+def test_a_gpu_lost_or_needing_a_reset_during_the_inventory_read_is_not_ok(status, gpu_kw):
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1", **gpu_kw),
+                       FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", serial="2")])
+    reader = NvmlReader(fake)
+    a, b = reader.init()
+    assert (a.uuid, a.pci_bus_id, a.status) == ("GPU-aaaa", "0000:01:00", status)
+    assert a.name is None and any("inventory" in n for n in a.notes)
+    assert b.status == "ok" and b.name == "NVIDIA GPU"
+    assert reader.error_count == 0  # a health answer, said by the status, not counted as an error
