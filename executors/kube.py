@@ -27,6 +27,7 @@ from lightkube import ApiError, Client
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node, Pod
 
+from schemas.base import plain_text
 from transport.kube import list_then_watch
 from transport.kube import make_client as _make_client
 
@@ -83,7 +84,7 @@ def record_event(client: Client, node: Any, *, reason: str, message: str, type_:
     ev = Event.from_dict({
         "metadata": {"generateName": f"{name}.xidstream-", "namespace": EVENT_NAMESPACE},
         "involvedObject": {"kind": "Node", "name": name, "uid": node.metadata.uid, "apiVersion": "v1"},
-        "reason": reason, "message": message[:1024], "type": type_, "action": action or reason,
+        "reason": reason, "message": plain_text(message, 1024), "type": type_, "action": action or reason,
         "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
         "reportingInstance": COMPONENT, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     })

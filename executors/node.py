@@ -26,7 +26,7 @@ from collectors.nvml import GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailabl
 from collectors.sources.procfs import ProcFs
 from executors.gate import DRY_RUN_PREFIX
 from executors.kube import is_daemonset_pod, is_mirror_pod, node_or_none, pods_on_node, record_event
-from schemas.base import normalize_pci
+from schemas.base import normalize_pci, plain_text
 from schemas.models import RemediationCommand
 from schemas.vocab import Action
 
@@ -319,7 +319,7 @@ class NodeActions:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(path.name + ".xidstream-tmp")
             tmp.write_text(f"xidstream {datetime.now(timezone.utc).isoformat()} incident {cmd.incident_id} "
-                           f"command {cmd.command_id}: {cmd.reason}\n")
+                           f"command {cmd.command_id}: {plain_text(cmd.reason)}\n")  # one line, whatever signed it
             os.replace(tmp, path)
         except OSError as exc:
             detail = f"cannot write the reboot sentinel {path}: {exc.strerror}"

@@ -6,13 +6,14 @@ Every record carries `schema` (type and version, e.g. ``xidstream.gpu_sample/1``
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime, timezone
 from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
-__all__ = ["Record", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci"]
+__all__ = ["Record", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci", "plain_text"]
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -39,6 +40,29 @@ def utc_now() -> datetime:
 
 def new_event_id() -> str:
     return uuid.uuid4().hex
+
+
+# Characters that change how text reads rather than what it says: C0/C1 controls (newlines,
+# ANSI escapes), DEL, the Unicode line/paragraph separators and the bidirectional overrides and
+# isolates (the "Trojan Source" characters, CVE-2021-42574).
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def plain_text(text: str | None, limit: int = 500) -> str:
+    """`text` as one plain line of at most `limit` characters, for what a person or another tool
+    reads: a command's reason (signed, then written into Node annotations, Events and kured's
+    sentinel), alert summaries. Part of it may come from a node (a result's `detail`, a process
+    name from a kernel line): a newline must not forge a second sentinel or log line, an escape
+    must not repaint a terminal, and 10 MB of detail must not ride along."""
+    if not text:
+        return ""
+    if len(text) > 4 * limit:
+        text = text[: 4 * limit]  # bound the work before the substitution
+    out = _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
+    if len(out) > limit:
+        tail = f"... [cut at {limit}]"
+        out = out[: max(limit - len(tail), 0)] + tail if limit > len(tail) else out[:limit]
+    return out
 
 
 def normalize_pci(bus_id: str | bytes | None) -> str | None:

@@ -11,6 +11,7 @@ import hashlib
 from datetime import datetime, timezone
 from typing import Any
 
+from schemas.base import plain_text
 from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
 from schemas.vocab import Action, Classification, Severity
 from schemas.xid_catalog import lookup
@@ -22,6 +23,8 @@ __all__ = ["SEVERITY", "PRECONDITIONS", "STEP_TEXT", "hid", "dt", "describe_xid"
            "command", "alert"]
 
 UTC = timezone.utc
+# A command's reason is signed, then written into Node annotations, Events and kured's sentinel.
+REASON_LIMIT = 500
 
 SEVERITY = {
     Classification.APP_FAULT: Severity.info,
@@ -83,7 +86,8 @@ def command(state: GpuState, inc: Incident, action: Action, ts: float, policy: P
     step = inc.emit(action, cid, ts)
     return RemediationCommand(
         ts=dt(ts), node=state.node, command_id=cid, incident_id=inc.id, gpu_uuid=state.gpu_uuid,
-        gpu_index=state.gpu_index, pci_bus_id=state.pci_bus_id, action=action, step=step, reason=reason,
+        gpu_index=state.gpu_index, pci_bus_id=state.pci_bus_id, action=action, step=step,
+        reason=plain_text(reason, REASON_LIMIT),  # it may quote a node's text (a result's detail)
         preconditions=list(PRECONDITIONS.get(action, [])),
         # Evidence time + TTL, not the processor's clock: a replay decides as live did, and an
         # executor refuses by its own wall clock what arrives too late.

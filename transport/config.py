@@ -31,8 +31,9 @@ class KafkaConfig:
     # needs this many replicas, e.g. 2 of 3 survives one broker down without losing a record.
     min_insync_replicas: int | None = None
     node: str = field(default_factory=socket.gethostname)
-    # Extra librdkafka settings (security.protocol, sasl.*, ...) for every client we create.
-    kafka_extra: Mapping[str, str] = field(default_factory=dict)
+    # Extra librdkafka settings (security.protocol, sasl.*, ...) for every client we create. Not in
+    # repr: it holds sasl.password and key passwords, and settings end up in logs and tracebacks.
+    kafka_extra: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def topics(self) -> TopicRegistry:

@@ -263,16 +263,23 @@ class LocalBroker:
             [java, "-cp", f"{self.libs_dir}/*", "kafka.tools.StorageTool", "random-uuid"],
             capture_output=True, text=True,
         ).stdout.strip() or uuid.uuid4().hex[:22]
-        scram: list[str] = []
+        args = ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)]
         if self.secure:
             # KRaft keeps SCRAM credentials in the metadata log: the users exist from the start
             for role, password in self._passwords().items():
-                scram += ["--add-scram", f"SCRAM-SHA-512=[name={role},password={password}]"]
-        proc = subprocess.run(
-            [java, "-cp", f"{self.libs_dir}/*", "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(props), *scram],
-            capture_output=True, text=True,
-        )
+                args += ["--add-scram", f"SCRAM-SHA-512=[name={role},password={password}]"]
+        # The arguments go in a 0600 argument file (`java @file`, JDK 9+), not on the command line:
+        # any local user can read a process's command line in /proc/PID/cmdline while it formats.
+        argfile = self.state_dir / "format.args"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        argfile.unlink(missing_ok=True)
+        fd = os.open(argfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(f'"{a}"\n' for a in args))
+        try:
+            proc = subprocess.run([java, "-cp", f"{self.libs_dir}/*", f"@{argfile}"], capture_output=True, text=True)
+        finally:
+            argfile.unlink(missing_ok=True)
         self._log(f"format: {proc.stdout}{proc.stderr}")
         if proc.returncode != 0:
             raise BrokerError(f"formatting the KRaft log dir failed; see {self.log_file}:\n{proc.stderr[-1500:]}")

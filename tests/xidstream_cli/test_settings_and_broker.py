@@ -72,3 +72,33 @@ def test_a_benchmark_uses_a_given_or_running_broker_and_never_owns_it(kafka_boot
     assert broker_for_run("10.0.0.1:9092") == ("10.0.0.1:9092", None)
     bootstrap, broker = broker_for_run(None)
     assert bootstrap == kafka_bootstrap and broker is None
+
+
+def test_formatting_the_secure_broker_puts_no_password_on_a_command_line(tmp_path, monkeypatch):
+    """Any local user reads /proc/PID/cmdline: the SCRAM passwords go to StorageTool in a 0600
+    argument file (`java @file`), removed afterwards."""
+    import subprocess
+
+    import xidstream.localbroker as lb
+
+    seen = []
+
+    def fake_run(argv, **kw):
+        if not any(a.startswith("@") for a in argv):  # StorageTool random-uuid
+            return subprocess.CompletedProcess(argv, 0, stdout="abcdefghijklmnopqrstuv", stderr="")
+        argfile = next(a[1:] for a in argv if a.startswith("@"))
+        from pathlib import Path
+
+        p = Path(argfile)
+        seen.append((list(argv), p.read_text(), oct(p.stat().st_mode & 0o777)))
+        return subprocess.CompletedProcess(argv, 0, stdout="Formatting", stderr="")
+
+    broker = LocalBroker(state_dir=tmp_path / "state", cache_dir=tmp_path / "cache", secure=True)
+    monkeypatch.setattr(lb.subprocess, "run", fake_run)
+    broker._format("java", tmp_path / "server.properties")
+    ((argv, content, mode),) = [s for s in seen if "StorageTool" in s[1]]
+    passwords = broker._passwords()
+    assert all(pw not in " ".join(argv) for pw in passwords.values())
+    assert all(f"password={pw}" in content for pw in passwords.values())
+    assert mode == "0o600"
+    assert not list((tmp_path / "state").glob("*.args"))  # removed after use
