@@ -30,11 +30,12 @@ from lightkube.types import PatchType
 from executors.gate import DRY_RUN_PREFIX
 from executors.kube import (device_taint_rule_resource, discover_version, is_daemonset_pod, is_mirror_pod,
                             node_or_none, pods_on_node, record_event)
+from schemas.base import plain_text
 from schemas.models import RemediationCommand
 from schemas.vocab import Action
 
 __all__ = ["ClusterActions", "TAINT_KEY", "CORDON_ANNOTATION", "REPLACE_LABEL", "quarantine_rule_name",
-           "DRA_DRIVER"]
+           "DRA_DRIVER", "MANAGED_NODE_LABELS", "CONTROL_PLANE_LABELS", "unmanaged_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,27 @@ QUARANTINE_LABEL_PREFIX = "gpu-quarantine.xidstream.io/"  # advisory fallback: <
 DRA_DRIVER = "gpu.nvidia.com"
 
 Outcome = tuple[str, str]
+
+# Which nodes this executor may act on: GPU nodes, as the chart's DaemonSet selects them (a node
+# with EITHER label: the GPU operator's / device plugin's, or Node Feature Discovery's NVIDIA PCI
+# vendor label), and never a control-plane node. A signed command names its node, but what the
+# processor signs rests on what nodes sent (threats T1-T3): a command for kube-control-plane-1,
+# or for a node that runs no GPU, is refused here whatever signed it.
+MANAGED_NODE_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present")
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+
+
+def unmanaged_reason(node: Any, managed_labels: tuple[str, ...]) -> str | None:
+    """Why this executor must not touch `node` (None: it is a managed GPU node)."""
+    labels = node.metadata.labels or {}
+    name = node.metadata.name
+    role = [k for k in CONTROL_PLANE_LABELS if k in labels]
+    if role:
+        return f"node {name} is a control-plane node (label {role[0]}): xidstream never acts on one"
+    if managed_labels and not any(labels.get(k, "").lower() not in ("", "false") for k in managed_labels):
+        return (f"node {name} is not a managed GPU node: it has none of the labels {', '.join(managed_labels)} "
+                f"(--managed-node-label)")
+    return None
 
 
 def _now() -> str:
@@ -96,8 +118,10 @@ def _incidents(holders: dict[str, dict]) -> str:
 
 
 class ClusterActions:
-    def __init__(self, client: Client, *, drain_timeout: float = 120.0, eviction_retry: float = 2.0) -> None:
+    def __init__(self, client: Client, *, drain_timeout: float = 120.0, eviction_retry: float = 2.0,
+                 managed_labels: tuple[str, ...] = MANAGED_NODE_LABELS) -> None:
         self.client = client
+        self.managed_labels = tuple(managed_labels)
         self.drain_timeout = drain_timeout
         self.eviction_retry = eviction_retry
         self._dtr_version: str | None | bool = False  # False: not discovered yet
@@ -107,6 +131,9 @@ class ClusterActions:
         node = node_or_none(self.client, cmd.node)
         if node is None:
             return "failed", f"node {cmd.node} does not exist on the API server; nothing was done"
+        why = unmanaged_reason(node, self.managed_labels)
+        if why is not None:
+            return "refused", f"refused: {why}; nothing was done"
         handler = {
             Action.RECORD: self._record, Action.CORDON_NODE: self._cordon, Action.UNCORDON_NODE: self._uncordon,
             Action.DRAIN_NODE: self._drain, Action.QUARANTINE_GPU: self._quarantine,
@@ -379,7 +406,7 @@ class ClusterActions:
             return "refused", DRY_RUN_PREFIX + what
         self._patch_node(node, {"metadata": {
             "labels": {REPLACE_LABEL: "true"},
-            "annotations": {"xidstream.io/replace-reason": f"incident {cmd.incident_id}: {cmd.reason}"[:1000]}}})
+            "annotations": {"xidstream.io/replace-reason": plain_text(f"incident {cmd.incident_id}: {cmd.reason}", 1000)}}})
         self._event(node, cmd, "XidstreamReplaceNode", f"node marked for replacement: {cmd.reason or 'see incident'}")
         return "succeeded", f"labelled node {cmd.node} {REPLACE_LABEL}=true for replacement and recorded an Event"
 

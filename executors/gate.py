@@ -12,9 +12,16 @@ Order of the checks (each one names itself in the result's `detail`):
 2. journal: a command_id already carried out is answered again with the journal's result, never
    executed twice (also when it has expired since: the answer is what happened).
 3. expiry: `expires_at` <= now by the executor's wall clock -> outcome `expired`.
+   lifetime: a command whose `expires_at` lies more than `Limits.max_lifetime_s` after its `ts`,
+   or whose `ts` lies more than `Limits.max_future_skew_s` ahead of the executor's clock, is
+   refused: a key that signs a command valid for 30 days (T3), or a processor fed records from a
+   lying clock (T4), must not leave an order that waits for its moment.
 4. node: a node executor acts only on commands for its own node.
 5. scope: an action this executor does not carry out (e.g. RESET_GPU sent to the cluster executor).
-6. approval: `requires_approval` needs an authentic, unexpired Approval naming the command_id;
+6. approval: `requires_approval` needs an authentic, unexpired Approval naming the command_id,
+   signed by an *approver* key: commands and approvals have separate trust sets, so the
+   processor's key (which signs commands) cannot approve what it held, and an approver's key
+   cannot sign a command;
    without one the command is refused with `awaiting_approval` set (the Kafka runner holds it until
    an approval arrives or it expires; `--stdin` answers refused at the end of its input).
 
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -40,7 +47,7 @@ from schemas.signing import SignatureError, VerifyKeys
 from schemas.vocab import Action, Outcome
 
 __all__ = ["Scope", "CLUSTER_ACTIONS", "NODE_ACTIONS", "Decision", "decide", "result_for", "Journal",
-           "Approvals", "DRY_RUN_PREFIX"]
+           "Approvals", "DRY_RUN_PREFIX", "Limits", "separate_trust"]
 
 Scope = Literal["cluster", "node"]
 
@@ -52,6 +59,31 @@ NODE_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
 SCOPE_ACTIONS = {"cluster": CLUSTER_ACTIONS, "node": NODE_ACTIONS}
 
 DRY_RUN_PREFIX = "dry run: would "
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what a signed record may claim about time.
+
+    The processor stamps a command with the time of the evidence and lets it live `command_ttl_s`
+    (900 s by default, streams.policy): an hour is four times that. Five minutes of future skew is
+    the same bound the processor puts on a node's clock (streams.evidence CLOCK_SKEW_S). Approvals
+    are made by `xidstream approve` (900 s by default): a day at most."""
+
+    max_lifetime_s: float = 3600.0
+    max_future_skew_s: float = 300.0
+    max_approval_lifetime_s: float = 86400.0
+
+
+def separate_trust(commands: VerifyKeys, approvals: VerifyKeys) -> None:
+    """Refuse a configuration where one key both signs commands and approves them."""
+    both = sorted(set(commands.key_ids) & set(approvals.key_ids))
+    if both:
+        from schemas.errors import ConfigError
+
+        raise ConfigError(f"key(s) {', '.join(both)} are trusted both for commands (--verify-key) and for "
+                          f"approvals (--approver-key): a key that signs commands must not approve them; "
+                          f"give the approvers keys of their own (xidstream keys generate)")
 
 
 def result_for(cmd: RemediationCommand, outcome: Outcome | str, detail: str, node: str | None = None) -> RemediationResult:
@@ -74,8 +106,9 @@ class Approvals:
     """Authentic approvals by command_id. Only verified, unexpired approvals count; a forged one is
     dropped with its reason (kept in `rejected` for the log)."""
 
-    def __init__(self, keys: VerifyKeys) -> None:
+    def __init__(self, keys: VerifyKeys, limits: Limits | None = None) -> None:
         self._keys = keys
+        self._limits = limits or Limits()
         self._by_command: dict[str, list[Approval]] = {}
         self.rejected: list[tuple[str, str]] = []  # (approval_id, why)
 
@@ -86,12 +119,22 @@ class Approvals:
         except SignatureError as exc:
             self.rejected.append((approval.approval_id, str(exc)))
             return str(exc)
+        lifetime = (approval.expires_at - approval.ts).total_seconds()
+        if lifetime > self._limits.max_approval_lifetime_s:
+            why = (f"valid for {lifetime:.0f} s from its ts, more than the {self._limits.max_approval_lifetime_s:.0f} s "
+                   f"an approval may live")
+            self.rejected.append((approval.approval_id, why))
+            return why
         self._by_command.setdefault(approval.command_id, []).append(approval)
         return None
 
     def valid_for(self, command_id: str, now: datetime) -> Approval | None:
         for a in self._by_command.get(command_id, ()):
-            if a.expires_at > now:
+            if a.expires_at > now and a.ts <= now + timedelta(seconds=self._limits.max_future_skew_s):
+                try:
+                    self._keys.verify(a)  # again: its key may have been revoked since it arrived
+                except SignatureError:
+                    continue
                 return a
         return None
 
@@ -100,7 +143,7 @@ class Approvals:
 
 
 def decide(cmd: RemediationCommand, *, keys: VerifyKeys, now: datetime, scope: Scope, node: str | None,
-           journal: "Journal", approvals: Approvals) -> Decision:
+           journal: "Journal", approvals: Approvals, limits: Limits | None = None) -> Decision:
     def refuse(reason: str, detail: str, outcome: Outcome = Outcome.refused, **kw: bool) -> Decision:
         return Decision(False, result_for(cmd, outcome, detail, node=node), reason, **kw)
 
@@ -118,6 +161,14 @@ def decide(cmd: RemediationCommand, *, keys: VerifyKeys, now: datetime, scope: S
     if cmd.expires_at <= now:
         return refuse("expired", f"expired at {format_ts(cmd.expires_at)} (executor clock {format_ts(now)}); "
                                  f"nothing was done", Outcome.expired)
+    limits = limits or Limits()
+    lifetime = (cmd.expires_at - cmd.ts).total_seconds()
+    if lifetime > limits.max_lifetime_s:
+        return refuse("lifetime", f"refused: valid for {lifetime:.0f} s from its ts {format_ts(cmd.ts)}, more than the "
+                                  f"{limits.max_lifetime_s:.0f} s a command may live; nothing was done")
+    if (cmd.ts - now).total_seconds() > limits.max_future_skew_s:
+        return refuse("future", f"refused: stamped {format_ts(cmd.ts)}, more than {limits.max_future_skew_s:.0f} s "
+                                f"ahead of the executor clock {format_ts(now)}; nothing was done")
     if scope == "node" and cmd.node != node:
         return refuse("node", f"refused: command is for node {cmd.node}, this executor acts only on {node}; "
                               f"nothing was done")

@@ -26,7 +26,7 @@ from typing import IO, Any, Callable
 
 import orjson
 
-from executors.gate import SCOPE_ACTIONS, Approvals, Journal, Scope, decide, result_for
+from executors.gate import SCOPE_ACTIONS, Approvals, Journal, Limits, Scope, decide, result_for, separate_trust
 from schemas.base import format_ts
 from schemas.codec import decode_any, encode
 from schemas.errors import DecodeError
@@ -48,12 +48,18 @@ def _utc_now() -> datetime:
 
 class Executor:
     def __init__(self, *, scope: Scope, keys: VerifyKeys, actions: Any, state_dir: str | Path, apply: bool = False,
-                 node: str | None = None, clock: Clock = _utc_now) -> None:
+                 node: str | None = None, clock: Clock = _utc_now, approval_keys: VerifyKeys | None = None,
+                 limits: Limits | None = None) -> None:
+        """`keys` verify commands, `approval_keys` approvals (two trust sets, never sharing a key;
+        without approver keys no held command can be approved)."""
         if scope == "node" and not node:
             raise ValueError("a node executor needs its node name (--node NAME)")
         self.scope, self.keys, self.actions, self.apply, self.node, self.clock = scope, keys, actions, apply, node, clock
+        self.approval_keys = approval_keys if approval_keys is not None else VerifyKeys({})
+        separate_trust(keys, self.approval_keys)
+        self.limits = limits or Limits()
         self.journal = Journal(Path(state_dir) / f"journal-{scope}{'-' + node if node else ''}.jsonl")
-        self.approvals = Approvals(keys)
+        self.approvals = Approvals(self.approval_keys, self.limits)
         self._held: dict[str, RemediationCommand] = {}
         for cid, raw in self.journal.held.items():  # held before a restart: still waiting
             try:
@@ -76,7 +82,7 @@ class Executor:
     def handle(self, cmd: RemediationCommand, *, hold: bool = False) -> RemediationResult | None:
         now = self.clock()
         d = decide(cmd, keys=self.keys, now=now, scope=self.scope, node=self.node, journal=self.journal,
-                   approvals=self.approvals)
+                   approvals=self.approvals, limits=self.limits)
         if not d.proceed:
             if d.awaiting_approval and hold:
                 if cmd.command_id not in self._held:

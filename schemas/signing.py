@@ -83,6 +83,16 @@ class SigningKey:
             raise ConfigError(f"{path}: not an Ed25519 private key")
         return cls(key)
 
+    def derive(self, label: bytes) -> bytes:
+        """A 32-byte secret for `label`, derived from the private key (HMAC-SHA256 keyed by its
+        raw bytes): what only holders of this key can compute, e.g. the processor's hand-off MAC."""
+        import hmac
+
+        serialization, _ = _crypto()
+        raw = self._key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                      serialization.NoEncryption())
+        return hmac.new(raw, b"xidstream derive v1:" + label, hashlib.sha256).digest()
+
     def sign(self, record: R) -> R:
         """A copy of `record` with `key_id` and `signature` set."""
         stamped = record.model_copy(update={"key_id": self.key_id, "signature": None})
@@ -91,13 +101,46 @@ class SigningKey:
 
 
 class VerifyKeys:
-    """The public keys an executor trusts, by key id."""
+    """The public keys an executor trusts for one purpose (commands, or approvals), by key id,
+    less those a revocation list names.
 
-    def __init__(self, keys: dict[str, Any]) -> None:
+    `revoked`: a file of revoked key ids (one per line, ``#`` comments), re-read whenever its
+    modification time or size changes, so a leaked key is refused without a restart (threat T3: one
+    leaked signing key). A revocation list that cannot be read refuses everything rather than
+    trusting a key that may be revoked."""
+
+    def __init__(self, keys: dict[str, Any], revoked: str | Path | None = None) -> None:
         self._keys = keys
+        self._revoked_path = Path(revoked) if revoked is not None else None
+        self._revoked: frozenset[str] = frozenset()
+        self._revoked_stamp: tuple | None = None
+        self._revoked_error: str | None = None
+
+    def with_revocations(self, path: str | Path | None) -> "VerifyKeys":
+        return VerifyKeys(dict(self._keys), path)
+
+    def _reload_revoked(self) -> None:
+        if self._revoked_path is None:
+            return
+        try:
+            st = self._revoked_path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp == self._revoked_stamp:
+                return
+            text = self._revoked_path.read_text()
+        except OSError as exc:
+            self._revoked_stamp, self._revoked_error = None, f"cannot read the revocation list {self._revoked_path}: {exc.strerror}"
+            return
+        ids = {ln.split("#", 1)[0].strip() for ln in text.splitlines()}
+        self._revoked, self._revoked_stamp, self._revoked_error = frozenset(i for i in ids if i), stamp, None
+
+    def revoked(self) -> frozenset[str]:
+        self._reload_revoked()
+        return self._revoked
 
     @classmethod
-    def load(cls, paths: Iterable[str | Path]) -> "VerifyKeys":
+    def load(cls, paths: Iterable[str | Path], revoked: str | Path | None = None, *,
+             purpose: str = "commands") -> "VerifyKeys":
         serialization, ed25519 = _crypto()
         keys: dict[str, Any] = {}
         for path in paths:
@@ -109,9 +152,9 @@ class VerifyKeys:
                 raise ConfigError(f"{path}: not an Ed25519 public key")
             raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
             keys[key_id(raw)] = key
-        if not keys:
+        if not keys and purpose == "commands":
             raise ConfigError("no verify key given: an executor acts only on signed commands (--verify-key FILE)")
-        return cls(keys)
+        return cls(keys, revoked)
 
     @property
     def key_ids(self) -> list[str]:
@@ -125,7 +168,12 @@ class VerifyKeys:
             raise SignatureError("unsigned: no signature or key_id")
         key = self._keys.get(kid)
         if key is None:
-            raise SignatureError(f"signed by unknown key {kid} (trusted: {', '.join(self.key_ids)})")
+            raise SignatureError(f"signed by unknown key {kid} (trusted: {', '.join(self.key_ids) or 'none'})")
+        self._reload_revoked()
+        if self._revoked_error is not None:
+            raise SignatureError(f"{self._revoked_error}; trusting no key until it can be read")
+        if kid in self._revoked:
+            raise SignatureError(f"signed by revoked key {kid} (listed in {self._revoked_path})")
         try:
             raw = base64.b64decode(sig, validate=True)
         except ValueError:

@@ -3,7 +3,7 @@
     xidstream keys generate --out DIR             # DIR/signing.key (0600) + DIR/signing.pub, prints the key id
     xidstream keys sign --key DIR/signing.key < commands.jsonl > signed.jsonl
     xidstream approve COMMAND_ID --key FILE --node NODE [--by NAME] [--ttl S] [--publish]
-    xidstream execute --scope cluster --verify-key DIR/signing.pub [--apply] [--kubeconfig FILE]
+    xidstream execute --scope cluster --verify-key DIR/signing.pub [--approver-key OPS/signing.pub] [--apply] [--kubeconfig FILE]
     xidstream execute --scope node --node NAME --verify-key FILE [--apply] [--reboot-sentinel PATH]
     xidstream execute ... --stdin                  # command JSON lines in, one result line each out; no Kafka
 """
@@ -96,7 +96,8 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
 
     if args.scope == "node" and not args.node:
         raise ConfigError("--scope node needs --node NAME (the node this executor runs on)")
-    keys = VerifyKeys.load(args.verify_key or [])
+    keys = VerifyKeys.load(args.verify_key or [], args.revoked_keys)
+    approval_keys = VerifyKeys.load(args.approver_key or [], args.revoked_keys, purpose="approvals")
     client = None
     if not (args.scope == "node" and args.no_kube):
         from executors.kube import make_client
@@ -105,7 +106,10 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
     if args.scope == "cluster":
         from executors.cluster import ClusterActions
 
-        actions = ClusterActions(client, drain_timeout=args.drain_timeout)
+        from executors.cluster import MANAGED_NODE_LABELS
+
+        actions = ClusterActions(client, drain_timeout=args.drain_timeout,
+                                 managed_labels=tuple(args.managed_node_label or MANAGED_NODE_LABELS))
     else:
         from executors.node import NodeActions, NvmlGpuOps
 
@@ -122,14 +126,16 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
                               release_timeout=args.release_timeout, precondition_wait=args.precondition_wait)
     state = Path(args.state_dir)
     return Executor(scope=args.scope, keys=keys, actions=actions, state_dir=state, apply=args.apply,
-                    node=args.node if args.scope == "node" else None)
+                    node=args.node if args.scope == "node" else None, approval_keys=approval_keys)
 
 
 def _execute(args: argparse.Namespace, settings: Settings) -> int:
     ex = build_executor(args)
     mode = "APPLY" if args.apply else "dry run (nothing is changed; --apply to act)"
     print(f"xidstream execute: {args.scope} executor{' for node ' + args.node if args.node else ''}, {mode}, "
-          f"trusting key(s) {', '.join(ex.keys.key_ids)}, journal {ex.journal.path}", file=sys.stderr, flush=True)
+          f"commands signed by {', '.join(ex.keys.key_ids)}, approvals by "
+          f"{', '.join(ex.approval_keys.key_ids) or 'nobody (held commands expire)'}, journal {ex.journal.path}",
+          file=sys.stderr, flush=True)
     if args.stdin:
         from executors.runner import run_stdin
 
@@ -148,7 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("approve", help="sign an approval that releases one held command")
     p.add_argument("command_id")
-    p.add_argument("--key", required=True, help="the approver's private key (its public key must be an executor's --verify-key)")
+    p.add_argument("--key", required=True, help="the approver's private key (its public key must be an executor's "
+                                                 "--approver-key, never a --verify-key)")
     p.add_argument("--node", required=True, help="the node the command is for (the approvals topic is keyed by node)")
     p.add_argument("--by", help="who approves (default: the login name)")
     p.add_argument("--reason", help="why, in words")
@@ -161,13 +168,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scope", choices=["cluster", "node"], required=True)
     p.add_argument("--node", help="node scope: the node this executor runs on (required)")
     p.add_argument("--verify-key", action="append", metavar="FILE",
-                   help="a trusted public key (repeat it during a key rotation); at least one")
+                   help="a public key trusted to sign commands: the processor's (repeat it during a key rotation); at least one")
+    p.add_argument("--approver-key", action="append", metavar="FILE", default=[],
+                   help="a public key trusted to sign approvals of held commands (repeat for each approver); never "
+                        "one of the --verify-key keys. Without one, held commands wait until they expire")
+    p.add_argument("--revoked-keys", metavar="FILE",
+                   help="a file of revoked key ids, one per line; re-read when it changes (commands and approvals "
+                        "signed by a listed key are refused)")
     p.add_argument("--apply", action="store_true", help="act; without it every command is answered with what it would do")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
     p.add_argument("--no-kube", action="store_true", help="node scope: no API server (RESET_GPU then is refused on its "
                                                            "cordoned/drained precondition; REBOOT_NODE records no Event)")
     p.add_argument("--stdin", action="store_true", help="command JSON lines on stdin, one result line each on stdout; no Kafka")
     p.add_argument("--state-dir", default=".xidstream/executor", help="the journal of carried-out commands (default .xidstream/executor)")
+    p.add_argument("--managed-node-label", action="append", metavar="LABEL",
+                   help="cluster scope: act only on nodes with one of these labels, never on control-plane nodes "
+                        "(repeat; default nvidia.com/gpu.present and feature.node.kubernetes.io/pci-10de.present, "
+                        "the chart's GPU-node selector)")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="cluster scope: seconds a drain waits on blocking PodDisruptionBudgets (default 120)")
     p.add_argument("--reboot-sentinel", default="/var/run/reboot-required", help="node scope: kured's sentinel file (default /var/run/reboot-required)")
     p.add_argument("--collector-state-dir", default=".xidstream/collector",

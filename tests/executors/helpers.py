@@ -19,13 +19,14 @@ def keypair(tmp: Path, name: str = "k") -> tuple[SigningKey, VerifyKeys, Path, P
 
 def command(node: str, action: str, *, ttl: float = 600.0, now: datetime | None = None, **kw) -> RemediationCommand:
     now = now or datetime.now(timezone.utc)
-    fields = dict(node=node, command_id=f"cmd-{uuid.uuid4().hex[:12]}", incident_id=f"inc-{uuid.uuid4().hex[:8]}",
+    fields = dict(ts=now, node=node, command_id=f"cmd-{uuid.uuid4().hex[:12]}", incident_id=f"inc-{uuid.uuid4().hex[:8]}",
                   gpu_uuid=UUID1, gpu_index=1, pci_bus_id="0000:02:00", action=action, step=1,
                   reason="GPU 1 wedged after Xid 43", expires_at=now + timedelta(seconds=ttl))
     fields.update(kw)
     return RemediationCommand(**fields)
 
 
-def approval(key: SigningKey, cmd: RemediationCommand, *, ttl: float = 600.0) -> Approval:
-    return key.sign(Approval(node=cmd.node, approval_id=uuid.uuid4().hex, command_id=cmd.command_id,
-                             approved_by="operator", expires_at=datetime.now(timezone.utc) + timedelta(seconds=ttl)))
+def approval(key: SigningKey, cmd: RemediationCommand, *, ttl: float = 600.0, now: datetime | None = None) -> Approval:
+    now = now or datetime.now(timezone.utc)
+    return key.sign(Approval(ts=now, node=cmd.node, approval_id=uuid.uuid4().hex, command_id=cmd.command_id,
+                             approved_by="operator", expires_at=now + timedelta(seconds=ttl)))

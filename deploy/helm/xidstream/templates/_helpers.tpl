@@ -69,10 +69,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end -}}
 
-{{/* --verify-key per public key of the verify Secret (mounted at /etc/xidstream/verify). */}}
+{{/* --verify-key per command key, --approver-key per approver key, --revoked-keys: files of the
+     verify Secret (mounted at /etc/xidstream/verify). */}}
 {{- define "xidstream.verifyArgs" -}}
 {{- range .Values.verifyKeys.keys }}
 - --verify-key
+- /etc/xidstream/verify/{{ . }}
+{{- end }}
+{{- range (.Values.verifyKeys.approverKeys | default list) }}
+- --approver-key
+- /etc/xidstream/verify/{{ . }}
+{{- end }}
+{{- with .Values.verifyKeys.revoked }}
+- --revoked-keys
 - /etc/xidstream/verify/{{ . }}
 {{- end }}
 {{- end -}}
