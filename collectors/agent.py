@@ -44,6 +44,11 @@ __all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessI
 
 log = logging.getLogger(__name__)
 
+# An unchanged inventory is published again this often: the processor counts a node as a GPU node
+# (the fleet breaker's size; capacity taken without approval) while it saw the node's inventory
+# within a day (streams.policy fleet_node_ttl_s), so a quiet node stays known.
+INVENTORY_HEARTBEAT_S = 6 * 3600.0
+
 
 class ProcessInfo(Protocol):
     """What the collector needs from /proc (collectors.sources.procfs.ProcFs, or a fake)."""
@@ -697,7 +702,8 @@ class Collector:
             rec = self._inventory_record(gpu, now)
             prev = self._inventory_sent.get(gpu.uuid)
             same = prev is not None and prev.model_dump(exclude={"event_id", "ts"}) == rec.model_dump(exclude={"event_id", "ts"})
-            if not same:
+            stale = prev is not None and (now - prev.ts).total_seconds() >= INVENTORY_HEARTBEAT_S
+            if not same or stale:
                 self.sink.publish(rec)
                 self._inventory_sent[gpu.uuid] = rec
 

@@ -15,6 +15,7 @@ __all__ = [
     "Outcome",
     "TsSource",
     "NODE_ACTIONS",
+    "BREAKER_ACTIONS",
     "RECOVERY_ACTIONS",
 ]
 
@@ -40,10 +41,15 @@ class Action(str, Enum):
     REPLACE_NODE = "REPLACE_NODE"
 
 
-# Actions that disturb every tenant of a node; the fleet circuit breaker counts these.
+# Actions that disturb every tenant of a node.
 NODE_ACTIONS = frozenset(
     {Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE, Action.REPLACE_NODE}
 )
+# What the fleet circuit breaker counts and, once tripped, holds for approval: every action that
+# takes capacity away. A GPU reset ends every process on the GPU (and its node must be drained
+# first); a quarantine takes the GPU from the scheduler. Counting only the node-level four let a
+# storm walk around the breaker: 160 GPUs on 20 nodes quarantined, RESET_GPU unheld on every node.
+BREAKER_ACTIONS = NODE_ACTIONS | {Action.RESET_GPU, Action.QUARANTINE_GPU}
 
 
 class Severity(str, Enum):

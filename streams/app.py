@@ -51,6 +51,7 @@ from schemas.topics import INPUT_TOPICS
 from streams import faust_fast
 from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step
+from streams.handoff import Handoff
 from streams.policy import Policy
 from streams.routing import FLEET_KEY, fan_out, state_key
 from transport.config import KafkaConfig
@@ -186,9 +187,11 @@ class ProcessorApp:
 def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: str | None = None,
                web_port: int | None = None, store: str = "memory://", datadir: str | None = None,
                fast_rebalance: bool = False, batch: int = 500, within: float = 0.05,
-               signing_key: Any = None, web_bind: str = "127.0.0.1") -> ProcessorApp:
+               signing_key: Any = None, web_bind: str = "127.0.0.1", approver_keys: Any = None) -> ProcessorApp:
     """`signing_key` (a `schemas.signing.SigningKey`): every command is signed as it leaves the
-    fleet agent, the last place that changes it (issue 10); executors refuse unsigned commands.
+    fleet agent, the last place that changes it; executors refuse unsigned commands. It also seals
+    what the GPU agents hand to the fleet agent, and `approver_keys` (a `VerifyKeys`) verify a
+    breaker reset (`streams.handoff`): nobody but this processor's agents gets a command signed.
     `web_bind`: where faust's web server (probes, ``/metrics``) listens; loopback unless the
     command says otherwise (in a pod: the pod's address, for the kubelet and Prometheus)."""
     if type(batch) is not int or batch < 1:
@@ -199,6 +202,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         # come; 0 and None meant the same in faust's take_events, which the agents used before
         raise ValueError(f"within must be a number of seconds > 0, not {within!r}")
     policy = policy or Policy()
+    handoff = Handoff.for_processor(signing_key, approver_keys)
     reg = settings.topics
     partitions = settings.partitions
     # Failover (issue 12): a worker killed without leaving its group is noticed when its session
@@ -241,6 +245,13 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         web_bind=web_bind,
         web_host=web_bind,
         web_port=web_port or 6066,
+        # Only the probes and /metrics: faust's /router and /table views answer any caller with
+        # which worker holds which GPU's row and the row itself (incidents, pods, PIDs), and the
+        # graph and stats views show the topology. Nothing here needs them.
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_graph_enabled=False,
+        web_stats_enabled=False,
         producer_acks=-1,
         **extra,
     )
@@ -389,7 +400,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             stats["alerts"] += 1
             await alerts.send(key=k, value=v)
         for v in fleet_msgs:
-            await fleet_topic.send(key=FLEET_KEY, value=v)
+            await fleet_topic.send(key=FLEET_KEY, value=handoff.seal(v))
 
     async def gpus_body(stream: Any) -> None:
         async for events in faust_fast.take_batches(stream, batch, within):
@@ -432,7 +443,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
 
     def load_fleet() -> FleetState:
         """The fleet state from the cache, else from the table: the main row, plus one row per
-        known node. Known nodes are rows of their own (`node:<name>`) so that the main row stays
+        known node (when its GPU inventory was last seen). Known nodes are rows of their own (`node:<name>`) so that the main row stays
         small: in one row, 12,500 nodes (100k GPUs) made every write ~0.5 MB, and a 1M-GPU fleet's
         row would pass Kafka's 1 MB message limit."""
         state = fleet_cache.get("state")
@@ -453,14 +464,20 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             # One batch, one write of what changed (issue 12): the main row when it changed, and
             # a row for each node seen for the first time. Acked after the body, as in gpus_body.
             state = load_fleet()
-            nodes_before = len(state.known_nodes)
+            nodes_before = dict(state.known_nodes)  # a node's row is written when its inventory time moves
             for event in events:
                 msg = event.message
+                # When it was handed over, by this processor's clock (its producer stamps the
+                # record): the breaker's bound on a node's clock (streams.fleet.breaker_time).
+                received = msg.timestamp if isinstance(msg.timestamp, (int, float)) and msg.timestamp > 0 else time.time()
                 try:
-                    data = orjson.loads(event.value)
+                    data = handoff.open(event.value, time.time())
                     if data.get("kind") == "command":
                         data["command"] = RemediationCommand.model_validate(data["command"])
-                    state, outputs = fleet_step(state, data, policy)
+                    elif data.get("kind") == "reset":
+                        log.warning("fleet breaker reset by %s (approval %s, key %s)", data.get("by"),
+                                    data.get("approval_id"), data.get("key_id"))
+                    state, outputs = fleet_step(state, data, policy, now=received)
                 except Exception as exc:  # noqa: BLE001
                     await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
                     continue
@@ -479,9 +496,11 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                 continue
             _current_event.set(weakref.ref(events[-1]))
             await partitions_known(fleet_table, events[-1].message.topic)
-            new_nodes = list(state.known_nodes)[nodes_before:] + fleet_cache.pop("unsaved_nodes", [])
-            for node in new_nodes:
+            moved = [n for n, seen in state.known_nodes.items() if nodes_before.get(n) != seen]
+            for node in moved + [n for n in fleet_cache.pop("unsaved_nodes", []) if n in state.known_nodes]:
                 fleet_table[NODE_ROW + node.encode()] = _exact(orjson.dumps(state.known_nodes[node]))
+            for node in nodes_before.keys() - state.known_nodes.keys():  # forgotten (no inventory for a day)
+                fleet_table.pop(NODE_ROW + node.encode(), None)
             row = _exact(orjson.dumps({k: v for k, v in state.to_dict().items() if k != "known_nodes"}))
             if row != fleet_cache.get("row"):
                 fleet_table[FLEET_KEY] = fleet_cache["row"] = row

@@ -1,12 +1,19 @@
 """The fleet circuit breaker, as a pure fold over the one stream of proposed commands.
 
 Every remediation command passes through here (one partition, so one worker sees the whole
-fleet) before it reaches `gpu.remediation`. When node-level actions (cordon, drain, reboot,
-replace) would start on more than `fleet_fraction` of the known nodes, and on at least
-`fleet_min_nodes`, within `fleet_window_s` of event time, one FLEET_STORM alert is raised and every
-further node-level command carries ``requires_approval: true`` until an operator resets the breaker
-(`xidstream breaker reset`). A reset forgets the window, so old starts cannot trip it again
+fleet) before it reaches `gpu.remediation`. When actions that take capacity away
+(`schemas.vocab.BREAKER_ACTIONS`: cordon, drain, reboot, replace, GPU reset, quarantine) would
+start on more than `fleet_fraction` of the known nodes, and on at least `fleet_min_nodes`, within
+`fleet_window_s`, one FLEET_STORM alert is raised and every further such command carries
+``requires_approval: true`` until an operator resets the breaker (`xidstream breaker reset`, an
+approval signed by an approver key). A reset forgets the window, so old starts cannot trip it again
 (NVSentinel#450: stale events replayed after a reset).
+
+Time: a command's `ts` is the time of its evidence, which a node's clock chose (threat T4). Given
+`now` (when the fleet agent received the command, by the processor's clock), a stamp more than
+`max_clock_skew_s` away from it, ahead or behind, is taken at `now`: commands stamped 11 minutes
+apart in the future no longer fall into separate windows. Without `now` (the pure Engine, replays
+and tests), event time is used as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
-from schemas.vocab import NODE_ACTIONS, Classification, Severity
+from schemas.vocab import BREAKER_ACTIONS, Classification, Severity
 from streams.policy import Policy
 
 __all__ = ["FleetState", "fleet_step", "FLEET_NODE"]
@@ -26,12 +33,17 @@ FLEET_NODE = "fleet"  # `node` of fleet-wide alerts (they name no GPU)
 
 @dataclass
 class FleetState:
-    known_nodes: dict = field(default_factory=dict)  # node -> first seen (epoch s)
+    # node -> when its GPU inventory was last seen (epoch s). The fleet's size, the breaker's
+    # denominator, counts nodes that publish an inventory, not every name a record carries (a node
+    # that forged records for made-up nodes grew the denominator for good); a node whose inventory
+    # was not seen for `fleet_node_ttl_s` is forgotten.
+    known_nodes: dict = field(default_factory=dict)
     starts: list = field(default_factory=list)  # [ts, node] of node-level command starts
     # pod UID -> {GPU UUID: [ts, node, incident_id]}: application faults of known pods, per GPU
     workload_gpus: dict = field(default_factory=dict)
     tripped: bool = False
     tripped_at: float | None = None
+    resets_used: list = field(default_factory=list)  # approval ids of the last resets: each resets once
     trips: int = 0
     held: int = 0
 
@@ -43,14 +55,34 @@ class FleetState:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-def fleet_step(state: FleetState, msg: dict, policy: Policy) -> tuple[FleetState, list]:
+def breaker_time(ts: float, now: float | None, policy: Policy) -> float:
+    """The time the breaker counts a command at: its own stamp, unless that is more than the
+    clock-skew bound away from when it was received."""
+    if now is None or abs(ts - now) <= policy.max_clock_skew_s:
+        return ts
+    return now
+
+
+def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None = None) -> tuple[FleetState, list]:
     """msg: {"kind": "node_seen", "node", "ts"} | {"kind": "command", "command": RemediationCommand}
-    | {"kind": "reset", "ts", "by"}. Returns outputs ("alert" | "command", record)."""
+    | {"kind": "reset", "ts", "by"}. Returns outputs ("alert" | "command", record). `now`: when the
+    message was received (epoch s, the processor's clock), or None to trust event time.
+
+    A reset here is already authenticated: the fleet agent takes one only with an approval signed
+    by an approver key (`streams.handoff`); the pure Engine resets in-process."""
     kind = msg.get("kind")
-    if kind == "node_seen":
-        state.known_nodes.setdefault(msg["node"], msg["ts"])
+    if kind == "inventory":
+        seen = breaker_time(float(msg["ts"]), now, policy)
+        state.known_nodes[msg["node"]] = max(seen, state.known_nodes.get(msg["node"], seen))
         return state, []
+    if kind == "node_seen":
+        return state, []  # from rows written before inventories counted: no longer counts
     if kind == "reset":
+        used = msg.get("approval_id")
+        if used is not None:
+            if used in state.resets_used:
+                return state, []  # the same approval again (a replayed reset): already applied
+            state.resets_used = (state.resets_used + [used])[-64:]
         state.tripped = False
         state.tripped_at = None
         state.starts = []
@@ -60,11 +92,22 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy) -> tuple[FleetState
     if kind != "command":
         return state, []
     cmd: RemediationCommand = msg["command"]
-    if cmd.action not in NODE_ACTIONS:
+    if cmd.action not in BREAKER_ACTIONS:
         return state, [("command", cmd)]
-    ts = cmd.ts.timestamp()
-    state.known_nodes.setdefault(cmd.node, ts)
+    ts = breaker_time(cmd.ts.timestamp(), now, policy)
+    for node, seen in list(state.known_nodes.items()):
+        if ts - seen > policy.fleet_node_ttl_s:
+            del state.known_nodes[node]
     state.starts = [s for s in state.starts if ts - s[0] <= policy.fleet_window_s]
+    if cmd.node not in state.known_nodes:
+        # A node that never published a GPU inventory (or none within fleet_node_ttl_s) is not a
+        # GPU node this processor manages: a record naming it (kube-control-plane-1, a typo, a
+        # forgery) may still raise an alert, but taking capacity away needs a person. Not counted
+        # as a start either: made-up nodes must not trip the breaker for the real fleet.
+        state.held += 1
+        return state, [("command", cmd.model_copy(update={
+            "requires_approval": True,
+            "reason": f"{cmd.reason} [held: node {cmd.node} has published no GPU inventory]"}))]
     nodes = {n for _, n in state.starts}
     outputs: list = []
     if not state.tripped and cmd.node not in nodes:
@@ -86,9 +129,9 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy) -> tuple[FleetState
 def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known: int, policy: Policy) -> Alert:
     inc = hashlib.sha256(f"fleet-storm:{state.trips}:{state.tripped_at}".encode()).hexdigest()[:24]
     ts = datetime.fromtimestamp(state.tripped_at or 0, tz=timezone.utc)
-    summary = (f"FLEET STORM: node-level actions on {len(nodes)} of {known} known nodes within "
+    summary = (f"FLEET STORM: actions that take capacity away on {len(nodes)} of {known} known nodes within "
                f"{policy.fleet_window_s / 60:.0f} min (limit {policy.fleet_fraction:.0%}, at least "
-               f"{policy.fleet_min_nodes}); every further node-level command needs approval until "
+               f"{policy.fleet_min_nodes}); every further such command needs approval until "
                f"`xidstream breaker reset`")
     return Alert(
         ts=ts, node=FLEET_NODE, alert_id=f"{inc}-storm", incident_id=inc, gpu_uuid=None, pci_bus_id=None,

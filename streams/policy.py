@@ -64,6 +64,10 @@ class Policy:
     fleet_fraction: float = 0.20
     fleet_min_nodes: int = 3
     fleet_window_s: float = 600.0
+    # A node counts towards the fleet (and may have capacity taken away without approval) while its
+    # GPU inventory was seen within this span; collectors re-publish theirs every 6 h
+    # (collectors.agent INVENTORY_HEARTBEAT_S), so a day survives three missed heartbeats.
+    fleet_node_ttl_s: float = 86400.0
     # Incidents
     alert_cooldown_s: float = 300.0
     resolve_after_s: float = 300.0
@@ -177,7 +181,7 @@ def _check(policy: Policy, where: str) -> None:
                           "Xid 43 before the pinned evidence is complete, and no wedge is ever found")
     if policy.fleet_min_nodes < 1:
         raise ConfigError(f"{where}: fleet_min_nodes must be >= 1")
-    for key in ("suspect_window_s", "burst_seconds", "fleet_window_s", "alert_cooldown_s", "resolve_after_s",
+    for key in ("suspect_window_s", "burst_seconds", "fleet_window_s", "fleet_node_ttl_s", "alert_cooldown_s", "resolve_after_s",
                 "app_xid_lookback_s", "wedged_xid43_lookback_s", "workload_failure_lookback_s"):
         if getattr(policy, key) < 0:
             raise ConfigError(f"{where}: {key} must be >= 0")

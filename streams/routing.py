@@ -7,7 +7,7 @@ Kafka-free `streams.engine.Engine` and the tests, so the three cannot drift apar
   the UUID, else ``node/pci`` (the command carries the PCI id, the result echoes it), so the result
   of an unresolved GPU still reaches its incident.
 - `fan_out(state, record, outputs)`: what one fold step sends on. Alerts go out as they are; every
-  command, the first sighting of each node, and each application fault of a known pod go to the
+  command, each GPU inventory (its node's membership of the fleet) and each application fault of a known pod go to the
   single-partition fleet agent (`streams.fleet.fleet_step`), which alone releases commands to
   `gpu.remediation` (the circuit breaker) and sees when one workload faults several GPUs. Fleet
   messages are plain dicts except a command's ``"command"``, a `RemediationCommand`.
@@ -16,7 +16,7 @@ Kafka-free `streams.engine.Engine` and the tests, so the three cannot drift apar
 from __future__ import annotations
 
 from schemas.base import Record
-from schemas.models import Alert, RemediationResult
+from schemas.models import Alert, GpuInventory, RemediationResult
 from schemas.topics import TopicRegistry
 
 __all__ = ["state_key", "fan_out", "FLEET_KEY"]
@@ -40,13 +40,12 @@ def state_key(record: Record) -> str | None:
 def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Alert]]:
     """(messages for the fleet breaker, alerts to publish) for one fold step's `outputs`.
 
-    Marks the state's node as announced: the breaker counts nodes it has seen, so each row
-    announces its node once (the flag is part of the row and survives restarts)."""
+    A GPU inventory tells the breaker its node is a GPU node (the fleet's size; commands that take
+    capacity away from a node without one are held, `streams.fleet`)."""
     fleet: list[dict] = []
     alerts: list[Alert] = []
-    if not state.announced:
-        state.announced = True
-        fleet.append({"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp()})
+    if isinstance(record, GpuInventory) and record.node:
+        fleet.append({"kind": "inventory", "node": record.node, "ts": record.ts.timestamp()})
     for kind, out in outputs:
         if kind == "command":
             fleet.append({"kind": "command", "command": out})

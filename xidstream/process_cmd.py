@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--loglevel", default="warning", help="worker log level (default warning)")
     p.add_argument("--signing-key", help="Ed25519 private key (xidstream keys generate) that signs every command; "
                                          "executors refuse unsigned ones")
+    p.add_argument("--approver-key", action="append", default=[], metavar="FILE",
+                   help="a public key trusted to sign a breaker reset (`xidstream breaker reset --key`); repeat for "
+                        "each approver; never the signing key's own")
     p.add_argument("--fast-rebalance", action="store_true", help="short session timeouts, for a one-broker test setup")
     add_kafka_args(p)
     add_replication_args(p)
@@ -43,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("breaker", help="the fleet circuit breaker")
     p.add_argument("action", choices=["reset"])
     p.add_argument("--by", default=None, help="who resets it (default: the login name)")
+    p.add_argument("--key", help="the approver's private key: the processor takes a reset only signed by one of its "
+                                 "--approver-key keys (without one, the processor refuses resets unless it signs nothing)")
+    p.add_argument("--ttl", type=float, default=300.0, help="seconds the reset stays valid if it waits in the topic (default 300)")
     add_kafka_args(p, partitions=False)
     p.set_defaults(handler=_breaker)
 
@@ -81,6 +87,14 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         from schemas.signing import SigningKey
 
         signing_key = SigningKey.load(args.signing_key or conf.get("signing_key"))
+    approver_keys = None
+    if args.approver_key:
+        from schemas.signing import VerifyKeys
+
+        approver_keys = VerifyKeys.load(args.approver_key, purpose="approvals")
+        if signing_key is not None and signing_key.key_id in approver_keys.key_ids:
+            raise ConfigError(f"--approver-key {signing_key.key_id} is the signing key's own: a reset must be "
+                              f"approved by someone else's key")
     from streams.app import create_app, internal_topics
     from transport.kafka import ensure_processor_topics
 
@@ -94,7 +108,8 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     data_dir = args.data_dir or conf.get("data_dir") or ".xidstream/processor"
     web_port = args.web_port if args.web_port is not None else conf.get("web_port")
     proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, web_bind=args.web_bind, store=store,
-                      datadir=data_dir, fast_rebalance=args.fast_rebalance, signing_key=signing_key)
+                      datadir=data_dir, fast_rebalance=args.fast_rebalance, signing_key=signing_key,
+                      approver_keys=approver_keys)
     import faust
 
     try:
@@ -141,9 +156,23 @@ def _breaker(args: argparse.Namespace, settings: Settings) -> int:
         raise TopicError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
     if fleet not in md.topics:
         raise TopicError(f"{fleet} does not exist: no processor has run with topic prefix {settings.topic_prefix!r}")
+    msg: dict = {"kind": "reset", "ts": time.time(), "by": args.by or getpass.getuser()}
+    if args.key:
+        import uuid
+        from datetime import datetime, timedelta, timezone
+
+        from schemas.codec import to_dict
+        from schemas.models import Approval
+        from schemas.signing import SigningKey
+        from streams.handoff import RESET_COMMAND_ID
+
+        now = datetime.now(timezone.utc)
+        approval = SigningKey.load(args.key).sign(Approval(
+            ts=now, node="fleet", approval_id=uuid.uuid4().hex, command_id=RESET_COMMAND_ID, approved_by=msg["by"],
+            reason="breaker reset", expires_at=now + timedelta(seconds=args.ttl)))
+        msg["approval"] = to_dict(approval)
     producer = Producer(producer_config(settings))
-    producer.produce(fleet, key=FLEET_KEY, value=orjson.dumps(
-        {"kind": "reset", "ts": time.time(), "by": args.by or getpass.getuser()}))
+    producer.produce(fleet, key=FLEET_KEY, value=orjson.dumps(msg))
     if producer.flush(15) != 0:
         raise TopicError("the reset was not acknowledged by Kafka within 15 s")
     print(f"breaker reset sent to {fleet}; the fleet agent applies it in order with the commands before it")

@@ -676,3 +676,20 @@ def test_a_gpu_already_lost_before_a_planned_release_is_not_announced_again(tmp_
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "GPU-0001" in errors[0] and "lost" in errors[0]
     c.stop()
+
+
+def test_an_unchanged_inventory_is_published_again_every_six_hours():
+    """The processor forgets a node whose inventory it has not seen for a day (the fleet's size,
+    and which nodes may have capacity taken without approval): a quiet node re-publishes."""
+    from collectors.agent import INVENTORY_HEARTBEAT_S
+
+    sink = MemorySink()
+    c, _, _, clock = _rig(sink)
+    first = len([r for r in sink.records if isinstance(r, GpuInventory)])
+    clock[0] = 61
+    c.tick(T0 + timedelta(seconds=INVENTORY_HEARTBEAT_S - 1))
+    assert len([r for r in sink.records if isinstance(r, GpuInventory)]) == first
+    clock[0] = 122
+    c.tick(T0 + timedelta(seconds=INVENTORY_HEARTBEAT_S))
+    again = [r for r in sink.records if isinstance(r, GpuInventory)][first:]
+    assert len(again) == first and all(r.ts == T0 + timedelta(seconds=INVENTORY_HEARTBEAT_S) for r in again)

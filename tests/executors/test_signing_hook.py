@@ -10,6 +10,7 @@ import orjson
 from schemas import decode_any
 from schemas.signing import SigningKey, VerifyKeys, generate_keys
 from streams.app import FLEET_KEY, create_app
+from streams.handoff import Handoff
 from tests.streams.builders import wedge
 from tests.streams.test_agents import _fleet_messages
 from xidstream.settings import Settings
@@ -21,7 +22,9 @@ def test_fleet_agent_signs_every_command(tmp_path):
     assert any(m["kind"] == "command" for m in messages)
 
     async def run():
-        proc = create_app(Settings(topic_prefix="tc."), signing_key=SigningKey.load(priv))
+        key = SigningKey.load(priv)
+        proc = create_app(Settings(topic_prefix="tc."), signing_key=key)
+        handoff = Handoff.for_processor(key, None)  # what the GPU agents seal their messages with
         sent = []
 
         async def capture(key=None, value=None, **kw):
@@ -31,7 +34,7 @@ def test_fleet_agent_signs_every_command(tmp_path):
         proc.alerts.send = capture
         async with proc.fleet.test_context() as agent:
             for m in messages:
-                await agent.put(orjson.dumps(m), key=FLEET_KEY)
+                await agent.put(handoff.seal(orjson.dumps(m)), key=FLEET_KEY)
         return sent
 
     commands = [c for c in map(decode_any, asyncio.run(run())) if c.schema_.startswith("xidstream.remediation_command")]
