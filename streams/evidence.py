@@ -207,9 +207,23 @@ def workload_of(state: GpuState, pid: int | None) -> tuple[str | None, str | Non
     return (f"pod:{pod}" if pod else f"pid:{pid}"), pod
 
 
+# Xid 45-only occurrences kept per GPU (the newest). Xid 45 is the driver cleaning up a preempted
+# or killed job's channels (NVIDIA catalog: ROBUST_CHANNEL_PREEMPTIVE_REMOVAL): it never counts
+# towards a verdict (streams.verdict), but a teardown prints one per process, and 2,000 of them
+# from distinct PIDs were kept for 30 min with every one scanned on each further line.
+_XID45_OCCURRENCES_KEPT = 64
+
+
 def prune(state: GpuState, ts: float, policy: Policy) -> None:
     keep = max(policy.app_xid_lookback_s, policy.wedged_xid43_lookback_s, policy.suspect_window_s)
-    state.occurrences = [o for o in state.occurrences if ts - o["last_ts"] <= keep] or EMPTY_LIST
+    occ = [o for o in state.occurrences if ts - o["last_ts"] <= keep]
+    only45 = [o for o in occ if all(c == 45 for c in o["codes"])]
+    if len(only45) > _XID45_OCCURRENCES_KEPT:
+        # the newest by their own times (not by arrival), so any read order keeps the same ones
+        only45.sort(key=lambda o: (o["last_ts"], o["ts"], o.get("id") or ""))
+        drop = {id(o) for o in only45[:-_XID45_OCCURRENCES_KEPT]}
+        occ = [o for o in occ if id(o) not in drop]
+    state.occurrences = occ or EMPTY_LIST
     state.xids = [x for x in state.xids if ts - x["ts"] <= keep][-_XIDS_KEPT:] or EMPTY_LIST
     state.workload_failures = [w for w in state.workload_failures
                                if ts - w["ts"] <= policy.workload_failure_lookback_s] or EMPTY_LIST

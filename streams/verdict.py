@@ -158,11 +158,40 @@ def suspect_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | Non
 def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] | None:
     """(when, verdict) at the first occurrence at which the suspect rule holds. Faults and process
     lists arrive in any order; asking at every occurrence's own time gives the same answer,
-    stamped as of the evidence, whichever arrived last."""
-    for o in sorted(state.occurrences, key=lambda o: o["ts"]):
-        verdict = suspect_verdict(state, o["ts"], policy)
-        if verdict is not None:
-            return o["ts"], verdict
+    stamped as of the evidence, whichever arrived last.
+
+    One pass over the occurrences that can count (an Xid 45-only occurrence never does, and the
+    rule first holds at the time of one that counts), with a sliding window, instead of the rule
+    re-read at every occurrence: that was quadratic in the occurrences kept, 507 ms for one record
+    on a GPU with 2,000 Xid 45 lines from distinct PIDs, stalling its whole partition."""
+    cands = sorted((o for o in state.occurrences if any(c != XID45 for c in o["codes"])), key=lambda o: o["ts"])
+    window = policy.suspect_window_s
+    workloads: dict[str, int] = {}
+    unidentified = 0
+    lo = i = 0
+    n = len(cands)
+    while i < n:
+        t = cands[i]["ts"]
+        while i < n and cands[i]["ts"] == t:  # every occurrence of this instant is in its window
+            o = cands[i]
+            if o["wl"] is None:
+                unidentified += 1
+            elif settled(state, o):
+                workloads[o["wl"]] = workloads.get(o["wl"], 0) + 1
+            i += 1
+        while t - cands[lo]["ts"] > window:  # the same test as suspect_verdict's `ts - o["ts"] <= window`
+            o = cands[lo]
+            if o["wl"] is None:
+                unidentified -= 1
+            elif settled(state, o):
+                workloads[o["wl"]] -= 1
+                if not workloads[o["wl"]]:
+                    del workloads[o["wl"]]
+            lo += 1
+        if len(workloads) >= policy.suspect_distinct_pids or len(workloads) + unidentified >= policy.suspect_occurrences:
+            verdict = suspect_verdict(state, t, policy)  # the words and evidence, read once
+            if verdict is not None:
+                return t, verdict
     return None
 
 
