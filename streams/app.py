@@ -70,6 +70,7 @@ _MODELS = {
 }
 GPU_TABLE, FLEET_TABLE = "gpu-state", "fleet-state"
 NODE_ROW = b"node:"  # fleet table rows of the known nodes (`load_fleet` in create_app)
+WORKLOAD_ROW = b"workload:"  # fleet table rows of the pods with recent application faults
 
 
 def _exact(data: bytes) -> bytes:
@@ -445,17 +446,26 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         """The fleet state from the cache, else from the table: the main row, plus one row per
         known node (when its GPU inventory was last seen). Known nodes are rows of their own (`node:<name>`) so that the main row stays
         small: in one row, 12,500 nodes (100k GPUs) made every write ~0.5 MB, and a 1M-GPU fleet's
-        row would pass Kafka's 1 MB message limit."""
+        row would pass Kafka's 1 MB message limit. Pods with recent application faults are rows of
+        their own too (`workload:<pod UID>`): 9,700 of them in the main row made it 1.3 MB, and the
+        producer's refusal crash-looped the worker."""
         state = fleet_cache.get("state")
         if state is None:
             stored = fleet_table.get(FLEET_KEY)
             data = orjson.loads(stored) if stored else {}
             older = data.pop("known_nodes", None) or {}  # a row written before the node rows
+            older_pods = data.pop("workload_gpus", None) or {}  # likewise, before the pod rows
             state = FleetState.from_dict(data)
-            state.known_nodes = {k[len(NODE_ROW):].decode(): orjson.loads(v) for k, v in fleet_table.items()
-                                 if k.startswith(NODE_ROW)}
+            state.known_nodes, pods = {}, {}
+            for k, v in fleet_table.items():
+                if k.startswith(NODE_ROW):
+                    state.known_nodes[k[len(NODE_ROW):].decode()] = orjson.loads(v)
+                elif k.startswith(WORKLOAD_ROW):
+                    pods[k[len(WORKLOAD_ROW):].decode()] = orjson.loads(v)
             fleet_cache["unsaved_nodes"] = [n for n in older if n not in state.known_nodes]
             state.known_nodes = {**older, **state.known_nodes}
+            state.workload_gpus = {**older_pods, **pods}
+            state.dirty_pods = {p for p in older_pods if p not in pods}
             fleet_cache["state"], fleet_cache["row"] = state, stored
         return state
 
@@ -501,7 +511,15 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                 fleet_table[NODE_ROW + node.encode()] = _exact(orjson.dumps(state.known_nodes[node]))
             for node in nodes_before.keys() - state.known_nodes.keys():  # forgotten (no inventory for a day)
                 fleet_table.pop(NODE_ROW + node.encode(), None)
-            row = _exact(orjson.dumps({k: v for k, v in state.to_dict().items() if k != "known_nodes"}))
+            for pod in state.dirty_pods:
+                gpus = state.workload_gpus.get(pod)
+                if gpus:
+                    fleet_table[WORKLOAD_ROW + pod.encode()] = _exact(orjson.dumps(gpus))
+                else:
+                    fleet_table.pop(WORKLOAD_ROW + pod.encode(), None)
+            state.dirty_pods = set()
+            row = _exact(orjson.dumps({k: v for k, v in state.to_dict().items()
+                                       if k not in ("known_nodes", "workload_gpus")}))
             if row != fleet_cache.get("row"):
                 fleet_table[FLEET_KEY] = fleet_cache["row"] = row
 

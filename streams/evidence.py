@@ -170,9 +170,24 @@ _DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factor
 _CONTAINERS = frozenset(k for k, d in _DEFAULTS.items() if d is EMPTY_LIST or d is EMPTY_DICT)
 
 
+# A timeline line's text is bounded: it is kept in the GPU's row and copied into every alert of
+# the incident, and it quotes what a node sent (four 350 KB `raw` fields from one collector made
+# rows and alerts of megabytes on 1484261). A kernel record is at most 1 KiB of text (printk's
+# PRINTKRB_RECORD_MAX) plus its prefix; the rest is words of ours around node-sent values.
+ENTRY_RAW_CHARS = 2048
+ENTRY_TEXT_CHARS = 512
+
+
+def _bounded(value: Any, limit: int) -> Any:
+    if type(value) is str and len(value) > limit:
+        return f"{value[:limit]}... [{len(value) - limit} more characters]"
+    return value
+
+
 def entry(ts: float, kind: str, summary: str, **data: Any) -> dict:
-    """One timeline line (becomes a schemas.EvidenceEntry in an alert)."""
-    return {"ts": ts, "kind": kind, "summary": summary, "data": data}
+    """One timeline line (becomes a schemas.EvidenceEntry in an alert), its texts bounded."""
+    return {"ts": ts, "kind": kind, "summary": _bounded(summary, ENTRY_TEXT_CHARS),
+            "data": {k: _bounded(v, ENTRY_RAW_CHARS if k == "raw" else ENTRY_TEXT_CHARS) for k, v in data.items()}}
 
 
 def event_time(state: GpuState, ts: float, own_clock: bool, policy: Policy,

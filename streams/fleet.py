@@ -39,8 +39,13 @@ class FleetState:
     # was not seen for `fleet_node_ttl_s` is forgotten.
     known_nodes: dict = field(default_factory=dict)
     starts: list = field(default_factory=list)  # [ts, node] of node-level command starts
-    # pod UID -> {GPU UUID: [ts, node, incident_id]}: application faults of known pods, per GPU
+    # pod UID -> {GPU UUID: [ts, node, incident_id]}: application faults of known pods, per GPU.
+    # Persisted as one table row per pod (streams.app), never inside the main row: a fleet-wide
+    # burst of app faults from 9,700 pods grew the one row past Kafka's 1 MB and crash-looped the
+    # worker, and with it every command fleet-wide.
     workload_gpus: dict = field(default_factory=dict)
+    workload_swept_at: float | None = None  # when workloads that left the window were last dropped
+    dirty_pods: set = field(default_factory=set)  # pods whose row changed since the app last wrote them
     tripped: bool = False
     tripped_at: float | None = None
     resets_used: list = field(default_factory=list)  # approval ids of the last resets: each resets once
@@ -48,11 +53,11 @@ class FleetState:
     held: int = 0
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "dirty_pods"}
 
     @classmethod
     def from_dict(cls, data: dict) -> "FleetState":
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "dirty_pods"})
 
 
 def breaker_time(ts: float, now: float | None, policy: Policy) -> float:
@@ -88,7 +93,7 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
         state.starts = []
         return state, []
     if kind == "workload_fault":
-        return state, _workload_fault(state, msg, policy)
+        return state, _workload_fault(state, msg, policy, now)
     if kind != "command":
         return state, []
     cmd: RemediationCommand = msg["command"]
@@ -144,28 +149,49 @@ def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known:
     )
 
 
-def _workload_fault(state: FleetState, msg: dict, policy: Policy) -> list:
+# GPUs remembered per pod: a job larger than this (64: eight 8-GPU nodes) already says that the
+# fault follows the workload; more would only grow its row and its alert.
+WORKLOAD_GPUS_KEPT = 64
+_WHERE_SHOWN = 8
+
+
+def _workload_fault(state: FleetState, msg: dict, policy: Policy, now: float | None = None) -> list:
     """One pod's application fault on one GPU. When the same workload has faulted two or more GPUs
     within the suspect window, the fault follows the workload, not a GPU: say so once per new GPU
-    (an APP_FAULT update on the incident of the GPU just hit; it never carries a command)."""
-    pod, gpu, ts = msg.get("pod_uid"), msg.get("gpu_uuid"), float(msg.get("ts") or 0)
+    (an APP_FAULT update on the incident of the GPU just hit; it never carries a command).
+
+    Work per fault is bounded: only this pod's GPUs are pruned here, and the pods that left the
+    window are dropped in one sweep every quarter window (it was every pod at every fault)."""
+    pod, gpu = msg.get("pod_uid"), msg.get("gpu_uuid")
     if not pod or not gpu:
         return []
+    ts = breaker_time(float(msg.get("ts") or 0), now, policy)
     window = policy.suspect_window_s
-    for p in list(state.workload_gpus):  # forget what left the window, so the table stays small
-        gpus = {g: v for g, v in state.workload_gpus[p].items() if ts - v[0] <= window}
-        if gpus:
-            state.workload_gpus[p] = gpus
-        else:
-            del state.workload_gpus[p]
-    gpus = state.workload_gpus.setdefault(pod, {})
+    if state.workload_swept_at is None or ts - state.workload_swept_at >= window / 4 or ts < state.workload_swept_at:
+        for p in list(state.workload_gpus):  # forget what left the window, so the table stays small
+            gpus = {g: v for g, v in state.workload_gpus[p].items() if ts - v[0] <= window}
+            if len(gpus) != len(state.workload_gpus[p]):
+                state.dirty_pods.add(p)
+                if gpus:
+                    state.workload_gpus[p] = gpus
+                else:
+                    del state.workload_gpus[p]
+        state.workload_swept_at = ts
+    gpus = {g: v for g, v in state.workload_gpus.get(pod, {}).items() if ts - v[0] <= window}
     new_gpu = gpu not in gpus
     gpus[gpu] = [ts, msg.get("node"), msg.get("incident_id")]
+    if len(gpus) > WORKLOAD_GPUS_KEPT:  # the newest by time, whichever order they came in
+        gpus = dict(sorted(gpus.items(), key=lambda kv: (kv[1][0], kv[0]))[-WORKLOAD_GPUS_KEPT:])
+    state.workload_gpus[pod] = gpus
+    state.dirty_pods.add(pod)
     if not new_gpu or len(gpus) < 2 or not msg.get("incident_id"):
         return []
     when = datetime.fromtimestamp(ts, tz=timezone.utc)
-    where = ", ".join(f"{g} on {v[1]}" for g, v in sorted(gpus.items()))
-    summary = (f"the fault follows the workload: pod {pod} hit application-class Xids on {len(gpus)} GPUs "
+    shown = sorted(gpus.items())[:_WHERE_SHOWN]
+    where = ", ".join(f"{g} on {v[1]}" for g, v in shown) + (
+        f" and {len(gpus) - len(shown)} more" if len(gpus) > len(shown) else "")
+    many = f"{len(gpus)}+" if len(gpus) >= WORKLOAD_GPUS_KEPT else str(len(gpus))
+    summary = (f"the fault follows the workload: pod {pod} hit application-class Xids on {many} GPUs "
                f"within {window / 60:.0f} min ({where}); look at the workload, not the GPUs")
     inc = msg["incident_id"]
     alert_id = hashlib.sha256(f"follows:{inc}:{pod}:{len(gpus)}".encode()).hexdigest()[:24]
@@ -174,7 +200,8 @@ def _workload_fault(state: FleetState, msg: dict, policy: Policy) -> list:
         classification=Classification.APP_FAULT, severity=Severity.info, state="updated", summary=summary,
         evidence=Evidence(node=msg.get("node") or FLEET_NODE, gpu_uuid=gpu, pod_uids=[pod],
                           timeline=[EvidenceEntry(ts=when, kind="workload", summary=summary,
-                                                  data={"pod_uid": pod, "gpus": sorted(gpus)})]),
+                                                  data={"pod_uid": pod, "gpus": sorted(gpus)[:_WHERE_SHOWN],
+                                                        "gpu_count": len(gpus)})]),
         recommended_steps=["Record the fault with PID, GPU UUID, pod UID and the raw kernel line; let the workload restart itself.",
                            "The same pod faulted several GPUs: check its code, inputs and CUDA/driver versions before suspecting the hardware."],
     ))]

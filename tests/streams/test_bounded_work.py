@@ -64,3 +64,88 @@ def test_a_teardown_of_2000_processes_keeps_64_occurrences_and_changes_no_verdic
         engine.process(xid(40 + i * 0.01, 45, pid=5000 + i))
     assert len(state.occurrences) <= _XID45_OCCURRENCES_KEPT + 1
     assert len(calls) <= 200
+
+
+def test_a_fleet_wide_burst_of_app_faults_keeps_every_fleet_row_small_and_commands_flowing():
+    """9,700 pods each hitting one Xid 13 within 10 minutes (a bad image rolled out) grew the fleet
+    agent's one row past 1 MB on 1484261: the producer refused it, the worker crashed and crash-
+    looped on the same records, and no command left the processor fleet-wide."""
+    import asyncio
+    import uuid
+    from datetime import datetime, timedelta, timezone
+
+    import orjson
+
+    from schemas import RemediationCommand, decode_any, to_dict
+    from streams.app import FLEET_KEY, create_app
+    from xidstream.settings import Settings
+
+    t0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+    pods = 10_000
+
+    async def run_agent():
+        proc = create_app(Settings(topic_prefix="tc."))
+        sent = []
+
+        async def capture(key=None, value=None, **kw):
+            sent.append(value)
+
+        proc.remediation.send = proc.alerts.send = proc.deadletter.send = capture
+        async with proc.fleet.test_context() as agent:
+            await agent.put(orjson.dumps({"kind": "inventory", "node": "node-7", "ts": t0.timestamp()}), key=FLEET_KEY)
+            for i in range(pods):
+                ts = (t0 + timedelta(seconds=i * 0.05)).timestamp()
+                for gpu in ("GPU-a", "GPU-b") if i % 50 == 0 else ("GPU-a",):  # some pods span two GPUs
+                    await agent.put(orjson.dumps({"kind": "workload_fault", "pod_uid": f"pod-{i}", "gpu_uuid": f"{gpu}-{i % 800}",
+                                                  "node": f"node-{i % 1000}", "incident_id": f"inc-{i}", "ts": ts}),
+                                    key=FLEET_KEY)
+            fatal = RemediationCommand(ts=t0 + timedelta(minutes=9), node="node-7", command_id=uuid.uuid4().hex,
+                                       incident_id="inc-79", gpu_uuid="GPU-79", gpu_index=0, pci_bus_id="0000:01:00",
+                                       action="CORDON_NODE", step=1, reason="Xid 79",
+                                       expires_at=t0 + timedelta(minutes=24))
+            await agent.put(orjson.dumps({"kind": "command", "command": to_dict(fatal)}), key=FLEET_KEY)
+        return proc, sent
+
+    proc, sent = asyncio.run(run_agent())
+    rows = {k: v for k, v in proc.fleet_table.items()}
+    assert len(rows) > 1000  # one row per pod still in the window, plus the main row and the node's
+    assert max(len(v) for v in rows.values()) < 4096, max(len(v) for v in rows.values())
+    assert max(len(v) for v in sent) < 16_384
+    out = [decode_any(v) for v in sent]
+    assert any(getattr(r, "action", None) is not None and r.node == "node-7" for r in out)
+    assert sum(1 for r in out if getattr(r, "classification", None) is not None) == pods // 50  # follows-the-workload
+
+
+def test_the_workload_sweep_forgets_pods_that_left_the_window():
+    from streams.fleet import FleetState, fleet_step
+
+    policy = Policy()
+    state = FleetState()
+    for i in range(2_000):
+        state, _ = fleet_step(state, {"kind": "workload_fault", "pod_uid": f"p{i}", "gpu_uuid": "g", "node": "n",
+                                      "incident_id": "i", "ts": 1_000.0 + i}, policy)
+    # A pod stays while its fault is within the suspect window (plus at most a quarter window
+    # until the next sweep): never more than 1.25 windows of pods.
+    assert len(state.workload_gpus) <= policy.suspect_window_s * 1.25 + 1
+    assert "p0" not in state.workload_gpus and "p1999" in state.workload_gpus
+
+
+def test_huge_kernel_text_from_a_collector_is_bounded_in_the_row_and_in_every_alert():
+    import orjson
+
+    from schemas import encode
+    from streams.evidence import ENTRY_RAW_CHARS, ENTRY_TEXT_CHARS
+
+    big = "X" * 350_000
+    recs = [inventory(0), sample(0), procs(0, 4242)]
+    recs += [xid(10 + i, 13, message=big).model_copy(update={"raw": big, "process_name": "p" * 5000}) for i in range(4)]
+    engine = run(recs)
+    (state,) = engine.states.values()
+    row = orjson.dumps(state.to_dict())
+    assert len(row) < 64 * 1024, len(row)
+    assert engine.alerts and max(len(encode(a)) for a in engine.alerts) < 64 * 1024
+    for a in engine.alerts:
+        for e in a.evidence.timeline:
+            assert len(e.summary) <= ENTRY_TEXT_CHARS + 40
+            raw = e.data.get("raw")
+            assert raw is None or len(raw) <= ENTRY_RAW_CHARS + 40
