@@ -33,6 +33,7 @@ from schemas.errors import DecodeError
 from schemas.models import Approval, RemediationCommand, RemediationResult
 from schemas.signing import VerifyKeys
 from schemas.vocab import Outcome
+from transport.acls import executor_group
 from transport.config import KafkaConfig
 
 __all__ = ["Executor", "run_stdin", "run_kafka"]
@@ -191,7 +192,7 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
     reg = settings.topics
     cmd_topic, appr_topic = reg.name("gpu.remediation"), reg.name("gpu.remediation.approvals")
     res_topic = reg.name("gpu.remediation.results")
-    group = group or f"{settings.topic_prefix}xidstream-executor-{ex.scope}{'-' + ex.node if ex.node else ''}"
+    group = group or executor_group(settings.topic_prefix, ex.scope, ex.node)
     consumer = Consumer(consumer_config(settings, group))
     producer = Producer(producer_config(settings))
     stop = stop or threading.Event()

@@ -5,8 +5,13 @@
                xidstream.deadletter; ALL on its two internal topics
                (`<prefix>xidstream.results-by-gpu`, `<prefix>xidstream.fleet`) and on its changelogs and faust's assignor
                topic (prefix `<app id>-`); its consumer group (prefix `<app id>`)
-    executor   READ gpu.remediation and gpu.remediation.approvals; WRITE gpu.remediation.results;
-               its consumer groups (prefix `<prefix>xidstream-executor`)
+    executor   (the node executors) READ gpu.remediation and gpu.remediation.approvals; WRITE
+               gpu.remediation.results; the node executors' consumer groups (prefix
+               `<prefix>xidstream-executor-node-`)
+    cluster-executor  the same topics; exactly its own group `<prefix>xidstream-executor-cluster`
+               (LITERAL): with a node's credentials (threat T2) the cluster executor's group was
+               committed to its end, after which it handled none of the signed commands, or
+               rewound to replay them
     admin      a super user (the broker's `super.users`): topics, ACLs, approvals
 
 `acl_bindings()` is a pure function (tests read it); `apply_acls()` creates them through the Admin
@@ -21,10 +26,22 @@ from typing import Mapping
 from schemas.errors import TopicError
 from transport.config import KafkaConfig
 
-__all__ = ["INPUT_TOPICS", "ROLE_NAMES", "acl_bindings", "apply_acls"]
+__all__ = ["INPUT_TOPICS", "ROLE_NAMES", "acl_bindings", "apply_acls", "CLUSTER_EXECUTOR_GROUP",
+           "NODE_EXECUTOR_GROUP_PREFIX", "executor_group"]
 
 INPUT_TOPICS = ("gpu.inventory", "gpu.samples", "gpu.processes", "gpu.xid", "gpu.workloads")
-ROLE_NAMES = ("collector", "processor", "executor")
+ROLE_NAMES = ("collector", "processor", "executor", "cluster-executor")
+
+
+CLUSTER_EXECUTOR_GROUP = "xidstream-executor-cluster"
+NODE_EXECUTOR_GROUP_PREFIX = "xidstream-executor-node-"
+
+
+def executor_group(topic_prefix: str, scope: str, node: str | None = None) -> str:
+    """The consumer group of an executor: exactly what the ACLs grant its role."""
+    if scope == "cluster":
+        return f"{topic_prefix}{CLUSTER_EXECUTOR_GROUP}"
+    return f"{topic_prefix}{NODE_EXECUTOR_GROUP_PREFIX}{node}"
 
 
 def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
@@ -59,11 +76,14 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
     allow("processor", T, p + "xidstream.fleet", (AclOperation.ALL,))
     allow("processor", T, app_id + "-", (AclOperation.ALL,), PREFIXED)  # changelogs, faust's assignor topic
     allow("processor", G, app_id, (R, D), PREFIXED)
-    # executor
-    for t in ("gpu.remediation", "gpu.remediation.approvals"):
-        allow("executor", T, p + t, (R, D))
-    allow("executor", T, p + "gpu.remediation.results", (W, D))
-    allow("executor", G, p + "xidstream-executor", (R, D), PREFIXED)
+    # executors: the node executors share a role; the cluster executor has its own, and its group
+    # is named exactly, so no node's credentials reach it
+    for role in ("executor", "cluster-executor"):
+        for t in ("gpu.remediation", "gpu.remediation.approvals"):
+            allow(role, T, p + t, (R, D))
+        allow(role, T, p + "gpu.remediation.results", (W, D))
+    allow("executor", G, p + NODE_EXECUTOR_GROUP_PREFIX, (R, D), PREFIXED)
+    allow("cluster-executor", G, p + CLUSTER_EXECUTOR_GROUP, (R, D))
     return out
 
 

@@ -48,8 +48,10 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"Kafka is up on {broker.start()}")
         if args.secure:
             print(f"CA: {broker.ca_file}")
-            for role in ("collector", "processor", "executor", "admin"):
-                print(f"{role:9} --kafka-config {broker.client_file(role)}")
+            from xidstream.localbroker import ROLES
+
+            for role in ROLES:
+                print(f"{role:16} --kafka-config {broker.client_file(role)}")
     elif args.action == "stop":
         print("stopped" if broker.stop() else "not running")
     elif args.action == "status":

@@ -56,7 +56,7 @@ def default_state_dir(secure: bool = False) -> Path:
 
 # SCRAM users of the secure broker; `admin` is a super user, the others get the ACLs of
 # transport.acls.
-ROLES = ("collector", "processor", "executor", "admin")
+ROLES = ("collector", "processor", "executor", "cluster-executor", "admin")
 PLAIN_PORT = 19092
 SECURE_PORT = 19392  # 19192 is the throwaway broker of tests/integration/test_collector_on_broker.py
 # The subject of the secure broker's certificate: the principal of its controller listener.
@@ -293,7 +293,12 @@ class LocalBroker:
         """Each role's SCRAM password, generated once (mode 0600). Formatted storage without the
         file cannot be used: its users have passwords nobody knows."""
         try:
-            return json.loads(self._passwords_file.read_text())
+            saved = json.loads(self._passwords_file.read_text())
+            missing = [r for r in ROLES if r not in saved]
+            if missing:
+                raise BrokerError(f"{self._passwords_file} has no user for role(s) {', '.join(missing)} (made by an "
+                                  f"earlier version); `xidstream broker reset --secure` starts over with every role")
+            return saved
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as exc:

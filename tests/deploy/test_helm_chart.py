@@ -166,7 +166,7 @@ def test_secure_values_render_sasl_ssl_journal_and_rocksdb(helm):
     kinds = by_kind(objs)
     assert {k: set(v) for k, v in kinds.items()} == EXPECTED_DEFAULT
     roles = {"collector": "xidstream-kafka-collector", "node-executor": "xidstream-kafka-executor",
-             "processor": "xidstream-kafka-processor", "executor": "xidstream-kafka-executor",
+             "processor": "xidstream-kafka-processor", "executor": "xidstream-kafka-cluster-executor",
              "topics": "xidstream-kafka-admin"}
     for obj in [*kinds["DaemonSet"].values(), *kinds["Deployment"].values(), *kinds["Job"].values()]:
         vols = {v["name"]: v for v in pod_spec(obj)["volumes"]}

@@ -52,7 +52,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $ctx := index . 0 -}}
 {{- $c := index $ctx.Values.kafka.clientConfig (index . 1) -}}
 {{- if $c.secretName }}
-- name: kafka-{{ index . 1 }}
+- name: kafka-{{ index . 1 | kebabcase }}
   mountPath: /etc/xidstream/kafka
   readOnly: true
 {{- end }}
@@ -62,7 +62,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $ctx := index . 0 -}}
 {{- $c := index $ctx.Values.kafka.clientConfig (index . 1) -}}
 {{- if $c.secretName }}
-- name: kafka-{{ index . 1 }}
+- name: kafka-{{ index . 1 | kebabcase }}
   secret:
     secretName: {{ $c.secretName }}
     defaultMode: 0440
