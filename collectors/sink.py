@@ -18,7 +18,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from confluent_kafka import KafkaError, Producer
 
@@ -122,8 +122,11 @@ class _Lane:
 class KafkaSink:
     def __init__(self, settings: KafkaConfig, spool_dir: str | Path, *, max_inflight: int = 10_000,
                  critical_bytes: int = 512 << 20, telemetry_bytes: int = 256 << 20,
-                 producer_overrides: dict | None = None) -> None:
+                 producer_overrides: dict | None = None, auth: Any = None) -> None:
+        """`auth` (a `transport.identity.RecordAuth`): every record sent carries this node's MAC
+        header, computed at send time over what Kafka stores (the spool keeps the record only)."""
         self.settings = settings
+        self.auth = auth
         spool_dir = Path(spool_dir)
         self.lanes = {
             "critical": _Lane(spool_dir, "critical", critical_bytes),
@@ -197,7 +200,8 @@ class KafkaSink:
                 batch = lane.spool.pending(after=lane.sent_through, limit=budget)
             for rec in batch:
                 try:
-                    self.producer.produce(rec.topic, value=rec.value, key=rec.key,
+                    headers = [self.auth.header(rec.topic, rec.key, rec.value)] if self.auth is not None else None
+                    self.producer.produce(rec.topic, value=rec.value, key=rec.key, headers=headers,
                                           on_delivery=self._delivered(lane, rec.seq, rec.topic))
                 except BufferError:
                     lane.retry.append(rec.seq)

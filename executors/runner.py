@@ -184,7 +184,10 @@ def run_stdin(ex: Executor, stdin: IO[bytes], stdout: IO[bytes]) -> int:
 
 
 def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None, stop: threading.Event | None = None,
-              poll: float = 0.5) -> int:
+              poll: float = 0.5, auth: Any = None, tick: Callable[[], None] | None = None) -> int:
+    """`auth` (a `transport.identity.RecordAuth`): each result carries this executor's MAC header
+    (the node's identity for a node executor, ``@cluster-executor`` for the cluster executor), so
+    the processor acts only on results from the executor entitled to answer."""
     from confluent_kafka import Consumer, KafkaError, Producer
 
     from transport.kafka import consumer_config, producer_config
@@ -205,7 +208,9 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
 
     def publish(results: list[RemediationResult]) -> None:
         for r in results:
-            producer.produce(res_topic, key=r.node.encode(), value=encode(r))
+            key, value = r.node.encode(), encode(r)
+            headers = [auth.header(res_topic, key, value)] if auth is not None else None
+            producer.produce(res_topic, key=key, value=value, headers=headers)
         if results and producer.flush(30) != 0:
             raise RuntimeError(f"could not publish {len(results)} result(s) to {res_topic} within 30 s")
 
@@ -213,6 +218,8 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
         while not stop.is_set():
             msg = consumer.poll(poll)
             publish(ex.due())
+            if tick is not None:
+                tick()
             if msg is None:
                 continue
             if msg.error() is not None:

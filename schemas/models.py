@@ -42,6 +42,7 @@ __all__ = [
     "Approval",
     "DeadLetter",
     "ALL_MODELS",
+    "NodeEnrollment",
 ]
 
 _PCI = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$"
@@ -324,6 +325,23 @@ class DeadLetter(Record):
     error_type: str = ""
 
 
+class NodeEnrollment(Record):
+    """An identity's record key material, vouched for by the Kubernetes API server and signed by
+    the enroller (transport.identity): the processor believes a record about node `node` only with
+    the MAC of the identity enrolled here. `node` is the node name, or ``@cluster-executor``."""
+
+    SCHEMA = "xidstream.node_enrollment/1"
+    schema_: Literal["xidstream.node_enrollment/1"] = Field(SCHEMA, alias="schema")
+    x25519_public: str = Field(pattern=r"^[0-9a-f]{64}$", description="The identity's X25519 key (hex).")
+    ed25519_public: str = Field(pattern=r"^[0-9a-f]{64}$", description="The key that signed its request (hex).")
+    csr_name: str = Field(max_length=253)
+    csr_uid: str = Field(max_length=64)
+    vouched: str = Field("", max_length=500, description="What the API server recorded of the requester.")
+    revoked: bool = False
+    key_id: str | None = None
+    signature: str | None = None
+
+
 ALL_MODELS: tuple[type[Record], ...] = (
     GpuInventory,
     GpuSample,
@@ -335,5 +353,6 @@ ALL_MODELS: tuple[type[Record], ...] = (
     RemediationResult,
     Approval,
     DeadLetter,
+    NodeEnrollment,
 )
 

@@ -17,6 +17,7 @@ from schemas.models import (
     GpuInventory,
     GpuProcesses,
     GpuSample,
+    NodeEnrollment,
     RemediationCommand,
     RemediationResult,
     WorkloadEvent,
@@ -101,6 +102,8 @@ TOPICS: dict[str, TopicSpec] = {
         ),
         TopicSpec("gpu.remediation.approvals", Approval, "node", _key_node, 30 * DAY_MS),
         TopicSpec("xidstream.deadletter", DeadLetter, "source topic", _key_deadletter, 14 * DAY_MS),
+        # who may speak for which node (transport.identity): the latest enrollment per identity
+        TopicSpec("xidstream.identities", NodeEnrollment, "node (or @cluster-executor)", _key_node, None, compacted=True),
     )
 }
 

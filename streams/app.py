@@ -48,10 +48,12 @@ from schemas.models import (
     XidEvent,
 )
 from schemas.topics import INPUT_TOPICS
+from schemas.vocab import Action
 from streams import faust_fast
 from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step
-from streams.handoff import Handoff
+from streams.handoff import Handoff, HandoffError
+from transport.identity import CLUSTER_IDENTITY, AuthError
 from streams.policy import Policy
 from streams.routing import FLEET_KEY, fan_out, state_key
 from transport.config import KafkaConfig
@@ -69,6 +71,8 @@ _MODELS = {
     "gpu.inventory": GpuInventory,
 }
 GPU_TABLE, FLEET_TABLE = "gpu-state", "fleet-state"
+# Actions whose results only the node's own executor may send (executors.gate NODE_ACTIONS).
+NODE_EXECUTOR_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
 NODE_ROW = b"node:"  # fleet table rows of the known nodes (`load_fleet` in create_app)
 WORKLOAD_ROW = b"workload:"  # fleet table rows of the pods with recent application faults
 
@@ -188,11 +192,15 @@ class ProcessorApp:
 def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: str | None = None,
                web_port: int | None = None, store: str = "memory://", datadir: str | None = None,
                fast_rebalance: bool = False, batch: int = 500, within: float = 0.05,
-               signing_key: Any = None, web_bind: str = "127.0.0.1", approver_keys: Any = None) -> ProcessorApp:
+               signing_key: Any = None, web_bind: str = "127.0.0.1", approver_keys: Any = None,
+               verifier: Any = None) -> ProcessorApp:
     """`signing_key` (a `schemas.signing.SigningKey`): every command is signed as it leaves the
     fleet agent, the last place that changes it; executors refuse unsigned commands. It also seals
     what the GPU agents hand to the fleet agent, and `approver_keys` (a `VerifyKeys`) verify a
     breaker reset (`streams.handoff`): nobody but this processor's agents gets a command signed.
+    `verifier` (a `transport.identity.RecordVerifier`, kept current by an `IdentityDirectory`):
+    an input record counts only with the MAC of the node it is about, a result only with the MAC
+    of the executor entitled to answer its action; anything else is dead-lettered with the reason.
     `web_bind`: where faust's web server (probes, ``/metrics``) listens; loopback unless the
     command says otherwise (in a pod: the pod's address, for the kubelet and Prometheus)."""
     if type(batch) is not int or batch < 1:
@@ -358,12 +366,21 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         topic, raw, key = msg.topic, event.value, event.key
         logical = names.get(topic)
         model = _MODELS.get(logical) if logical else (RemediationResult if topic == rekeyed else None)
+        sender = None
         try:
+            if verifier is not None and logical is not None:
+                sender = verifier.sender(msg.headers, topic, key, raw)
+            elif topic == rekeyed:
+                raw = handoff.unseal(raw)  # the results agent checked its sender, then sealed it
             # A record from a channel that is none of our topics (agent.test_context()) is taken
             # for what its `schema` says it is.
             record = decode_input(model, raw) if model is not None else decode_any(raw)
-        except DecodeError as exc:
+        except (DecodeError, AuthError, HandoffError) as exc:
             await dead(raw, key, topic, msg.partition, msg.offset, exc)
+            return
+        if sender is not None and record.node != sender:
+            await dead(raw, key, topic, msg.partition, msg.offset, AuthError(
+                f"a record about node {record.node} sent by {sender}: only a node speaks for itself"))
             return
         # The row is chosen by streams.routing, as in streams.engine and the tests. The message's
         # key must name the same row: the row's changelog goes to the message's partition, and a
@@ -435,10 +452,18 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                 if row is None:
                     raise DecodeError("a remediation result must name its GPU: gpu_uuid, or pci_bus_id (with its "
                                       "node), copied from the command it answers", event.value)
-            except DecodeError as exc:
+                if verifier is not None:
+                    sender = verifier.sender(msg.headers, msg.topic, event.key, event.value)
+                    # The node executor answers what only the node's hands do; everything else is
+                    # an API call, the cluster executor's (executors.gate SCOPE_ACTIONS).
+                    entitled = result.node if result.action in NODE_EXECUTOR_ACTIONS else CLUSTER_IDENTITY
+                    if sender != entitled:
+                        raise AuthError(f"a {result.action.value} result for node {result.node} must come from "
+                                        f"{entitled}; it was sent by {sender}")
+            except (DecodeError, AuthError) as exc:
                 await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
                 continue
-            await results_by_gpu.send(key=row.encode(), value=event.value)
+            await results_by_gpu.send(key=row.encode(), value=handoff.seal(event.value))
 
     rekey = app.agent(results_in, name="results-rekey")(guarded("results-rekey", rekey_body))
 

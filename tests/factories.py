@@ -17,6 +17,7 @@ from schemas import (
     GpuInventory,
     GpuProcesses,
     GpuSample,
+    NodeEnrollment,
     Outcome,
     PmonSample,
     Record,
@@ -79,4 +80,7 @@ def one_of_each(node: str = NODE, uuid: str = UUID1) -> list[Record]:
         DeadLetter(ts=T0, node=node, original=b"\x00\xffnot json", original_key=b"k",
                    source_topic="gpu.samples", source_partition=3, source_offset=42,
                    error="cannot decode record: not JSON", error_type="DecodeError"),
+        NodeEnrollment(ts=T0, node=node, x25519_public="ab" * 32, ed25519_public="cd" * 32,
+                       csr_name="xidstream-identity-node-a-0123456789", csr_uid="5e1f0a3c-0000-4000-8000-000000000001",
+                       vouched="requested by system:serviceaccount:xidstream:xidstream-node from pod p on node node-a"),
     ]

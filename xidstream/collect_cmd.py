@@ -36,6 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", default=".xidstream/collector", help="spool and cursors (default .xidstream/collector)")
     p.add_argument("--no-nvml", action="store_true", help="kernel Xid records only")
     p.add_argument("--no-kubernetes", action="store_true", help="no pod watch / pod-resources (gpu.workloads)")
+    p.add_argument("--identity-dir", metavar="DIR",
+                   help="this node's identity keys (made once; `xidstream identity request` enrolls them): every record "
+                        "carries the node's MAC, and a processor with --enroller-key believes only such records")
+    p.add_argument("--processor-identity", metavar="HEX",
+                   help="the processor's identity key (`xidstream keys identity --key signing.key`), with --identity-dir")
     p.add_argument("--create-topics", action="store_true", help="create missing topics first")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
@@ -148,6 +153,19 @@ def _check_topics(settings: Settings, create: bool) -> None:
                          f"run `xidstream topics create` (or pass --create-topics)")
 
 
+def node_auth(args: argparse.Namespace, identity: str):  # -> transport.identity.RecordAuth | None
+    """The MAC every record of this node carries, from --identity-dir and --processor-identity."""
+    if not getattr(args, "identity_dir", None):
+        if getattr(args, "processor_identity", None):
+            raise ConfigError("--processor-identity needs --identity-dir (where this node's keys are kept)")
+        return None
+    if not args.processor_identity:
+        raise ConfigError("--identity-dir needs --processor-identity HEX (`xidstream keys identity --key signing.key`)")
+    from transport.identity import NodeIdentity
+
+    return NodeIdentity.load_or_create(args.identity_dir, identity).record_auth(args.processor_identity)
+
+
 def _collect(args: argparse.Namespace, settings: Settings) -> int:
     from collectors.metrics import CollectorMetrics
     from collectors.sink import KafkaSink, StdoutSink
@@ -157,7 +175,7 @@ def _collect(args: argparse.Namespace, settings: Settings) -> int:
     state = Path(args.state_dir)
     if args.sink == "kafka":
         _check_topics(settings, args.create_topics)
-        sink = KafkaSink(settings, state / "spool")
+        sink = KafkaSink(settings, state / "spool", auth=node_auth(args, settings.node))
     else:
         sink = StdoutSink(settings)
     metrics = CollectorMetrics()

@@ -27,6 +27,14 @@ __all__ = ["register"]
 def _keys(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.signing import SigningKey, generate_keys
 
+    if args.action == "identity":
+        if not args.key:
+            raise ConfigError("keys identity needs --key FILE (the processor's signing key)")
+        from transport.identity import ProcessorIdentity
+
+        print(ProcessorIdentity(SigningKey.load(args.key)).public)  # what nodes get as --processor-identity
+        return 0
+
     if args.action == "generate":
         if not args.out:
             raise ConfigError("keys generate needs --out DIR")
@@ -59,6 +67,22 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.buffer.write(encode(key.sign(rec)) + b"\n")
     sys.stdout.flush()
     return 1 if bad else 0
+
+
+def _identity(args: argparse.Namespace, settings: Settings) -> int:
+    from transport.identity import NodeIdentity
+
+    ident = NodeIdentity.load_or_create(args.identity_dir, args.node)
+    if args.action == "show":
+        print(f"{ident.identity} x25519 {ident.x25519_public} ed25519 {ident.ed25519_public}")
+        return 0
+    from executors.enroll import request_enrollment
+    from executors.kube import make_client
+
+    name = request_enrollment(make_client(args.kubeconfig), ident)
+    print(f"asked to enroll {ident.identity} (CertificateSigningRequest {name}); the cluster executor's enroller "
+          f"publishes it on {settings.topics.name('xidstream.identities')}", file=sys.stderr)
+    return 0
 
 
 def _approve(args: argparse.Namespace, settings: Settings) -> int:
@@ -141,16 +165,67 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_stdin(ex, sys.stdin.buffer, sys.stdout.buffer)
     from executors.runner import run_kafka
+    from transport.identity import CLUSTER_IDENTITY
+    from xidstream.collect_cmd import node_auth
 
-    return run_kafka(ex, settings)
+    auth = node_auth(args, args.node if args.scope == "node" else CLUSTER_IDENTITY)
+    tick = None
+    if args.enroll_key:
+        if args.scope != "cluster":
+            raise ConfigError("--enroll-key is the cluster executor's (--scope cluster)")
+        tick = _enroller(args, settings)
+    return run_kafka(ex, settings, auth=auth, tick=tick)
+
+
+def _enroller(args: argparse.Namespace, settings: Settings):
+    """What run_kafka calls between polls: enroll new node identities every 10 s."""
+    import time
+
+    from confluent_kafka import Producer
+
+    from executors.enroll import Enroller
+    from executors.kube import make_client
+    from schemas.codec import encode
+    from schemas.signing import SigningKey
+    from transport.kafka import producer_config
+
+    topic = settings.topics.name("xidstream.identities")
+    producer = Producer(producer_config(settings))
+
+    def publish(rec) -> None:
+        producer.produce(topic, key=rec.node.encode(), value=encode(rec))
+        if producer.flush(30) != 0:
+            raise RuntimeError(f"could not publish the enrollment of {rec.node} to {topic} within 30 s")
+
+    enroller = Enroller(make_client(args.kubeconfig), SigningKey.load(args.enroll_key), publish,
+                        node_service_account=args.node_service_account)
+    last = [0.0]
+
+    def tick() -> None:
+        if time.monotonic() - last[0] >= 10.0:
+            last[0] = time.monotonic()
+            try:
+                enroller.poll_once()
+            except Exception as exc:  # noqa: BLE001 - the API server may be away a moment; the next tick retries
+                print(f"xidstream execute: enrollment pass failed: {exc}", file=sys.stderr, flush=True)
+
+    return tick
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="Ed25519 keys that sign remediation commands and approvals")
-    p.add_argument("action", choices=["generate", "sign"])
+    p.add_argument("action", choices=["generate", "sign", "identity"])
     p.add_argument("--out", help="generate: the folder for signing.key and signing.pub")
     p.add_argument("--key", help="sign: the private key file; command/approval JSON lines stdin -> signed lines stdout")
     p.set_defaults(handler=_keys)
+
+    p = sub.add_parser("identity", help="this node's identity: make its keys and ask the API server to enroll them")
+    p.add_argument("action", choices=["request", "show"])
+    p.add_argument("--node", required=True, help="the node this runs on (the downward API's spec.nodeName)")
+    p.add_argument("--identity-dir", required=True, help="where the node's keys are kept (the node pod's state dir)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account, whose pod-bound "
+                                        "token tells the API server which node asks)")
+    p.set_defaults(handler=_identity)
 
     p = sub.add_parser("approve", help="sign an approval that releases one held command")
     p.add_argument("command_id")
@@ -172,6 +247,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--approver-key", action="append", metavar="FILE", default=[],
                    help="a public key trusted to sign approvals of held commands (repeat for each approver); never "
                         "one of the --verify-key keys. Without one, held commands wait until they expire")
+    p.add_argument("--identity-dir", metavar="DIR",
+                   help="this executor's identity keys (node scope: the node's, shared with its collector; cluster "
+                        "scope: @cluster-executor's): each result carries its MAC")
+    p.add_argument("--processor-identity", metavar="HEX", help="the processor's identity key, with --identity-dir")
+    p.add_argument("--enroll-key", metavar="FILE",
+                   help="cluster scope: enroll node identities (CSRs for xidstream.io/node-identity) and sign the "
+                        "enrollments with this private key (the processor's --enroller-key is its public half)")
+    p.add_argument("--node-service-account", metavar="NS/NAME", default="xidstream/xidstream-node",
+                   help="with --enroll-key: the service account of the node pods whose CSRs enroll their node "
+                        "(default xidstream/xidstream-node)")
     p.add_argument("--revoked-keys", metavar="FILE",
                    help="a file of revoked key ids, one per line; re-read when it changes (commands and approvals "
                         "signed by a listed key are refused)")

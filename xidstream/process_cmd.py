@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--approver-key", action="append", default=[], metavar="FILE",
                    help="a public key trusted to sign a breaker reset (`xidstream breaker reset --key`); repeat for "
                         "each approver; never the signing key's own")
+    p.add_argument("--enroller-key", action="append", default=[], metavar="FILE",
+                   help="the enroller's public key (the cluster executor's --enroll-key): believe an input record only "
+                        "with the MAC of the node it is about, and a result only from the executor entitled to send it, "
+                        "by the enrollments on xidstream.identities (needs --signing-key)")
     p.add_argument("--fast-rebalance", action="store_true", help="short session timeouts, for a one-broker test setup")
     add_kafka_args(p)
     add_replication_args(p)
@@ -99,6 +103,19 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     from transport.kafka import ensure_processor_topics
 
     ensure_processor_topics(settings, internal_topics(settings))
+    verifier = None
+    if args.enroller_key:
+        if signing_key is None:
+            raise ConfigError("--enroller-key needs --signing-key: each node's record key is agreed with the processor's")
+        from schemas.signing import VerifyKeys
+        from transport.identity import IdentityDirectory, ProcessorIdentity, RecordVerifier
+
+        verifier = RecordVerifier(ProcessorIdentity(signing_key))
+        directory = IdentityDirectory(settings, VerifyKeys.load(args.enroller_key, purpose="enrollments"), verifier).start()
+        if not directory.wait_loaded(60):
+            raise ConfigError(f"could not read {settings.topics.name('xidstream.identities')} to its end within 60 s")
+        print(f"xidstream process: believing records of {len(verifier.identities)} enrolled identities "
+              f"(more as they enroll)", file=sys.stderr, flush=True)
     store = args.store or conf.get("store") or "memory://"
     if store.startswith("rocksdb"):
         try:
@@ -109,7 +126,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     web_port = args.web_port if args.web_port is not None else conf.get("web_port")
     proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, web_bind=args.web_bind, store=store,
                       datadir=data_dir, fast_rebalance=args.fast_rebalance, signing_key=signing_key,
-                      approver_keys=approver_keys)
+                      approver_keys=approver_keys, verifier=verifier)
     import faust
 
     try:
