@@ -1,14 +1,15 @@
 """The least-privilege ACLs the topic contract implies, one principal per role.
 
     collector  WRITE the input topics (nothing else: a compromised node cannot write commands)
-    processor  READ the inputs and gpu.remediation.results; WRITE gpu.alerts, gpu.remediation,
+    processor  READ the inputs, gpu.remediation.results and xidstream.identities; WRITE gpu.alerts, gpu.remediation,
                xidstream.deadletter; ALL on its two internal topics
                (`<prefix>xidstream.results-by-gpu`, `<prefix>xidstream.fleet`) and on its changelogs and faust's assignor
                topic (prefix `<app id>-`); its consumer group (prefix `<app id>`)
     executor   (the node executors) READ gpu.remediation and gpu.remediation.approvals; WRITE
                gpu.remediation.results; the node executors' consumer groups (prefix
                `<prefix>xidstream-executor-node-`)
-    cluster-executor  the same topics; exactly its own group `<prefix>xidstream-executor-cluster`
+    cluster-executor  the same topics, and WRITE xidstream.identities (it enrolls node identities);
+               exactly its own group `<prefix>xidstream-executor-cluster`
                (LITERAL): with a node's credentials (threat T2) the cluster executor's group was
                committed to its end, after which it handled none of the signed commands, or
                rewound to replay them
@@ -72,6 +73,7 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
     for t in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter"):
         allow("processor", T, p + t, (W, D))
     allow("processor", T, p + "gpu.remediation.approvals", (D,))  # its start-up check lists every contract topic
+    allow("processor", T, p + "xidstream.identities", (R, D))  # whose MAC it believes (transport.identity)
     allow("processor", T, p + "xidstream.results-by-gpu", (AclOperation.ALL,))
     allow("processor", T, p + "xidstream.fleet", (AclOperation.ALL,))
     allow("processor", T, app_id + "-", (AclOperation.ALL,), PREFIXED)  # changelogs, faust's assignor topic
@@ -84,6 +86,7 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
         allow(role, T, p + "gpu.remediation.results", (W, D))
     allow("executor", G, p + NODE_EXECUTOR_GROUP_PREFIX, (R, D), PREFIXED)
     allow("cluster-executor", G, p + CLUSTER_EXECUTOR_GROUP, (R, D))
+    allow("cluster-executor", T, p + "xidstream.identities", (W, D))  # the enroller's enrollments
     return out
 
 

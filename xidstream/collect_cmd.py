@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "carries the node's MAC, and a processor with --enroller-key believes only such records")
     p.add_argument("--processor-identity", metavar="HEX",
                    help="the processor's identity key (`xidstream keys identity --key signing.key`), with --identity-dir")
+    p.add_argument("--request-enrollment", action="store_true",
+                   help="with --identity-dir, in a pod: ask the API server to enroll this node's identity at start "
+                        "(as `xidstream identity request`), again every 30 s until it is asked")
     p.add_argument("--create-topics", action="store_true", help="create missing topics first")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
@@ -136,7 +139,7 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
 def _check_topics(settings: Settings, create: bool) -> None:
     from confluent_kafka import KafkaException
 
-    from schemas.topics import TOPICS
+    from schemas.topics import INPUT_TOPICS
     from transport.kafka import admin, create_topics
 
     if create:
@@ -147,7 +150,8 @@ def _check_topics(settings: Settings, create: bool) -> None:
     except KafkaException as exc:
         log.warning("Kafka not reachable at start (%s); records are spooled until it is", exc)
         return
-    missing = [settings.topics.name(n) for n in TOPICS if settings.topics.name(n) not in md.topics]
+    # Only what a collector writes: its least-privilege user may see no other topic.
+    missing = [settings.topics.name(n) for n in INPUT_TOPICS if settings.topics.name(n) not in md.topics]
     if missing:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; "
                          f"run `xidstream topics create` (or pass --create-topics)")
@@ -166,6 +170,34 @@ def node_auth(args: argparse.Namespace, identity: str):  # -> transport.identity
     return NodeIdentity.load_or_create(args.identity_dir, identity).record_auth(args.processor_identity)
 
 
+def _request_enrollment_until_done(identity_dir: str | None, node: str) -> None:
+    """Ask for this node's enrollment in a daemon thread, every 30 s until the API server took the
+    request (it may be unreachable at boot); the collector publishes meanwhile, and the processor
+    dead-letters what it cannot yet believe."""
+    import threading
+
+    if not identity_dir:
+        raise ConfigError("--request-enrollment needs --identity-dir")
+
+    def run() -> None:
+        import time
+
+        from executors.enroll import request_enrollment
+        from executors.kube import make_client
+        from transport.identity import NodeIdentity
+
+        while True:
+            try:
+                name = request_enrollment(make_client(None), NodeIdentity.load_or_create(identity_dir, node))
+                log.warning("asked the API server to enroll node %s (CertificateSigningRequest %s)", node, name)
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure: say why, try again
+                log.error("cannot ask for this node's enrollment (%s); trying again in 30 s", exc)
+                time.sleep(30)
+
+    threading.Thread(target=run, name="xidstream-enroll", daemon=True).start()
+
+
 def _collect(args: argparse.Namespace, settings: Settings) -> int:
     from collectors.metrics import CollectorMetrics
     from collectors.sink import KafkaSink, StdoutSink
@@ -176,6 +208,8 @@ def _collect(args: argparse.Namespace, settings: Settings) -> int:
     if args.sink == "kafka":
         _check_topics(settings, args.create_topics)
         sink = KafkaSink(settings, state / "spool", auth=node_auth(args, settings.node))
+        if args.request_enrollment:
+            _request_enrollment_until_done(args.identity_dir, settings.node)
     else:
         sink = StdoutSink(settings)
     metrics = CollectorMetrics()

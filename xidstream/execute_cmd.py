@@ -197,8 +197,17 @@ def _enroller(args: argparse.Namespace, settings: Settings):
         if producer.flush(30) != 0:
             raise RuntimeError(f"could not publish the enrollment of {rec.node} to {topic} within 30 s")
 
-    enroller = Enroller(make_client(args.kubeconfig), SigningKey.load(args.enroll_key), publish,
-                        node_service_account=args.node_service_account)
+    key = SigningKey.load(args.enroll_key)
+    enroller = Enroller(make_client(args.kubeconfig), key, publish, node_service_account=args.node_service_account)
+    if args.identity_dir:
+        # The enroller vouches for itself: its own results carry @cluster-executor's MAC.
+        from schemas.models import NodeEnrollment
+        from transport.identity import CLUSTER_IDENTITY, NodeIdentity
+
+        own = NodeIdentity.load_or_create(args.identity_dir, CLUSTER_IDENTITY)
+        publish(key.sign(NodeEnrollment(node=CLUSTER_IDENTITY, x25519_public=own.x25519_public,
+                                        ed25519_public=own.ed25519_public, csr_name="", csr_uid="",
+                                        vouched="the enroller's own identity")))
     last = [0.0]
 
     def tick() -> None:

@@ -293,10 +293,12 @@ def runtime_class(kube) -> None:
     assert status in (201, 409), body
 
 
-@pytest.mark.parametrize("values", ["default", "secure"])
+@pytest.mark.parametrize("values", ["default", "secure", "identity"])
 def test_every_object_is_accepted_by_a_server_side_dry_run_under_pod_security(kube, runtime_class, helm, values):
     ns = f"xs-chart-{values}-{RUN}"
     args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
+    if values == "identity":
+        args += ["-f", str(SECURE), "--set", "identity.enabled=true", "--set", "identity.processorKey=" + "ab" * 32]
     objs, _ = render(helm, *args, namespace=ns, release=f"xs{values[0]}{RUN}")
     _prepare_namespace(kube, objs, ns)
     status, body = kube.request("GET", f"/api/v1/namespaces/{ns}")
@@ -388,3 +390,31 @@ def test_every_container_command_line_parses_with_the_real_cli(helm, values):
             if "--kafka-config" in c["args"]:
                 assert args.kafka_config == "/etc/xidstream/kafka/client.properties"
     assert seen == {"collect", "execute node", "execute cluster", "process", "topics"}
+
+
+def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
+    """identity.enabled: the node pod may create CSRs and MACs its records and results; the cluster
+    executor enrolls (reads CSRs, holds the enroller key) and MACs its results; the processor
+    believes records by the enrollments. Without processorKey the install fails, naming the value."""
+    objs, _ = render(helm, "--set", "identity.enabled=true", "--set", "identity.processorKey=" + "ab" * 32)
+    kinds = by_kind(objs)
+    node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
+    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create"]} in node_rules
+    cx_rules = kinds["ClusterRole"]["xs-xidstream-cluster-executor"]["rules"]
+    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list"]} in cx_rules
+    ds = containers(kinds["DaemonSet"]["xs-xidstream-node"])
+    for name in ("collector", "node-executor"):
+        args = ds[name]["args"]
+        assert args[args.index("--identity-dir") + 1] == "/var/lib/xidstream/identity"
+        assert args[args.index("--processor-identity") + 1] == "ab" * 32
+    assert "--request-enrollment" in ds["collector"]["args"]
+    cx = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
+    assert cx[cx.index("--enroll-key") + 1] == "/etc/xidstream/enroller/enroller.key"
+    assert cx[cx.index("--node-service-account") + 1] == "xidstream/xs-xidstream-node"
+    proc = containers(kinds["Deployment"]["xs-xidstream-processor"])["processor"]["args"]
+    assert proc[proc.index("--enroller-key") + 1] == "/etc/xidstream/verify/enroller.pub"
+    _, done = render(helm, "--set", "identity.enabled=true", check=False)
+    assert done.returncode != 0 and "identity.processorKey" in done.stderr
+    # off by default: nothing of it rendered
+    objs, _ = render(helm)
+    assert all("--enroller-key" not in c["args"] for c in containers(by_kind(objs)["Deployment"]["xs-xidstream-processor"]).values())

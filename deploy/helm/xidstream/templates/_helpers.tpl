@@ -153,3 +153,17 @@ app.kubernetes.io/version: {{ $ctx.Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version }}
 {{- end -}}
+
+{{/* --identity-dir/--processor-identity of a node or cluster component (identity.enabled). */}}
+{{- define "xidstream.identityArgs" -}}
+{{- $ctx := index . 0 -}}
+{{- if $ctx.Values.identity.enabled }}
+{{- if not $ctx.Values.identity.processorKey }}
+{{- fail "identity.enabled needs identity.processorKey: `xidstream keys identity --key keys/signing.key`" }}
+{{- end }}
+- --identity-dir
+- {{ index . 1 }}
+- --processor-identity
+- {{ $ctx.Values.identity.processorKey | quote }}
+{{- end }}
+{{- end -}}
