@@ -7,19 +7,29 @@ Each scenario runs under a fresh topic prefix (and so a fresh consumer group), s
 each other's records; everything it created on the broker (topics of the contract and of the
 processor, changelogs, faust's assignor topic, consumer groups) is deleted afterwards unless --keep. Scenario time runs as fast
 as the pipeline takes it: the processor decides by the records' own timestamps.
+
+The replay's children die with it. A SIGTERM or SIGINT stops the run where it is: the `finally`
+blocks stop the worker (by its PID) and delete the run's topics, and the replay exits 128+signal
+saying what it was doing; a second one while that runs ends the replay at once. A SIGKILL runs no
+code of ours: the kernel then kills the worker (`xidstream.runner.die_with_parent`).
+Every wait is bounded, and a wait that ends says what it waited for and what it saw.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 import orjson
 
@@ -131,7 +141,7 @@ class EngineCommandLookup:
 
 def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, policy: str | None = None,
                     keep: bool = False, workdir: Path | None = None, log=None,
-                    command_timeout: float = 30.0) -> ReplayResult:
+                    command_timeout: float = 30.0, processor_timeout: float = 240.0) -> ReplayResult:
     say = log or (lambda m: None)
     settings = Settings(bootstrap=bootstrap, topic_prefix=f"replay-{scenario.name[:40]}-{uuid.uuid4().hex[:8]}.",
                         partitions=partitions, node="replay")
@@ -161,11 +171,14 @@ def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, 
             raise XidstreamError(f"Kafka did not acknowledge the scenario's records: {sink.stats()}")
         published = sink.stats()["published"]
         sink.close()
-        say(f"{scenario.name}: {sum(published.values())} records published; waiting for the processor")
+        say(f"{scenario.name}: {sum(published.values())} records published; waiting for the processor "
+            f"(up to {processor_timeout:g} s)")
         topics = [settings.topics.name(n) for n in INPUT_TOPICS] + [settings.topics.name("gpu.remediation.results")]
         topics += list(internal_topics(settings))
-        if not worker.wait_idle(topics, timeout=240):
-            raise XidstreamError(f"the processor did not catch up within 240 s; its log:\n{worker.tail()}")
+        if not worker.wait_idle(topics, timeout=processor_timeout):
+            seen = getattr(worker, "idle_seen", None) or f"consumer group {worker.group}; no lag reading"
+            raise XidstreamError(f"the processor did not catch up within {processor_timeout:g} s: waited for "
+                                 f"{seen}; its log:\n{worker.tail()}")
         worker.stop()
         reg = settings.topics
         out_topics = [reg.name(n) for n in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter")]
@@ -183,6 +196,8 @@ def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, 
         if lookup is not None:
             lookup.close()
         if worker is not None:
+            if worker.alive():  # the run failed or was stopped before the worker's own stop
+                say(f"{scenario.name}: stopping the processor worker (pid {worker.proc.pid})")
             worker.stop()
         if not keep:
             # after the worker stopped: a live worker would recreate its topics and rejoin its group
@@ -191,6 +206,42 @@ def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, 
             except XidstreamError as exc:
                 say(f"{scenario.name}: could not delete the run's topics (prefix {settings.topic_prefix}): {exc}")
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- stopping ---------------------------------------------------------------------------------
+class _Stopped(BaseException):
+    """A SIGTERM or SIGINT reached the replay. Not an `Exception`, so no `except Exception` on the
+    way out swallows it; every `finally` runs (the worker is stopped, the run's topics deleted)."""
+
+    def __init__(self, signum: int, doing: str) -> None:
+        super().__init__(signum, doing)
+        self.signum, self.doing = signum, doing
+
+
+@contextmanager
+def _stop_on_signals(doing: Callable[[], str]) -> Iterator[None]:
+    """SIGTERM and SIGINT raise `_Stopped`, noting `doing()`, in the main thread (Python runs
+    handlers only there; elsewhere this does nothing). A second signal during the clean-up ends the
+    process by that signal at once: its workers then get their parent-death signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if stopping:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        stopping.append(signum)
+        raise _Stopped(signum, doing())
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 # -- checking -----------------------------------------------------------------------------------
@@ -300,18 +351,40 @@ def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False
                policy: str | None = None, keep: bool = False, partitions: int = 1, out: TextIO | None = None) -> int:
     out = out or sys.stdout  # when called, not when imported (a captured stdout is honoured)
     scenarios = [load_scenario(p) for p in paths]  # every file is validated before anything starts
+    doing = ["starting"]
+
+    def log(m: str) -> None:
+        doing[0] = m
+        print(f"xidstream replay: {m}", file=sys.stderr, flush=True)
+
+    try:
+        with _stop_on_signals(lambda: doing[0]):
+            failed = _replay_all(scenarios, bootstrap, log, as_json=as_json, check=check, policy=policy, keep=keep,
+                                 partitions=partitions, out=out)
+    except _Stopped as stop:
+        name = signal.Signals(stop.signum).name
+        print(f"xidstream replay: stopped by {name} (it was at: {stop.doing}); exit code {128 + stop.signum}",
+              file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    if check:
+        print(f"replay --check: {len(scenarios) - failed} passed, {failed} failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[[str], None], *, as_json: bool,
+                check: bool, policy: str | None, keep: bool, partitions: int, out: TextIO) -> int:
+    """`run_replay` under its signal handlers; returns how many scenarios failed their check."""
     broker = None
     if bootstrap is None:
         from xidstream.localbroker import LocalBroker
 
         broker = LocalBroker()
         ours = broker.pid() is None
-        print("xidstream replay: starting the local Kafka broker ...", file=sys.stderr, flush=True)
+        log("starting the local Kafka broker ...")
         bootstrap = broker.start()
         if not ours:
             broker = None
     failed = 0
-    log = (lambda m: print(f"xidstream replay: {m}", file=sys.stderr, flush=True))
     try:
         for sc in scenarios:
             try:
@@ -342,6 +415,4 @@ def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False
     finally:
         if broker is not None:
             broker.stop()
-    if check:
-        print(f"replay --check: {len(scenarios) - failed} passed, {failed} failed", file=sys.stderr)
-    return 1 if failed else 0
+    return failed
