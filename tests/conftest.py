@@ -10,6 +10,11 @@ stopped at the end; it never touches the plaintext broker.
 Tests that take `kube` run on a real kube-apiserver + etcd (xidstream/localkube.py), started once
 per run and stopped at the end; set XIDSTREAM_KUBECONFIG to use a cluster you already run instead
 (its current context's bearer token must be allowed everything the tests do).
+
+Markers: `broker` (the plaintext or the secure broker) and `kube` (the API server). A test that
+takes one of the fixtures above, directly or through another fixture, gets the marker here even
+where its module does not say so; tests that start a server themselves are marked in their
+module. `pytest -m "not broker and not kube"` is the fast tier: it starts neither.
 """
 
 from __future__ import annotations
@@ -20,6 +25,18 @@ import uuid
 import pytest
 
 from xidstream.settings import Settings
+
+# fixture -> the marker of the server it starts
+_SERVER_FIXTURES = {"kafka_bootstrap": "broker", "kafka_settings": "broker", "secure_kafka": "broker",
+                    "kube": "kube"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for name in {m for f, m in _SERVER_FIXTURES.items() if f in item.fixturenames}:
+            if item.get_closest_marker(name) is None:
+                item.add_marker(name)
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,23 @@ import pytest
 
 from executors.gate import Approvals, Journal, decide, result_for
 from executors.runner import Executor
-from schemas.models import RemediationCommand
+from schemas.models import Approval, RemediationCommand
 from schemas.vocab import Outcome
-from tests.executors.helpers import approval, command, keypair
+from tests.executors import helpers
+from tests.executors.helpers import keypair
 
+# The one clock of these tests: every command, approval and decision is stamped from it, never
+# from the machine's clock (a record stamped by the real clock and judged at a fixed time is
+# expired, or from the future, depending on the day the tests run).
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
+
+
+def command(node, action, *, now=NOW, **kw) -> RemediationCommand:
+    return helpers.command(node, action, now=now, **kw)
+
+
+def approval(key, cmd, *, ttl=600.0, now=NOW) -> Approval:
+    return helpers.approval(key, cmd, ttl=ttl, now=now)
 
 
 @pytest.fixture
@@ -66,17 +78,21 @@ def test_node_executor_refuses_another_nodes_command_and_scopes_are_kept(env):
 
 def test_requires_approval_needs_an_authentic_unexpired_approval(env, tmp_path):
     key, keys, journal, approvals = env
-    cmd = key.sign(command("n1", "DRAIN_NODE", requires_approval=True))  # expires 10 min from the real clock
+    cmd = key.sign(command("n1", "DRAIN_NODE", requires_approval=True))  # valid until NOW + 10 min
     d = _decide(cmd, keys, journal, approvals)
     assert d.reason == "approval" and d.awaiting_approval and "no authentic approval" in d.result.detail
     intruder, _, _, _ = keypair(tmp_path, "intruder")
     assert "unknown key" in approvals.add(approval(intruder, cmd))
     assert not _decide(cmd, keys, journal, approvals).proceed
     approvals.add(approval(key, cmd, ttl=-1))  # authentic but already expired
-    d = _decide(cmd, keys, journal, approvals, now=datetime.now(timezone.utc))
+    d = _decide(cmd, keys, journal, approvals)
     assert "expired" in d.result.detail and not d.proceed
-    approvals.add(approval(key, cmd))
-    assert _decide(cmd, keys, journal, approvals, now=datetime.now(timezone.utc)).proceed
+    approvals.add(approval(key, cmd, ttl=60))
+    assert _decide(cmd, keys, journal, approvals).proceed
+    assert _decide(cmd, keys, journal, approvals, now=NOW + timedelta(seconds=59)).proceed
+    # the approval lapses at its expires_at, while the command itself is still valid
+    d = _decide(cmd, keys, journal, approvals, now=NOW + timedelta(seconds=60))
+    assert d.reason == "approval" and not d.proceed and "expired" in d.result.detail
 
 
 def test_journal_answers_a_duplicate_and_survives_a_restart(env, tmp_path):
@@ -130,10 +146,10 @@ def test_dry_run_is_the_default_and_is_not_journaled(tmp_path):
     key, keys, _, _ = keypair(tmp_path)
     rec = _Recorder()
     cmd = key.sign(command("n1", "CORDON_NODE"))
-    dry = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s")
+    dry = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s", clock=lambda: NOW)
     r = dry.handle(cmd)
     assert r.outcome == Outcome.refused and r.detail.startswith("dry run: would ")
-    applying = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s", apply=True)
+    applying = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s", apply=True, clock=lambda: NOW)
     assert applying.handle(cmd).outcome == Outcome.succeeded  # the dry run did not block it
     assert applying.handle(cmd).detail.startswith("already carried out")
     assert rec.calls == [(cmd.command_id, True), (cmd.command_id, False)]  # carried out once
@@ -144,13 +160,16 @@ def test_dry_run_is_the_default_and_is_not_journaled(tmp_path):
 
 def test_held_command_is_released_by_an_approval_or_expires(tmp_path):
     key, keys, _, _ = keypair(tmp_path)
+    approver, approver_keys, _, _ = keypair(tmp_path, "approver")  # approvals have a trust set of their own
     rec = _Recorder()
-    clock = [datetime.now(timezone.utc)]
-    ex = Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s", apply=True, clock=lambda: clock[0])
+    clock = [NOW]
+    ex = Executor(scope="cluster", keys=keys, approval_keys=approver_keys, actions=rec, state_dir=tmp_path / "s",
+                  apply=True, clock=lambda: clock[0])
     held = key.sign(command("n1", "DRAIN_NODE", requires_approval=True))
     assert ex.handle(held, hold=True) is None and ex.held == [held.command_id]
-    assert Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s").held == [held.command_id]
-    ex.approve(approval(key, held))
+    assert Executor(scope="cluster", keys=keys, actions=rec, state_dir=tmp_path / "s",
+                    clock=lambda: clock[0]).held == [held.command_id]
+    assert ex.approve(approval(approver, held)) is None
     [r] = ex.due()
     assert r.outcome == Outcome.succeeded and rec.calls == [(held.command_id, False)]
     late = key.sign(command("n1", "DRAIN_NODE", requires_approval=True, ttl=30))

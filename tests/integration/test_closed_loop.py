@@ -18,8 +18,12 @@ import json
 import time
 import uuid
 
+import pytest
+
 from schemas.vocab import Action
 from xidstream.demo_cluster import run_closed_loop
+
+pytestmark = [pytest.mark.broker, pytest.mark.kube]
 
 RUN = uuid.uuid4().hex[:6]
 

@@ -20,6 +20,8 @@ from xidstream.cli import main as cli
 from transport.kafka import create_topics, read_all
 from xidstream.settings import Settings
 
+pytestmark = pytest.mark.broker
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

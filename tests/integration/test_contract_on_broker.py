@@ -16,6 +16,8 @@ from tests.factories import one_of_each
 from xidstream.cli import main as cli
 from transport.kafka import admin, create_topics, producer_config, read_all
 
+pytestmark = pytest.mark.broker
+
 
 def _produce(settings, items):
     producer = Producer(producer_config(settings))

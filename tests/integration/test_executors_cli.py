@@ -43,6 +43,7 @@ def sign(keydir, *cmds) -> bytes:
     return p.stdout
 
 
+@pytest.mark.kube
 def test_execute_stdin_through_the_cli_dry_run_then_apply(kube, keydir, tmp_path):
     node = make_node(kube, "cli")
     cordon = command(node, "CORDON_NODE")
@@ -85,6 +86,8 @@ def test_execute_clear_errors(tmp_path, keydir):
     assert p.returncode == 2 and b"cannot load a Kubernetes config" in p.stderr
 
 
+@pytest.mark.broker
+@pytest.mark.kube
 def test_commands_through_kafka_to_results(kube, kafka_settings, keydir, tmp_path):
     from executors.cluster import ClusterActions
     from executors.kube import make_client

@@ -19,6 +19,8 @@ from executors.runner import Executor
 from schemas.vocab import Outcome
 from tests.executors.helpers import approval, command, keypair
 
+pytestmark = pytest.mark.kube
+
 RUN = uuid.uuid4().hex[:6]
 
 

@@ -13,6 +13,8 @@ from lightkube.resources.core_v1 import Node
 
 from executors.kube import discover_version, list_then_watch, make_client
 
+pytestmark = pytest.mark.kube
+
 
 class _FirstListStale:
     """The real client, except that its first list reports a resourceVersion long compacted away

@@ -18,6 +18,8 @@ from schemas.vocab import Outcome
 from tests.executors.helpers import UUID1, command, keypair
 from tests.integration.test_executors_cluster import get_node, make_node, make_pod, node_events, snapshot
 
+pytestmark = pytest.mark.kube
+
 RUN = uuid.uuid4().hex[:6]
 
 

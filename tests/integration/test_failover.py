@@ -31,6 +31,7 @@ from pathlib import Path
 from aiokafka.partitioner import DefaultPartitioner
 from confluent_kafka import (Consumer, ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaException, Producer,
                              TopicPartition)
+import pytest
 
 from collectors.scenario import ScenarioRunner
 from collectors.sink import MemorySink
@@ -42,6 +43,8 @@ from streams.app import internal_topics
 from streams.engine import Engine
 from transport.kafka import admin, consume_records, consumer_config, producer_config
 from xidstream.runner import WorkerProcess
+
+pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "motivating-incident.yaml"

@@ -24,6 +24,8 @@ import pytest
 
 from xidstream.localkube import KubeHandle, LocalKube, LocalKubeError
 
+pytestmark = pytest.mark.kube
+
 RUN = uuid.uuid4().hex[:8]
 LOCAL_ONLY = pytest.mark.skipif(bool(os.environ.get("XIDSTREAM_KUBECONFIG")),
                                 reason="XIDSTREAM_KUBECONFIG: not provisioning a local server")

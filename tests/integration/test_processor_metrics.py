@@ -7,9 +7,13 @@ import socket
 import time
 import urllib.request
 
+import pytest
+
 from collectors.sink import KafkaSink
 from xidstream.runner import WorkerProcess
 from tests.streams.builders import wedge
+
+pytestmark = pytest.mark.broker
 
 
 def _free_port() -> int:

@@ -18,6 +18,8 @@ from schemas import Action, Classification, decode_any, encode, load_scenario
 from tests.streams.builders import GPU, wedge
 from transport.kafka import producer_config, read_all
 
+pytestmark = pytest.mark.broker
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU1 = "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"
 GPU0 = "GPU-3f1a9c2e-7b44-4d1e-9e0a-5c2b8d7f6a10"

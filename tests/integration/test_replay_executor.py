@@ -15,6 +15,8 @@ from transport.kafka import admin, delete_run, read_all
 from xidstream.replay import replay_scenario
 from xidstream.settings import Settings
 
+pytestmark = pytest.mark.broker
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

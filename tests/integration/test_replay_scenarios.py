@@ -7,9 +7,12 @@ import io
 from pathlib import Path
 
 import orjson
+import pytest
 
 from xidstream.cli import main as cli
 from xidstream.replay import run_replay
+
+pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).resolve().parents[2]
 

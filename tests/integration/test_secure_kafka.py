@@ -141,6 +141,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
+@pytest.mark.broker
 def test_each_role_works_end_to_end_with_its_properties_file(secure, secure_kafka, tmp_path):
     from collectors.scenario import ScenarioRunner
     from collectors.sink import KafkaSink
@@ -234,6 +235,7 @@ def _fetch_error(settings: Settings, topic: str) -> KafkaError | None:
         c.close()
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("role, topic", [
     ("collector", "gpu.remediation"),        # a compromised node cannot order a reset
     ("collector", "gpu.alerts"),
@@ -248,6 +250,7 @@ def test_a_role_is_refused_writing_what_the_contract_does_not_give_it(secure, ro
     assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize("role, topic", [
     ("collector", "gpu.alerts"),
     ("collector", "gpu.remediation"),
@@ -260,6 +263,7 @@ def test_a_role_is_refused_reading_what_the_contract_does_not_give_it(secure, ro
     assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, err
 
 
+@pytest.mark.broker
 def test_the_collector_cannot_create_topics_or_read_the_processors_group(secure):
     from transport.kafka import create_topics
 
@@ -268,6 +272,7 @@ def test_the_collector_cannot_create_topics_or_read_the_processors_group(secure)
         create_topics(replace(s, topic_prefix=s.topic_prefix + "x."), names=["gpu.xid"])
 
 
+@pytest.mark.broker
 def test_a_wrong_password_fails_fast_naming_the_user(secure, tmp_path):
     from transport.kafka import create_topics
 
@@ -287,6 +292,7 @@ def _untrusted_ca(tmp_path: Path) -> Path:
     return other.ca_file
 
 
+@pytest.mark.broker
 def test_an_untrusted_ca_fails_fast_naming_tls(secure, tmp_path):
     from transport.kafka import create_topics
 
@@ -298,6 +304,7 @@ def test_an_untrusted_ca_fails_fast_naming_tls(secure, tmp_path):
     assert time.monotonic() - t0 < 15
 
 
+@pytest.mark.broker
 def test_the_processor_with_an_untrusted_ca_exits_with_the_cause(secure, secure_kafka, tmp_path):
     props = tmp_path / "processor.properties"
     lines = secure_kafka.client_file("processor").read_text().splitlines()
@@ -312,6 +319,7 @@ def test_the_processor_with_an_untrusted_ca_exits_with_the_cause(secure, secure_
     assert rc == 2 and "TLS: certificate verify failed" in log, log[-2000:]
 
 
+@pytest.mark.broker
 def test_replication_and_min_insync_apply_to_contract_internal_and_changelog_topics(secure):
     from confluent_kafka.admin import ConfigResource
 
@@ -333,6 +341,7 @@ def test_replication_and_min_insync_apply_to_contract_internal_and_changelog_top
     assert all(len(p.replicas) == 1 for n in names for p in md.topics[n].partitions.values())
 
 
+@pytest.mark.broker
 def test_the_collectors_sink_names_a_refused_password_and_keeps_the_records(secure, tmp_path):
     from collectors.sink import KafkaSink
     from tests.factories import one_of_each

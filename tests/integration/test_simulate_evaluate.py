@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from schemas.topics import INPUT_TOPICS
 from streams.app import internal_topics
 from xidstream.cli import main as cli
 from xidstream.runner import WorkerProcess
+
+pytestmark = pytest.mark.broker
 
 
 def test_simulated_fleet_is_found_with_no_node_action_on_app_faults(kafka_settings, tmp_path, capsys):

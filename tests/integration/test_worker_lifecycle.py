@@ -93,6 +93,7 @@ def _fatal_xid(s):
     assert p.flush(30) == 0
 
 
+@pytest.mark.broker
 def test_a_worker_whose_agent_dies_exits_non_zero(kafka_settings, tmp_path):
     s = kafka_settings
     log = tmp_path / "worker.log"
@@ -116,6 +117,7 @@ def _topics(s):
     return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
 
 
+@pytest.mark.broker
 def test_changelogs_exist_with_faust_partition_counts_before_the_worker_starts(kafka_settings):
     s = kafka_settings
     app_id = f"{s.topic_prefix}xidstream-processor"
@@ -132,6 +134,7 @@ def test_changelogs_exist_with_faust_partition_counts_before_the_worker_starts(k
     assert conf["cleanup.policy"].value == "compact"
 
 
+@pytest.mark.broker
 def test_a_changelog_with_the_wrong_partition_count_stops_the_worker_with_a_clear_error(kafka_settings, tmp_path):
     s = kafka_settings
     bad = f"{s.topic_prefix}xidstream-processor-fleet-state-changelog"
@@ -176,6 +179,7 @@ def test_an_agent_waits_until_the_changelog_partitions_are_known():
     asyncio.run(run(lambda t: None, 0.2))
 
 
+@pytest.mark.broker
 def test_a_changelog_whose_metadata_arrives_late_delays_the_first_write_not_the_commands(kafka_settings, tmp_path):
     s = kafka_settings
     _fatal_xid(s)  # already there when the worker starts: its first table writes come at once

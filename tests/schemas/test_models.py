@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import orjson
+import pydantic
 import pytest
 
 from schemas import (
@@ -18,7 +19,7 @@ from schemas import (
     encode,
     normalize_pci,
 )
-from tests.factories import T0, one_of_each
+from tests.factories import NODE, T0, one_of_each
 
 
 def test_factories_cover_every_model():
@@ -78,6 +79,7 @@ CONTRACT_FIELDS = {
     "xidstream.remediation_result/2": "command_id incident_id gpu_uuid pci_bus_id action outcome detail",
     "xidstream.approval/1": "approval_id command_id approved_by reason expires_at key_id signature",
     "xidstream.deadletter/1": "original source_topic source_partition source_offset error",
+    "xidstream.node_enrollment/1": "x25519_public ed25519_public csr_name csr_uid vouched revoked key_id signature",
 }
 
 
@@ -169,7 +171,11 @@ def test_normalize_pci(given, expected):
     assert normalize_pci(given) == expected
 
 
-def test_records_are_immutable():
-    s = GpuSample(ts=T0, node="n", gpu_uuid="GPU-1", gpu_index=0, pci_bus_id="0000:01:00")
-    with pytest.raises(Exception):
-        s.power_w = 3  # type: ignore[misc]
+@pytest.mark.parametrize("record", one_of_each(), ids=lambda r: type(r).__name__)
+def test_records_are_immutable(record):
+    # pydantic's frozen model refuses the assignment itself (error type "frozen_instance"); any
+    # other exception (an AttributeError from a misspelt field, a TypeError) would not say that.
+    with pytest.raises(pydantic.ValidationError) as refused:
+        record.node = "another-node"  # type: ignore[misc]
+    assert [e["type"] for e in refused.value.errors()] == ["frozen_instance"]
+    assert record.node == NODE

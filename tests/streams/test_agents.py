@@ -47,7 +47,8 @@ def test_gpu_agent_turns_the_wedge_into_alerts_and_commands_for_the_fleet_agent(
     alerts = [decode_any(v) for _, v in sent["alerts"]]
     assert [a.classification for a in alerts] == [Classification.APP_FAULT, Classification.GPU_WEDGED]
     fleet = [orjson.loads(v) for _, v in sent["fleet"]]
-    assert fleet[0] == {"kind": "node_seen", "node": "node-a", "ts": wedge()[0].ts.timestamp()}
+    # the GPU's inventory tells the fleet agent its node is one this processor manages
+    assert fleet[0] == {"kind": "inventory", "node": "node-a", "ts": wedge()[0].ts.timestamp()}
     commands = [m["command"]["action"] for m in fleet if m["kind"] == "command"]
     assert commands == ["RECORD", "CORDON_NODE", "DRAIN_NODE", "RESET_GPU"]
     assert {k for k, _ in sent["fleet"]} == {FLEET_KEY}
@@ -168,7 +169,9 @@ def test_known_nodes_are_rows_of_their_own_and_a_one_row_fleet_state_is_split_on
         proc.fleet_table.data[FLEET_KEY] = orjson.dumps(old)
         async with proc.fleet.test_context() as agent:
             for n in ("node-0", "node-1", "node-0"):
-                await agent.put(orjson.dumps({"kind": "node_seen", "node": n, "ts": 5.0}), key=FLEET_KEY)
+                # handed over at 5.0 by the processor's clock too (the record's timestamp): the
+                # fleet agent keeps a stamp within the clock-skew bound of it
+                await agent.put(orjson.dumps({"kind": "inventory", "node": n, "ts": 5.0}), key=FLEET_KEY, timestamp=5.0)
         return proc
 
     proc = asyncio.run(run())

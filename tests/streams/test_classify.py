@@ -258,11 +258,27 @@ def test_replay_gives_the_same_verdicts_and_command_ids():
     assert [x.alert_id for x in a.alerts] == [x.alert_id for x in b.alerts]
 
 
-def test_alert_cooldown_keeps_repeats_from_spamming():
-    recs = wedge(pinned_until=900)
-    e = run(recs)
+def test_a_long_wedge_is_one_wedged_alert():
+    # the same verdict again on every pinned sample: the open incident already says it
+    e = run(wedge(pinned_until=900))
     wedged = [a for a in e.alerts if a.classification == Classification.GPU_WEDGED]
     assert len(wedged) == 1
+
+
+def test_alert_cooldown_keeps_repeats_from_spamming():
+    # One workload faulting again and again: every occurrence is a new RECORD that `_raise` passes
+    # on (not the same verdict again), so only the cooldown holds its "updated" alerts back.
+    repeats = [sample(0), procs(0, 4242), xid(10, 13), xid(100, 13), xid(200, 13)]
+    e = run(repeats)
+    assert actions(e) == [Action.RECORD] * 3  # every occurrence is still recorded
+    assert [a.state for a in e.alerts] == ["open"]  # 90 s and 190 s after it: within 300 s
+    # the same repeats without a cooldown: one alert each
+    assert [a.state for a in run_with(load_policy({"alert_cooldown_s": 0}), repeats).alerts] == \
+        ["open", "updated", "updated"]
+    # once the cooldown has passed since the last alert, the next repeat is said again
+    e = run(repeats + [xid(310, 13)])
+    assert [(a.state, a.ts) for a in e.alerts] == [("open", at(10)), ("updated", at(310))]
+    assert "4 occurrences of this workload" in e.alerts[-1].summary
 
 
 def _storm(n_nodes, hit):
@@ -288,9 +304,22 @@ def test_fleet_storm_holds_further_node_actions_for_approval():
     assert by_node["node-0"] == [False] * 2 and by_node["node-1"] == [False] * 2
     assert set(by_node) == {f"node-{i}" for i in range(5)}
     assert all(all(v) for n, v in by_node.items() if n not in ("node-0", "node-1"))
+    # A node faulting later while the breaker is tripped is held, every step of its plan; after an
+    # operator's reset it is not. (Not only the last command: a breaker that held only some steps,
+    # or none after a reset, must show.)
+    node9 = xid(300, 119, pid=None, gpu="GPU-00000009-0000-0000-0000-000000000000", node="node-9")
+    held = _storm(10, 5)
+    held.process(node9)
+    assert _node_commands(held, "node-9") == [(Action.CORDON_NODE, True), (Action.DRAIN_NODE, True),
+                                              (Action.RESET_GPU, True)]
     e.reset_breaker()
-    e.process(xid(300, 119, pid=None, gpu="GPU-00000009-0000-0000-0000-000000000000", node="node-9"))
-    assert not e.commands[-1].requires_approval
+    e.process(node9)
+    assert _node_commands(e, "node-9") == [(Action.CORDON_NODE, False), (Action.DRAIN_NODE, False),
+                                           (Action.RESET_GPU, False)]
+
+
+def _node_commands(e, node):
+    return [(c.action, c.requires_approval) for c in e.commands if c.node == node]
 
 
 def test_fleet_breaker_needs_at_least_three_nodes():

@@ -19,9 +19,12 @@ from schemas import (
     XidEvent,
 )
 from schemas.xid_catalog import XID_CATALOG
+from streams.classify import _climb, _raise
 from streams.engine import Engine
+from streams.hardware import RESET
 from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy, is_app_class, load_policy
 from streams.routing import state_key
+from streams.verdict import Verdict
 from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, result, run, sample, wedge, xid
 
 NODE_LEVEL = {Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE, Action.REPLACE_NODE}
@@ -133,27 +136,62 @@ policies = st.builds(
 )
 
 
+def _propose_reset(state, policy):
+    """What a rule proposing the wedge's reset plan on this state gets past the guard.
+
+    No rule proposes a disruptive plan without the guard's evidence today (`pinned_verdict`
+    checks the sustained pin itself), so records alone never make the guard refuse: a GPU_WEDGED
+    verdict without hardware evidence, offered to both of the guard's callers, stands in for a
+    rule that would (`_raise` for a new plan, `_climb` for the next rung of an open incident)."""
+    outputs = []
+    ts = state.clock
+    _raise(state, Verdict(Classification.GPU_WEDGED, RESET, "a rule proposing a reset", []), ts, policy, outputs)
+    inc = state.incident
+    if inc is not None and inc.classification not in (Classification.GPU_WEDGED, Classification.GPU_HARDWARE_FAULT):
+        _climb(state, inc, ts, Action.REBOOT_NODE, "a rule proposing a reboot", policy, outputs, [])
+    return outputs
+
+
+# Pinned without compute, but short of the guard's floor (2 samples >= 10 s apart): one sample,
+# or several within under 10 s. (A record's stamp keeps microseconds: 9.9999999 s would be 10.)
+short_pins = st.lists(st.floats(0, GUARD_MIN_PINNED_SPAN_S - 0.001), max_size=4)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=policies,
        faults=st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(APP_CODES), st.one_of(st.none(), st.integers(1, 9))),
                        min_size=1, max_size=12),
-       busy=st.booleans())
-def test_guard_holds_for_any_accepted_policy(policy, faults, busy):
+       busy=st.booleans(), pin=short_pins)
+def test_guard_holds_for_any_accepted_policy(policy, faults, busy, pin):
     """Application-class Xids from any workloads, on a GPU that is healthy or busy with a live
-    compute process: never a node-level command, whatever the policy."""
+    compute process and then pinned without compute for less than the guard's span: never a
+    node-level command, whatever the policy, and the guard refuses one a rule would propose."""
     recs = [inventory()]
     for t in range(0, 3100, 20):
         recs += [sample(t, util=100 if busy else 20, mem=9000), procs(t, 4242)]
     recs += [xid(t, code, pid=pid) for t, code, pid in faults]
+    recs += [r for d in pin for r in (sample(3100 + d, util=100, mem=0), procs(3100 + d))]
     e = run(recs, policy)
     assert not DISRUPTIVE & set(actions(e))
+    assert _propose_reset(e.states[GPU], policy) == []
 
 
 @settings(max_examples=60, deadline=None)
-@given(policy=policies, code=st.sampled_from(APP_CODES))
-def test_a_single_app_xid_then_one_pinned_sample_never_acts(policy, code):
-    e = run([inventory(), sample(0), procs(0), xid(10, code), sample(11, util=100, mem=0), procs(11)], policy)
+@given(policy=policies, code=st.sampled_from(APP_CODES), later=st.floats(0, 600))
+def test_a_single_app_xid_then_one_pinned_sample_never_acts(policy, code, later):
+    e = run([inventory(), sample(0), procs(0), xid(10, code), sample(11 + later, util=100, mem=0), procs(11 + later)],
+            policy)
     assert not DISRUPTIVE & set(actions(e))
+    state = e.states[GPU]
+    assert state.pinned_samples == 1  # the guard's evidence is one sample short
+    assert _propose_reset(state, policy) == []
+
+
+def test_the_guard_lets_a_reset_through_on_its_own_evidence():
+    # the other side of the two tests above: the same proposal passes with a sustained pin
+    e = run([inventory(), sample(0), procs(0), xid(10, 13)]
+            + [r for t in (11, 11 + GUARD_MIN_PINNED_SPAN_S) for r in (sample(t, util=100, mem=0), procs(t))])
+    assert [c.action for _, c in _propose_reset(e.states[GPU], Policy()) if _ == "command"] == RESET_PLAN
 
 
 # -- defect 4: results are matched to the commands they answer -------------------------------------
@@ -184,12 +222,24 @@ def test_a_result_of_the_right_command_id_but_another_action_is_not_acted_on():
 
 
 def test_a_repeated_answer_counts_once():
-    e = run(wedge() + [result(310, Action.RESET_GPU, "failed")])
-    before = len(e.commands)
-    reboot_result = e.commands[-1]
-    feed(e, [RemediationResult(ts=at(311), node=NODE, gpu_uuid=GPU, command_id=e.commands[-2].command_id,
-                               incident_id=reboot_result.incident_id, action=Action.RESET_GPU, outcome="failed")])
-    assert len(e.commands) == before
+    # A refused command asks for an operator once; the same answer delivered again (an executor's
+    # retry, a re-read partition) must not page again. (A repeated "failed" would not show it:
+    # the ladder's `may_emit` holds its rung anyway.)
+    e = run(wedge() + [result(310, Action.RESET_GPU, "refused", detail="GPU busy")])
+    reset = next(c for c in e.commands if c.action == Action.RESET_GPU)
+    paged = [a for a in e.alerts if "operator attention needed" in a.summary]
+    assert len(paged) == 1
+    alerts, commands = len(e.alerts), len(e.commands)
+    again = RemediationResult(ts=at(311), node=NODE, gpu_uuid=GPU, command_id=reset.command_id,
+                              incident_id=reset.incident_id, action=Action.RESET_GPU, outcome="refused",
+                              detail="GPU busy")
+    feed(e, [again])
+    assert (len(e.alerts), len(e.commands)) == (alerts, commands)
+    # recorded, not acted on: the next alert's timeline says so
+    feed(e, [xid(400, 79, pid=None)])
+    notes = [t for t in e.alerts[-1].evidence.timeline if t.kind == "remediation"]
+    assert [t.data["matched"] for t in notes] == [True, False]
+    assert f"repeats the answer to command {reset.command_id} (first: refused)" in notes[-1].summary
 
 
 def test_results_of_an_unresolved_gpu_reach_its_incident():

@@ -45,7 +45,10 @@ def test_the_added_patterns_leave_the_default_fault_mix_as_it_was(tmp_path):
 
 def test_a_crash_loop_is_one_pod_whose_every_restart_is_a_new_pid_faulting_the_same_gpu(tmp_path):
     sim, records = simulate(tmp_path, crash_loops=3)
-    for gpu in (g for g in sim.gpus if g.fault == "crash_loop"):
+    loops = [g for g in sim.gpus if g.fault == "crash_loop"]
+    assert len(loops) == 3  # the checks below run for every one of them, never for none
+    assert len(CRASH_FAULTS) > 1  # a loop is several restarts
+    for gpu in loops:
         faults = [r for r in records if r.SCHEMA == XidEvent.SCHEMA and r.gpu_uuid == gpu.uuid]
         assert [x.xid for x in faults] == [13] * len(CRASH_FAULTS)
         assert len({x.pid for x in faults}) == len(CRASH_FAULTS)
@@ -113,9 +116,9 @@ def test_crash_loops_and_teardowns_are_recorded_never_quarantined_nor_node_actio
     report = score(meta, truth, [(r, None) for r in engine.alerts + engine.commands], io.StringIO())
     assert report["node_actions_on_app_fault_gpus"] == 0
     assert report["quarantines_on_app_fault_gpus"] == 0
-    for fault in ("crash_loop", "xid45_teardown"):
-        row = report["by_fault"][fault]
-        assert set(row["alerted"]) <= {"APP_FAULT"}, row
+    # every one of their GPUs alerted, and only as APP_FAULT (a subset check would pass on none)
+    assert report["by_fault"]["crash_loop"]["alerted"] == {"APP_FAULT": 6}
+    assert report["by_fault"]["xid45_teardown"]["alerted"] == {"APP_FAULT": 12}  # 6 nodes x 2 GPUs
     assert report["classes"]["APP_FAULT"]["recall"] == 1.0
     assert report["classes"]["GPU_SUSPECT"]["precision"] == 1.0
     assert report["fleet_storms"] == 0

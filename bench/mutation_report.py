@@ -1,0 +1,210 @@
+"""Mutation score of the rule modules: `make mutate` (mutmut 3), per module, and the survivors.
+
+    python bench/mutation_report.py [--run [--jobs N] [--tests "PATHS"]] [--no-diff] [MODULE ...]
+
+MODULE is a file or a folder of the checkout (`schemas/signing.py`, `collectors/parse/`); none
+means every module [tool.mutmut] `only_mutate` in pyproject.toml names (a module must be one of
+them). `--run` first runs mutmut on those modules' mutants only: mutants are made in a copy under
+mutants/ (never in the checkout), judged by the fast tests (`-m "not broker and not kube"`) under
+`--tests` (default: all of tests/), with `--jobs` workers; results are kept there, so a second
+run only tests what changed. Without `--run` it reports what the last run left in mutants/.
+After changing `only_mutate`, remove mutants/ for a fresh copy.
+
+A surviving mutant that no test can kill, because it behaves exactly like the original, is listed
+in tests/mutation_equivalent.txt with the reason: one line each, the mutant's name then why. Those
+are left out of the score and printed apart; a listed name that no longer exists (the function
+changed, so mutmut renumbered its mutants) is flagged, to be reviewed again.
+
+The score is killed / (killed + survived), equivalents left out; a mutant the tests time out on,
+or that crashes them, counts as killed, one in code no test reaches ("no tests") as survived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EQUIVALENT = ROOT / "tests" / "mutation_equivalent.txt"
+FAST_TIER = ["-m", "not broker and not kube"]
+
+# mutmut's exit codes per mutant (mutmut.__main__.status_by_exit_code), grouped for the score
+KILLED = {1, 3, 36, 37, 24, -24, 152, 255, -11, -9}  # test failure, timeout, type check, crash
+SURVIVED = {0, 5, 33}  # tests passed, or no test reaches the mutant
+
+# Runs mutmut with the tests of this run instead of pyproject's default: mutmut reads its settings
+# only from pyproject.toml, so they are replaced in its loaded configuration (the workers are
+# forked from this process and inherit it). mutmut 3.7 reads `item._nodeid`, which
+# pytest 9 no longer has; 3.8 would not, but needs click>=8.4.2, which faust-streaming 0.15 refuses.
+_BOOT = """
+import dataclasses, json, sys
+import _pytest.nodes
+if not hasattr(_pytest.nodes.Node, "_nodeid"):
+    _pytest.nodes.Node._nodeid = property(lambda node: node.nodeid)
+import mutmut.configuration as conf
+over = json.loads(sys.argv[1])
+conf._config = dataclasses.replace(conf.Config.get(), **over)
+from mutmut.__main__ import cli
+sys.argv = ["mutmut", *sys.argv[2:]]
+cli()
+"""
+
+
+def pyproject_mutmut() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+
+
+def module_globs(modules: list[str]) -> list[str]:
+    """`only_mutate` patterns for the modules given (a folder: every file under it)."""
+    if not modules:
+        return list(pyproject_mutmut()["only_mutate"])
+    out = []
+    for m in modules:
+        path = m.rstrip("/")
+        if (ROOT / path).is_dir():
+            out.append(f"{path}/*")
+        elif path.endswith(".py") and (ROOT / path).is_file():
+            out.append(path)
+        else:
+            raise SystemExit(f"{m}: no such module file or folder in {ROOT}")
+    return out
+
+
+def mutant_globs(globs: list[str]) -> list[str]:
+    """mutmut mutant-name patterns for file patterns: `schemas/signing.py` -> `schemas.signing.*`."""
+    return [g.removesuffix(".py").replace("/", ".").rstrip("*").rstrip(".") + ".*" for g in globs]
+
+
+def run(globs: list[str], jobs: int, tests: str | None) -> int:
+    # Every module of `only_mutate` stays mutated in the copy; the run is narrowed by mutant names.
+    # (A copy narrowed by `only_mutate` gets the other modules back unmutated, and mutmut, seeing
+    # their sources unchanged, would not mutate them again on the next run.)
+    configured = pyproject_mutmut()["only_mutate"]
+    outside = [g for g in globs if not any(fnmatch.fnmatch(g.rstrip("*") or g, c) or g == c for c in configured)]
+    if outside:
+        raise SystemExit(f"{', '.join(outside)}: not in [tool.mutmut] only_mutate of pyproject.toml (add it there, "
+                         "then remove mutants/ for a fresh copy)")
+    over: dict = {"use_git_change_detection": False}
+    if tests:
+        over["pytest_add_cli_args_test_selection"] = [*tests.split(), *FAST_TIER]
+    # CI=true makes checks of the checkout's surroundings strict (tests/schemas/test_catalog.py wants
+    # ../shared/data beside it); the copy under mutants/ has no surroundings, and they are not
+    # what a mutant is judged by.
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"GIT_OPTIONAL_LOCKS": "0"}
+    cmd = [sys.executable, "-c", _BOOT, json.dumps(over), "run", "--max-children", str(jobs), *mutant_globs(globs)]
+    return subprocess.call(cmd, cwd=ROOT, env=env)
+
+
+def read_equivalent(path: Path | None = None) -> dict[str, str]:
+    """name -> reason; every entry must give one."""
+    path = path or EQUIVALENT
+    out: dict[str, str] = {}
+    if not path.exists():
+        return out
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, reason = line.partition(" ")
+        if not reason.strip():
+            raise SystemExit(f"{path}:{n}: {name} has no reason: each equivalent mutant needs one line saying why")
+        out[name] = reason.strip()
+    return out
+
+
+def results(globs: list[str]) -> dict[str, dict[str, int | None]]:
+    """Source file -> {mutant name: exit code}, from the .meta files mutmut writes beside each mutant file."""
+    out = {}
+    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
+        src = str(meta.relative_to(ROOT / "mutants"))[: -len(".meta")]
+        if any(fnmatch.fnmatch(src, g) for g in globs):
+            out[src] = json.loads(meta.read_text())["exit_code_by_key"]
+    return out
+
+
+def diff_of(name: str) -> str:
+    """The changed lines of one mutant (`mutmut show`), without the diff's headers."""
+    p = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+    lines = [ln for ln in p.stdout.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    return "\n".join(f"        {ln}" for ln in lines) or f"        (mutmut show {name}: {p.stderr.strip()[-200:]})"
+
+
+def report(globs: list[str], *, diffs: bool = True, out=sys.stdout) -> dict[str, dict]:
+    equivalent = read_equivalent()
+    by_file = results(globs)
+    if not by_file:
+        print("no mutation results for these modules in mutants/: run with --run (make mutate)", file=out)
+        return {}
+    summary: dict[str, dict] = {}
+    seen = set()
+    total = Counter()
+    print(f"{'module':<34} {'killed':>6} {'surv.':>6} {'equiv.':>6} {'other':>6}  score", file=out)
+    for src, codes in by_file.items():
+        c = Counter()
+        survivors = []
+        for name, code in sorted(codes.items()):
+            seen.add(name)
+            if name in equivalent:
+                c["equivalent"] += 1
+            elif code in KILLED:
+                c["killed"] += 1
+            elif code in SURVIVED:
+                c["survived"] += 1
+                survivors.append(name)
+            else:
+                c["other"] += 1  # not checked yet, skipped, interrupted
+        judged = c["killed"] + c["survived"]
+        score = c["killed"] / judged if judged else None
+        summary[src] = {**c, "score": score, "survivors": survivors}
+        total.update(c)
+        shown = f"{score:6.1%}" if score is not None else "     -"
+        print(f"{src:<34} {c['killed']:>6} {c['survived']:>6} {c['equivalent']:>6} {c['other']:>6} {shown}", file=out)
+    judged = total["killed"] + total["survived"]
+    if judged:
+        print(f"{'all':<34} {total['killed']:>6} {total['survived']:>6} {total['equivalent']:>6} {total['other']:>6} "
+              f"{total['killed'] / judged:6.1%}", file=out)
+    for src, s in summary.items():
+        if s["survivors"]:
+            print(f"\nsurviving in {src}:", file=out)
+            for name in s["survivors"]:
+                print(f"    {name}", file=out)
+                if diffs:
+                    print(diff_of(name), file=out)
+    listed = [n for n in equivalent if n not in seen and any(fnmatch.fnmatch(n, g) for g in mutant_globs(globs))]
+    if listed:
+        print(f"\n{EQUIVALENT} names mutants that no longer exist (review them again):", file=out)
+        for n in listed:
+            print(f"    {n}", file=out)
+    if any(s.get("other") for s in summary.values()):
+        print("\n'other': mutants not checked (an interrupted or partial run): they are not in the score", file=out)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modules", nargs="*", help="module files or folders (default: pyproject's only_mutate)")
+    ap.add_argument("--run", action="store_true", help="run mutmut on these modules first")
+    ap.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1)")
+    ap.add_argument("--tests", help='test paths that judge the mutants (default: tests/), e.g. "tests/schemas"')
+    ap.add_argument("--no-diff", action="store_true", help="list survivors without their diffs")
+    args = ap.parse_args(argv)
+    globs = module_globs(args.modules)
+    if args.run:
+        rc = run(globs, args.jobs, args.tests)
+        if rc != 0:
+            print(f"mutmut run exited {rc}", file=sys.stderr)
+            return rc
+    report(globs, diffs=not args.no_diff)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
