@@ -36,6 +36,14 @@ def keydir(tmp_path):
     return out
 
 
+@pytest.fixture
+def opsdir(tmp_path):
+    """An approver's own key pair: approvals are verified with --approver-key, never the processor's."""
+    out = tmp_path / "ops"
+    assert xidstream("keys", "generate", "--out", str(out)).returncode == 0
+    return out
+
+
 def sign(keydir, *cmds) -> bytes:
     p = xidstream("keys", "sign", "--key", str(keydir / "signing.key"),
                   stdin=b"".join(encode(c) + b"\n" for c in cmds))
@@ -44,14 +52,14 @@ def sign(keydir, *cmds) -> bytes:
 
 
 @pytest.mark.kube
-def test_execute_stdin_through_the_cli_dry_run_then_apply(kube, keydir, tmp_path):
+def test_execute_stdin_through_the_cli_dry_run_then_apply(kube, keydir, opsdir, tmp_path):
     node = make_node(kube, "cli")
     cordon = command(node, "CORDON_NODE")
     held = command(node, "REPLACE_NODE", requires_approval=True)
     unsigned = encode(command(node, "DRAIN_NODE")) + b"\n"
     signed = sign(keydir, cordon, held)
-    base = ["execute", "--scope", "cluster", "--verify-key", str(keydir / "signing.pub"), "--kubeconfig",
-            str(kube.kubeconfig), "--stdin", "--state-dir", str(tmp_path / "state")]
+    base = ["execute", "--scope", "cluster", "--verify-key", str(keydir / "signing.pub"), "--approver-key",
+            str(opsdir / "signing.pub"), "--kubeconfig", str(kube.kubeconfig), "--stdin", "--state-dir", str(tmp_path / "state")]
 
     before = snapshot(kube, node)
     p = xidstream(*base, stdin=signed + unsigned)
@@ -64,8 +72,13 @@ def test_execute_stdin_through_the_cli_dry_run_then_apply(kube, keydir, tmp_path
     assert "requires approval" in results[2].detail and b"dry run" in p.stderr
     assert snapshot(kube, node) == before  # a dry run writes nothing
 
+    # the processor's own key cannot approve what it held
+    self_appr = xidstream("approve", held.command_id, "--key", str(keydir / "signing.key"), "--node", node, "--by", "proc")
+    p = xidstream(*base, "--apply", "--state-dir", str(tmp_path / "state-self"), stdin=signed + self_appr.stdout)
+    by_id = {r.command_id: r for r in (decode(RemediationResult, x) for x in p.stdout.splitlines())}
+    assert by_id[held.command_id].outcome.value == "refused", by_id[held.command_id].detail
     # --apply, with the operator's approval for the held command on the same input
-    appr = xidstream("approve", held.command_id, "--key", str(keydir / "signing.key"), "--node", node, "--by", "ops")
+    appr = xidstream("approve", held.command_id, "--key", str(opsdir / "signing.key"), "--node", node, "--by", "ops")
     assert appr.returncode == 0, appr.stderr
     p = xidstream(*base, "--apply", stdin=signed + appr.stdout)
     assert p.returncode == 0, p.stderr
@@ -88,7 +101,7 @@ def test_execute_clear_errors(tmp_path, keydir):
 
 @pytest.mark.broker
 @pytest.mark.kube
-def test_commands_through_kafka_to_results(kube, kafka_settings, keydir, tmp_path):
+def test_commands_through_kafka_to_results(kube, kafka_settings, keydir, opsdir, tmp_path):
     from executors.cluster import ClusterActions
     from executors.kube import make_client
     from executors.runner import Executor, run_kafka
@@ -110,6 +123,7 @@ def test_commands_through_kafka_to_results(kube, kafka_settings, keydir, tmp_pat
     assert producer.flush(10) == 0
 
     ex = Executor(scope="cluster", keys=VerifyKeys.load([keydir / "signing.pub"]), apply=True,
+                  approval_keys=VerifyKeys.load([opsdir / "signing.pub"], purpose="approvals"),
                   actions=ClusterActions(make_client(kube.kubeconfig), drain_timeout=2),
                   state_dir=tmp_path / "state")
     stop = threading.Event()
@@ -125,7 +139,7 @@ def test_commands_through_kafka_to_results(kube, kafka_settings, keydir, tmp_pat
         assert results[0].key() == node.encode()
         latency = time.monotonic() - t0
         # the operator approves the held drain; the running executor carries it out
-        approval = key.sign(Approval(node=node, approval_id=uuid.uuid4().hex, command_id=held.command_id,
+        approval = SigningKey.load(opsdir / "signing.key").sign(Approval(node=node, approval_id=uuid.uuid4().hex, command_id=held.command_id,
                                      approved_by="ops", expires_at=held.expires_at))
         producer.produce(reg.name("gpu.remediation.approvals"), key=node.encode(), value=encode(approval))
         assert producer.flush(10) == 0

@@ -47,7 +47,9 @@ def executor(kube, keys, tmp_path):
 def make_node(kube, suffix: str) -> str:
     name = f"gpu-{RUN}-{suffix}"
     status, body = kube.request("POST", "/api/v1/nodes", {
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+        "apiVersion": "v1", "kind": "Node",
+        # a GPU node: the cluster executor refuses nodes without the GPU-node labels (test_executors_managed)
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true"}}})
     assert status == 201, body
     return name
 

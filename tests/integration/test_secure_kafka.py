@@ -148,7 +148,7 @@ def test_each_role_works_end_to_end_with_its_properties_file(secure, secure_kafk
     from schemas import Action, Outcome, RemediationResult, load_scenario
     from transport.kafka import consumer_config, producer_config, read_all
 
-    collector, admin, executor = secure("collector"), secure("admin"), secure("executor")
+    collector, admin, executor = secure("collector"), secure("admin"), secure("cluster-executor")
     reg = admin.topics
     # the collector publishes through its sink
     sink = KafkaSink(collector, tmp_path / "spool")
@@ -354,3 +354,37 @@ def test_the_collectors_sink_names_a_refused_password_and_keeps_the_records(secu
     assert "authentication failed for user collector" in (sink.auth_error or "")
     assert sum(lane.spool.depth for lane in sink.lanes.values()) == 1  # spooled, not dropped
     sink.producer = None
+
+
+def _commit_error(settings: Settings, group: str, topic: str):
+    """The error of setting `group`'s offset of `topic`[0] to 0 through the Admin API, as a rewind
+    or a commit to the end would (None when allowed)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+
+    from transport.kafka import admin
+
+    client = admin(settings)  # kept referenced until the answer: a freed AdminClient never completes its futures
+    futures = client.alter_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 0)])], request_timeout=20)
+    try:
+        for fut in futures.values():
+            fut.result(timeout=30)
+        return None
+    except KafkaException as exc:
+        return exc.args[0]
+
+
+@pytest.mark.broker
+def test_a_nodes_credentials_cannot_commit_or_rewind_the_cluster_executors_group(secure):
+    """With a node's `executor` user (threat T2) the cluster executor's group was committed to its
+    end on 1484261, after which it handled none of the signed commands. Now it is its own user's."""
+    from transport.acls import executor_group
+
+    node, cluster = secure("executor"), secure("cluster-executor")
+    topic = node.topics.name("gpu.remediation")
+    err = _commit_error(node, executor_group(node.topic_prefix, "cluster"), topic)
+    assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
+    assert _commit_error(cluster, executor_group(cluster.topic_prefix, "cluster"), topic) is None
+    assert _commit_error(node, executor_group(node.topic_prefix, "node", "gpu-1"), topic) is None
+    err = _commit_error(cluster, executor_group(cluster.topic_prefix, "node", "gpu-1"), topic)
+    assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
