@@ -31,7 +31,7 @@ from confluent_kafka import Producer  # noqa: E402
 from lightkube.resources.core_v1 import Node  # noqa: E402
 
 from executors.kube import list_then_watch, make_client  # noqa: E402
-from schemas import GpuSample, XidEvent, encode  # noqa: E402
+from schemas import GpuInventory, GpuSample, XidEvent, encode  # noqa: E402
 from schemas.signing import generate_keys  # noqa: E402
 from schemas.xid_catalog import lookup  # noqa: E402
 from transport.kafka import create_topics, delete_run, producer_config  # noqa: E402
@@ -59,7 +59,7 @@ def main() -> int:
     hit = nodes[: args.incidents]
     for n in hit:
         status, body = kube.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
-                                                              "metadata": {"name": n, "labels": {"xidstream.bench/run": run}}})
+                                                              "metadata": {"name": n, "labels": {"xidstream.bench/run": run, "nvidia.com/gpu.present": "true"}}})
         assert status == 201, body
     gpus = {n: f"GPU-{uuid.uuid4()}" for n in nodes}
 
@@ -86,10 +86,14 @@ def main() -> int:
     p = Producer(producer_config(s))
     now = datetime.now(timezone.utc)
     for i, n in enumerate(nodes):
+        # an inventory makes the node a known GPU node (the fleet's size; capacity is taken without
+        # approval only from a node that published one)
+        inv = GpuInventory(ts=now, node=n, gpu_uuid=gpus[n], gpu_index=0, pci_bus_id="0000:17:00", memory_total_mib=81559)
         rec = GpuSample(ts=now, node=n, gpu_uuid=gpus[n], gpu_index=0, pci_bus_id="0000:17:00", utilization_gpu_pct=30.0,
                         memory_used_mib=1000.0, memory_total_mib=81559, power_w=200.0, status="ok")
-        topic, key = s.topics.for_record(rec)
-        p.produce(topic, key=key, value=encode(rec))
+        for r in (inv, rec):
+            topic, key = s.topics.for_record(r)
+            p.produce(topic, key=key, value=encode(r))
     p.flush(30)
     print(f"{args.fleet} nodes seen; waiting 15 s for the worker and the executor to join ...", flush=True)
     time.sleep(15)

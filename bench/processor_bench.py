@@ -772,7 +772,7 @@ def fleet(b: Bench, args: argparse.Namespace, table: list) -> None:
 == 4. Fleet agent capacity ==
 Method: fresh topics; the processor's internal topics created first (transport.kafka.ensure_processor_topics), then
 produced straight to <prefix>xidstream.fleet (1 partition), in the shape streams.routing.fan_out gives the fleet agent:
-{nodes:,} node_seen messages ({nodes * GPUS_PER_NODE:,} GPUs), then {n:,} {{"kind": "command", "command": ...}} messages:
+{nodes:,} inventory messages ({nodes * GPUS_PER_NODE:,} GPUs), then {n:,} {{"kind": "command", "command": ...}} messages:
 {n - node_level:,} RECORD (not node-level: the breaker passes them straight on) and {node_level:,} REBOOT_NODE on distinct
 nodes (the breaker counts them: {node_level:,} of {nodes:,} nodes in its {policy.fleet_window_s:.0f} s window; {breaker}).
 Then one worker starts; rate = {n:,} / time between the first and the last command's timestamp on gpu.remediation
@@ -787,7 +787,7 @@ Then one worker starts; rate = {n:,} / time between the first and the last comma
         now = datetime.now(timezone.utc)
         t = time.perf_counter()
         for k in range(nodes):
-            p.produce(fleet_topic, key=FLEET_KEY, value=orjson.dumps({"kind": "node_seen", "node": f"sim-node-{k:05d}",
+            p.produce(fleet_topic, key=FLEET_KEY, value=orjson.dumps({"kind": "inventory", "node": f"sim-node-{k:05d}",
                                                                     "ts": now.timestamp()}))
             if k % 10_000 == 0:
                 p.poll(0)
@@ -803,7 +803,7 @@ Then one worker starts; rate = {n:,} / time between the first and the last comma
                 p.poll(0)
         if p.flush(60):
             raise RuntimeError("could not produce the fleet messages within 60 s")
-        say(f"fleet: produced {nodes:,} node_seen + {n:,} commands to {fleet_topic} in {time.perf_counter() - t:.1f} s")
+        say(f"fleet: produced {nodes:,} inventories + {n:,} commands to {fleet_topic} in {time.perf_counter() - t:.1f} s")
         t_start = time.time()
         w = b.worker(s, "fleet")
         # read_all returns once all n arrived, or after its timeout with what it has

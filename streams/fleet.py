@@ -133,7 +133,9 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
 
 def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known: int, policy: Policy) -> Alert:
     inc = hashlib.sha256(f"fleet-storm:{state.trips}:{state.tripped_at}".encode()).hexdigest()[:24]
-    ts = datetime.fromtimestamp(state.tripped_at or 0, tz=timezone.utc)
+    # Stamped with the evidence time of the command that tripped it, like every other alert (a
+    # replay of last week's storm reads as last week's); the window itself ran on the bounded time.
+    ts = cmd.ts
     summary = (f"FLEET STORM: actions that take capacity away on {len(nodes)} of {known} known nodes within "
                f"{policy.fleet_window_s / 60:.0f} min (limit {policy.fleet_fraction:.0%}, at least "
                f"{policy.fleet_min_nodes}); every further such command needs approval until "

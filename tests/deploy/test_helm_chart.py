@@ -79,6 +79,7 @@ EXPECTED_DEFAULT = {
     "Deployment": {"xs-xidstream-processor", "xs-xidstream-cluster-executor"},
     "PodDisruptionBudget": {"xs-xidstream-processor"},
     "Job": {"xs-xidstream-topics"},
+    "NetworkPolicy": {"xs-xidstream-processor", "xs-xidstream-node", "xs-xidstream-cluster-executor"},
 }
 
 
@@ -243,7 +244,7 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
     shipped = set(all_versions())
     args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
     objs, _ = render(helm, *args)
-    assert len(objs) == 17
+    assert len(objs) == 20  # 17, and the three NetworkPolicies
     checked = 0
     for version in KUBE_VERSIONS:
         assert version in shipped, f"kubernetes-validate ships no schemas for {version} (it would fall back)"
@@ -251,7 +252,7 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
             # raises ValidationError (with the path) on any schema error or unknown field
             kubernetes_validate.validate(obj, version, strict=True)
             checked += 1
-    assert checked == 17 * len(KUBE_VERSIONS)
+    assert checked == 20 * len(KUBE_VERSIONS)
 
 
 # -- the real API server -------------------------------------------------------------------------------
@@ -371,7 +372,7 @@ def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
         for version in (KUBE_VERSIONS[0], KUBE_VERSIONS[-1]):
             out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
-            assert out.stdout.count("INFO") == 17, out.stdout
+            assert out.stdout.count("INFO") == 20, out.stdout
 
 
 @pytest.mark.parametrize("values", ["default", "secure"])
@@ -418,3 +419,16 @@ def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
     # off by default: nothing of it rendered
     objs, _ = render(helm)
     assert all("--enroller-key" not in c["args"] for c in containers(by_kind(objs)["Deployment"]["xs-xidstream-processor"]).values())
+
+
+def test_network_policies_admit_only_the_served_ports(helm):
+    """Ingress only on what each pod serves: the processor's web port (probes, /metrics; faust's
+    /router and /table views are off), the collector's metrics port, nothing to the cluster executor."""
+    objs, _ = render(helm)
+    pols = by_kind(objs)["NetworkPolicy"]
+    ports = {n: [p["port"] for rule in pol["spec"].get("ingress", []) for p in rule["ports"]] for n, pol in pols.items()}
+    assert ports == {"xs-xidstream-processor": [6066], "xs-xidstream-node": [9464], "xs-xidstream-cluster-executor": []}
+    for pol in pols.values():
+        assert pol["spec"]["policyTypes"] == ["Ingress"]
+    objs, _ = render(helm, "--set", "networkPolicy.enabled=false")
+    assert "NetworkPolicy" not in by_kind(objs)

@@ -314,14 +314,19 @@ def test_forged_expired_unapproved_misrouted_and_duplicate_commands_change_nothi
     assert snapshot(kube, node, ns) == after_manual  # not cordoned again
 
 
-def test_an_approval_releases_a_held_command(kube, executor, keys):
-    key, _ = keys
+def test_an_approval_releases_a_held_command(kube, keys, tmp_path):
+    key, verify = keys
+    ops, ops_verify, _, _ = keypair(tmp_path, "ops")  # an approver's own key: the processor's approves nothing
+    executor = Executor(scope="cluster", keys=verify, approval_keys=ops_verify, apply=True, state_dir=tmp_path / "state",
+                        actions=ClusterActions(make_client(kube.kubeconfig), drain_timeout=3.0, eviction_retry=0.5))
     node = make_node(kube, "held")
     cmd = key.sign(command(node, "CORDON_NODE", requires_approval=True))
     before = snapshot(kube, node)
     assert executor.handle(cmd, hold=True) is None  # held, nothing done
     assert executor.due() == [] and snapshot(kube, node) == before
-    executor.approve(approval(key, cmd))
+    assert executor.approve(approval(key, cmd)) is not None  # the processor's own key: refused
+    assert executor.due() == [] and snapshot(kube, node) == before
+    executor.approve(approval(ops, cmd))
     [r] = executor.due()
     assert r.outcome == Outcome.succeeded and r.command_id == cmd.command_id, r.detail
     assert get_node(kube, node)["spec"]["unschedulable"] is True
