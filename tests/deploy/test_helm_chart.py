@@ -80,6 +80,8 @@ EXPECTED_DEFAULT = {
     "PodDisruptionBudget": {"xs-xidstream-processor"},
     "Job": {"xs-xidstream-topics"},
     "NetworkPolicy": {"xs-xidstream-processor", "xs-xidstream-node", "xs-xidstream-cluster-executor"},
+    "ValidatingAdmissionPolicy": {"xs-xidstream-cluster-executor-managed-nodes"},
+    "ValidatingAdmissionPolicyBinding": {"xs-xidstream-cluster-executor-managed-nodes"},
 }
 
 
@@ -244,7 +246,7 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
     shipped = set(all_versions())
     args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
     objs, _ = render(helm, *args)
-    assert len(objs) == 20  # 17, and the three NetworkPolicies
+    assert len(objs) == 22  # 17, the three NetworkPolicies, the admission policy and its binding
     checked = 0
     for version in KUBE_VERSIONS:
         assert version in shipped, f"kubernetes-validate ships no schemas for {version} (it would fall back)"
@@ -252,7 +254,7 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
             # raises ValidationError (with the path) on any schema error or unknown field
             kubernetes_validate.validate(obj, version, strict=True)
             checked += 1
-    assert checked == 20 * len(KUBE_VERSIONS)
+    assert checked == 22 * len(KUBE_VERSIONS)
 
 
 # -- the real API server -------------------------------------------------------------------------------
@@ -372,7 +374,7 @@ def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
         for version in (KUBE_VERSIONS[0], KUBE_VERSIONS[-1]):
             out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
-            assert out.stdout.count("INFO") == 20, out.stdout
+            assert out.stdout.count("INFO") == 22, out.stdout
 
 
 @pytest.mark.parametrize("values", ["default", "secure"])
@@ -432,3 +434,65 @@ def test_network_policies_admit_only_the_served_ports(helm):
         assert pol["spec"]["policyTypes"] == ["Ingress"]
     objs, _ = render(helm, "--set", "networkPolicy.enabled=false")
     assert "NetworkPolicy" not in by_kind(objs)
+
+
+@pytest.mark.kube
+def test_the_admission_policy_confines_the_cluster_executor_to_managed_gpu_nodes(kube, helm):
+    """The chart's ValidatingAdmissionPolicy on the real API server: with the cluster executor's
+    own service-account token, a cordon patch goes through on a GPU node and is denied by the API
+    server on a control-plane node and on a node without a GPU-node label."""
+    import time as _time
+
+    ns, release = f"xs-vap-{RUN}", f"xv{RUN}"
+    kube.ensure_namespace(ns)
+    objs, _ = render(helm, namespace=ns, release=release)
+    kinds = by_kind(objs)
+    sa = f"{release}-xidstream-cluster-executor"
+    for kind, path in (("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+                       ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings")):
+        (obj,) = kinds[kind].values()
+        status, body = kube.request("POST", f"/apis/admissionregistration.k8s.io/v1/{path}", obj)
+        assert status == 201, body
+    assert kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
+                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})[0] == 201
+    role = f"xs-vap-{RUN}"
+    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]})[0] == 201
+    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})[0] == 201
+    status, tr = kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}})
+    assert status == 201, tr
+    token = tr["status"]["token"]
+    nodes = {
+        "gpu": {"nvidia.com/gpu.present": "true"},
+        "nfd": {"feature.node.kubernetes.io/pci-10de.present": "true"},
+        "cp": {"nvidia.com/gpu.present": "true", "node-role.kubernetes.io/control-plane": ""},
+        "plain": {},
+        "off": {"nvidia.com/gpu.present": "false"},
+    }
+    for n, labels in nodes.items():
+        assert kube.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                                      "metadata": {"name": f"vap-{RUN}-{n}", "labels": labels}})[0] == 201
+
+    def cordon(n):
+        return kube.request("PATCH", f"/api/v1/nodes/vap-{RUN}-{n}", {"spec": {"unschedulable": True}}, token=token,
+                            content_type="application/merge-patch+json")
+
+    deadline = _time.monotonic() + 30
+    while _time.monotonic() < deadline and cordon("cp")[0] == 200:  # the policy takes a moment to be in force
+        kube.request("PATCH", f"/api/v1/nodes/vap-{RUN}-cp", {"spec": {"unschedulable": False}},
+                     content_type="application/merge-patch+json")
+        _time.sleep(1)
+    for n in ("cp", "plain", "off"):
+        status, body = cordon(n)
+        assert status in (403, 422) and "managed GPU nodes" in str(body), (n, status, body)
+    for n in ("gpu", "nfd"):
+        status, body = cordon(n)
+        assert status == 200, (n, body)
+    # The admin is not confined: the policy names only the executor's service account.
+    assert kube.request("PATCH", f"/api/v1/nodes/vap-{RUN}-plain", {"spec": {"unschedulable": True}},
+                        content_type="application/merge-patch+json")[0] == 200

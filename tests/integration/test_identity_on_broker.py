@@ -49,6 +49,23 @@ def _send(settings, items):
 
 def test_node_a_credentials_cannot_move_node_b(kafka_settings, tmp_path):
     s = kafka_settings
+    run_forgeries(lambda role: s, lambda extra: _plain_worker(s, tmp_path, extra), tmp_path)
+
+
+def _plain_worker(s, tmp_path, extra):
+    log = open(tmp_path / "w.log", "w")
+    return subprocess.Popen(
+        [sys.executable, "-m", "xidstream.cli", "process", "--bootstrap", s.bootstrap, "--topic-prefix", s.topic_prefix,
+         "--partitions", str(s.partitions), "--fast-rebalance", "--data-dir", str(tmp_path / "data"),
+         "--loglevel", "warning", *extra],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+def run_forgeries(role, start_worker, tmp_path):
+    """`role(name)`: the Settings (credentials) of a Kafka role; `start_worker(extra_args)`: a real
+    processor worker with the processor's credentials, its log in tmp_path/w.log. Node A holds the
+    collector's and the node executor's credentials (every node does) and its own identity keys."""
+    s = role("admin")
     sk_path, _, _ = generate_keys(tmp_path / "processor")
     en_path, en_pub, _ = generate_keys(tmp_path / "enroller")
     signing, enroller = SigningKey.load(sk_path), SigningKey.load(en_path)
@@ -62,22 +79,18 @@ def test_node_a_credentials_cannot_move_node_b(kafka_settings, tmp_path):
     # A forged enrollment of node B's identity with A's key, signed by A's own (untrusted) key.
     rogue = SigningKey.load(generate_keys(tmp_path / "rogue")[0]).sign(NodeEnrollment(
         node="node-b", x25519_public=a.x25519_public, ed25519_public=a.ed25519_public, csr_name="x", csr_uid="x"))
-    _send(s, [(e, None) for e in enrollments + [rogue]])
+    _send(role("cluster-executor"), [(e, None) for e in enrollments + [rogue]])
 
     auth_a, auth_b = a.record_auth(proc_id.public), b.record_auth(proc_id.public)
 
     def mac(auth):
         return lambda topic, key, value: [auth.header(topic, key, value)]
 
-    log = open(tmp_path / "w.log", "w")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "xidstream.cli", "process", "--bootstrap", s.bootstrap, "--topic-prefix", s.topic_prefix,
-         "--partitions", str(s.partitions), "--fast-rebalance", "--data-dir", str(tmp_path / "data"),
-         "--signing-key", str(sk_path), "--enroller-key", str(en_pub), "--loglevel", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    worker = start_worker(["--signing-key", str(sk_path), "--enroller-key", str(en_pub)])
     try:
         # Node B's own inventory and healthy samples (so it is a known GPU node), genuinely MAC'd.
-        _send(s, [(inventory(0, gpu=GPU_B, node="node-b"), mac(auth_b)), (sample(0, gpu=GPU_B, node="node-b"), mac(auth_b)),
+        collector, executor, processor = role("collector"), role("executor"), role("processor")
+        _send(collector, [(inventory(0, gpu=GPU_B, node="node-b"), mac(auth_b)), (sample(0, gpu=GPU_B, node="node-b"), mac(auth_b)),
                   (inventory(0, gpu=GPU_A, node="node-a"), mac(auth_a)), (sample(0, gpu=GPU_A, node="node-a"), mac(auth_a))])
         now = datetime.now(timezone.utc)
         b79 = xid(100, 79, pid=None, gpu=GPU_B, node="node-b")
@@ -90,17 +103,23 @@ def test_node_a_credentials_cannot_move_node_b(kafka_settings, tmp_path):
                                           pci_bus_id="0000:02:00", action=Action.RESET_GPU, outcome="failed", detail="forged")
         cordon_result = RemediationResult(node="node-a", command_id="c", incident_id="i", gpu_uuid=GPU_A,
                                           pci_bus_id="0000:02:00", action=Action.CORDON_NODE, outcome="succeeded")
-        _send(s, [
+        _send(collector, [
             (b79, mac(auth_a)),                     # about node B, MAC'd by node A
             (b79, forged_hdr),                      # node A's MAC relabelled as node B's
             (b79, None),                            # no MAC at all
+        ])
+        _send(executor, [
             (forged_result, mac(auth_a)),           # node B's RESET_GPU result, sent by node A
             (cordon_result, mac(auth_a)),           # a cluster action's result, sent by a node
+        ])
+        # The fleet topic: a node's users cannot write it at all (ACL); with the processor's Kafka
+        # user but not its signing key (T3), an unsealed command and an unapproved reset.
+        _send(processor, [
             ((fleet, b"fleet", orjson.dumps({"kind": "command", "command": to_dict(fake_cmd)})), None),
             ((fleet, b"fleet", orjson.dumps({"kind": "reset", "ts": time.time(), "by": "mallory"})), None),
         ])
         # Node A's own, genuine Xid 79.
-        _send(s, [(xid(120, 79, pid=None, gpu=GPU_A, node="node-a"), mac(auth_a))])
+        _send(collector, [(xid(120, 79, pid=None, gpu=GPU_A, node="node-a"), mac(auth_a))])
         deadline, got = time.monotonic() + 120, []
         while time.monotonic() < deadline:
             assert worker.poll() is None, (tmp_path / "w.log").read_text()[-3000:]

@@ -122,12 +122,12 @@ def secure(secure_kafka):
     delete_run(admin)
 
 
-def _start_worker(props: Path, settings: Settings, tmp_path: Path, name: str = "w") -> subprocess.Popen:
+def _start_worker(props: Path, settings: Settings, tmp_path: Path, name: str = "w", extra=()) -> subprocess.Popen:
     log = open(tmp_path / f"{name}.log", "w")
     env = {k: v for k, v in os.environ.items() if not k.startswith("XIDSTREAM_")}
     cmd = [sys.executable, "-m", "xidstream.cli", "process", "--kafka-config", str(props),
            "--topic-prefix", settings.topic_prefix, "--partitions", str(settings.partitions),
-           "--fast-rebalance", "--data-dir", str(tmp_path / f"data-{name}"), "--loglevel", "warning"]
+           "--fast-rebalance", "--data-dir", str(tmp_path / f"data-{name}"), "--loglevel", "warning", *extra]
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
 
 
@@ -388,3 +388,15 @@ def test_a_nodes_credentials_cannot_commit_or_rewind_the_cluster_executors_group
     assert _commit_error(node, executor_group(node.topic_prefix, "node", "gpu-1"), topic) is None
     err = _commit_error(cluster, executor_group(cluster.topic_prefix, "node", "gpu-1"), topic)
     assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
+
+
+@pytest.mark.broker
+def test_node_a_credentials_cannot_move_node_b_on_the_secure_broker(secure, secure_kafka, tmp_path):
+    """The tenant-proof end-to-end test with each role's own credentials: node A holds the
+    collector's and the node executor's (as every node does) and its identity keys; a real worker
+    runs as `processor`; enrollments come from `cluster-executor`. No command, no alert for node B;
+    every forgery dead-lettered with its reason; node A's Xid 79 still gets its plan."""
+    from tests.integration.test_identity_on_broker import run_forgeries
+
+    run_forgeries(secure, lambda extra: _start_worker(secure_kafka.client_file("processor"), secure("processor"),
+                                                      tmp_path, extra=extra), tmp_path)
