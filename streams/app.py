@@ -400,6 +400,11 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             if state is None:
                 stored = gpu_table.get(key)
                 state = GpuState.from_dict(orjson.loads(stored)) if stored else None
+            if sender is not None and state is not None and state.node and state.node != sender:
+                # A GPU row belongs to the node that first spoke for it: node A naming node B's GPU
+                # UUID (they are not secret: commands carry them) must not re-point B's row to A,
+                # open incidents on it, or answer B's commands for it (review finding).
+                raise AuthError(f"GPU row {row} belongs to node {state.node}; {sender} cannot speak for it")
             state, outputs, changed = step(state, row, record, policy)
             announced = state.announced
             to_fleet, to_alert = fan_out(state, record, outputs)
@@ -407,6 +412,9 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             fleet_msgs = [orjson.dumps({**m, "command": to_dict(m["command"])} if m["kind"] == "command" else m)
                           for m in to_fleet]
             alert_msgs = [((a.gpu_uuid or a.node).encode(), encode(a)) for a in to_alert]
+        except AuthError as exc:
+            await dead(raw, key, topic, msg.partition, msg.offset, exc)
+            return
         except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
             log.exception("processing a record from %s failed", topic)
             await dead(raw, key, topic, msg.partition, msg.offset, exc)

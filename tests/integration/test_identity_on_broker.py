@@ -103,7 +103,10 @@ def run_forgeries(role, start_worker, tmp_path):
                                           pci_bus_id="0000:02:00", action=Action.RESET_GPU, outcome="failed", detail="forged")
         cordon_result = RemediationResult(node="node-a", command_id="c", incident_id="i", gpu_uuid=GPU_A,
                                           pci_bus_id="0000:02:00", action=Action.CORDON_NODE, outcome="succeeded")
+        # Node A naming node B's GPU as its own (GPU UUIDs are not secret: commands carry them).
+        squat = sample(50, util=100, mem=0, gpu=GPU_B, node="node-a")
         _send(collector, [
+            (squat, mac(auth_a)),
             (b79, mac(auth_a)),                     # about node B, MAC'd by node A
             (b79, forged_hdr),                      # node A's MAC relabelled as node B's
             (b79, None),                            # no MAC at all
@@ -125,7 +128,7 @@ def run_forgeries(role, start_worker, tmp_path):
             assert worker.poll() is None, (tmp_path / "w.log").read_text()[-3000:]
             got = outputs(s, timeout=8)
             cmds = [r for t, r in got if t == "gpu.remediation"]
-            if sum(1 for t, _ in got if t == "xidstream.deadletter") >= 7 and any(c.node == "node-a" for c in cmds):
+            if sum(1 for t, _ in got if t == "xidstream.deadletter") >= 8 and any(c.node == "node-a" for c in cmds):
                 break
             time.sleep(1)
     finally:
@@ -138,6 +141,8 @@ def run_forgeries(role, start_worker, tmp_path):
     dead = [r for t, r in got if t == "xidstream.deadletter"]
     errors = " | ".join(d.error for d in dead)
     assert "about node node-b sent by node-a" in errors
+    assert f"GPU row {GPU_B} belongs to node node-b; node-a cannot speak for it" in errors
+    assert [c for c in cmds if c.gpu_uuid == GPU_B] == []
     assert "does not hold for 'node-b'" in errors
     assert "no xidstream-auth header" in errors
     assert "must come from node-b; it was sent by node-a" in errors
