@@ -85,6 +85,11 @@ class Enroller:
         for identity, (_, csr, check) in newest.items():
             if self.published.get(identity) == check.x25519_public:
                 continue
+            if identity in self.published:
+                # A node's key is made once and kept on the host: a new one means a reimaged
+                # node, or someone with that node's token enrolling a key of their own.
+                log.warning("identity %s enrolls a NEW key (CSR %s, %s): check the node if it was not reimaged",
+                            identity, csr.metadata.name, check.reason)
             rec = self.signing_key.sign(NodeEnrollment(
                 node=identity, x25519_public=check.x25519_public, ed25519_public=check.ed25519_public,
                 csr_name=csr.metadata.name, csr_uid=csr.metadata.uid or "", vouched=check.reason[:500]))
