@@ -403,7 +403,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             if sender is not None and state is not None and state.node and state.node != sender:
                 # A GPU row belongs to the node that first spoke for it: node A naming node B's GPU
                 # UUID (they are not secret: commands carry them) must not re-point B's row to A,
-                # open incidents on it, or answer B's commands for it (review finding).
+                # open incidents on it, or answer B's commands for it.
                 raise AuthError(f"GPU row {row} belongs to node {state.node}; {sender} cannot speak for it")
             state, outputs, changed = step(state, row, record, policy)
             announced = state.announced
