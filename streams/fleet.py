@@ -33,10 +33,9 @@ FLEET_NODE = "fleet"  # `node` of fleet-wide alerts (they name no GPU)
 
 @dataclass
 class FleetState:
-    # node -> when its GPU inventory was last seen (epoch s). The fleet's size, the breaker's
-    # denominator, counts nodes that publish an inventory, not every name a record carries (a node
-    # that forged records for made-up nodes grew the denominator for good); a node whose inventory
-    # was not seen for `fleet_node_ttl_s` is forgotten.
+    # node -> when it was last vouched for (epoch s): its GPU inventory, or the first record of
+    # one of its GPU rows. A node not vouched for within `fleet_node_ttl_s` is forgotten (made-up
+    # nodes used to grow the denominator for good).
     known_nodes: dict = field(default_factory=dict)
     starts: list = field(default_factory=list)  # [ts, node] of node-level command starts
     # pod UID -> {GPU UUID: [ts, node, incident_id]}: application faults of known pods, per GPU.
@@ -81,7 +80,12 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
         state.known_nodes[msg["node"]] = max(seen, state.known_nodes.get(msg["node"], seen))
         return state, []
     if kind == "node_seen":
-        return state, []  # from rows written before inventories counted: no longer counts
+        # A GPU row's first record: the node is known from then, for fleet_node_ttl_s, unless its
+        # inventory (re-published every 6 h) keeps it known. With per-node identity on, only the
+        # node itself can send records about it.
+        seen = breaker_time(float(msg["ts"]), now, policy)
+        state.known_nodes.setdefault(msg["node"], seen)
+        return state, []
     if kind == "reset":
         used = msg.get("approval_id")
         if used is not None:

@@ -44,6 +44,12 @@ def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Aler
     capacity away from a node without one are held, `streams.fleet`)."""
     fleet: list[dict] = []
     alerts: list[Alert] = []
+    if not state.announced:
+        # The first record of each GPU row tells the breaker its node exists: topics are read in
+        # parallel, so a node's first Xid can be folded before its inventory (a replay held every
+        # command of a storm when only inventories counted).
+        state.announced = True
+        fleet.append({"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp()})
     if isinstance(record, GpuInventory) and record.node:
         fleet.append({"kind": "inventory", "node": record.node, "ts": record.ts.timestamp()})
     for kind, out in outputs:

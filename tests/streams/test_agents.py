@@ -47,8 +47,9 @@ def test_gpu_agent_turns_the_wedge_into_alerts_and_commands_for_the_fleet_agent(
     alerts = [decode_any(v) for _, v in sent["alerts"]]
     assert [a.classification for a in alerts] == [Classification.APP_FAULT, Classification.GPU_WEDGED]
     fleet = [orjson.loads(v) for _, v in sent["fleet"]]
-    # the GPU's inventory tells the fleet agent its node is one this processor manages
-    assert fleet[0] == {"kind": "inventory", "node": "node-a", "ts": wedge()[0].ts.timestamp()}
+    # the row's first record tells the fleet agent its node exists; its inventory keeps it known
+    ts = wedge()[0].ts.timestamp()
+    assert fleet[:2] == [{"kind": "node_seen", "node": "node-a", "ts": ts}, {"kind": "inventory", "node": "node-a", "ts": ts}]
     commands = [m["command"]["action"] for m in fleet if m["kind"] == "command"]
     assert commands == ["RECORD", "CORDON_NODE", "DRAIN_NODE", "RESET_GPU"]
     assert {k for k, _ in sent["fleet"]} == {FLEET_KEY}

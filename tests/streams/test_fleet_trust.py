@@ -226,8 +226,13 @@ def test_a_node_without_a_gpu_inventory_gets_no_capacity_taken_without_approval(
         state, out = fleet_step(state, {"kind": "command", "command": _cmd(node, "REBOOT_NODE", T0)}, policy)
         (cmd,) = [c for k, c in out if k == "command"]
         assert cmd.requires_approval and f"node {node} has published no GPU inventory" in cmd.reason
-    # Records for made-up nodes no longer grow the fleet: only inventories do.
+    # A node named by the first record of a GPU row counts too, but only for a day: made-up nodes
+    # no longer grow the fleet for good.
     state, _ = fleet_step(state, {"kind": "node_seen", "node": "ghost", "ts": T0.timestamp()}, policy)
+    assert set(state.known_nodes) == {"gpu-1", "ghost"}
+    later = T0 + timedelta(seconds=policy.fleet_node_ttl_s + 1)
+    state, _ = fleet_step(state, {"kind": "inventory", "node": "gpu-1", "ts": later.timestamp()}, policy)
+    state, _ = fleet_step(state, {"kind": "command", "command": _cmd("gpu-1", "CORDON_NODE", later)}, policy)
     assert set(state.known_nodes) == {"gpu-1"}
 
 
