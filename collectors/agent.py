@@ -483,7 +483,7 @@ class Collector:
         self.metrics.kernel_lines.inc(len(lines))
         for line in lines:
             line_no = self.cursors.add_line(line.cursor)
-            parsed = parse_line_checked(line.text, line.source)
+            parsed = parse_line_checked(line.text, line.parse_as or line.source)
             if parsed.refused is not None:
                 self._refused(parsed, line)
             for rec in parsed.records:

@@ -308,8 +308,9 @@ def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
 # Why a line that mentions the driver gave no record (parse_line_checked's `refused`).
 REFUSALS = {
     "quoted": "a driver marker inside another message (e.g. a traps:/segfault report quoting a file name)",
-    "facility": "a /dev/kmsg record or <N> prefix with a facility other than 0 (kernel): a userspace write",
-    "transport": "a journal record whose _TRANSPORT is not kernel",
+    "facility": "a /dev/kmsg record or <N> prefix with a facility other than 0 (kernel): a userspace write; "
+                "or a kmsg line without its record header (its writer cannot be checked)",
+    "transport": "a journal record whose _TRANSPORT is not kernel, or a journal line that is not a JSON record",
     "error": "the parser raised (a bug): the line is skipped and counted",
 }
 
@@ -337,6 +338,12 @@ def parse_line_checked(line: str, source: str | None = None) -> Parsed:
         body, meta = split_prefix(line)
         facility = meta.pop("facility", None)
         transport = meta.pop("transport", False)
+        # The readers keep each record's header (kmsg "prio,seq,us,-;", the journal's JSON): a
+        # line from them without one cannot have its writer checked, so it does not count.
+        if source == "kmsg" and facility is None:
+            facility = -1
+        if source == "journal" and transport is False:
+            transport = None
         if facility is not None and facility != 0:
             return Parsed([], "facility") if _MARKER.search(body) else _NOTHING
         if transport is not False and transport != "kernel":

@@ -56,6 +56,9 @@ class LogLine:
     source: str  # a schemas.XidSource value: kmsg | journal | file
     history: bool = False  # read at a first start, written before it (backfill)
     ref_ts: float | None = None  # epoch seconds: the file's mtime, anchors a year-less syslog time
+    # how the parser checks the line's writer (parse_line_checked's source), when not `source`:
+    # "memory" for text a scenario or a test wrote, trusted as a file's
+    parse_as: str | None = None
 
 
 class KernelSource(Protocol):
@@ -450,9 +453,13 @@ class StdinSource:
 
 
 class MemoryKernelSource:
-    """Lines pushed by a scenario or a test; reads them as /dev/kmsg would deliver them."""
+    """Lines pushed by a scenario or a test, published as from `source`. Their text is the test's
+    or the scenario author's, trusted as a file's is (a scenario line carries no kmsg record
+    header); `checked=True` has the parser check them as the real `source` reader's lines are
+    (a kmsg line without its header, or with a facility other than 0, is refused)."""
 
-    def __init__(self, source: str = "kmsg") -> None:
+    def __init__(self, source: str = "kmsg", *, checked: bool = False) -> None:
+        self.parse_as = None if checked else "memory"
         self.name = source
         self.lost = 0
         self._lines: list[LogLine] = []
@@ -462,7 +469,7 @@ class MemoryKernelSource:
     def feed(self, lines: list[str]) -> None:
         for text in lines:
             self._seq += 1
-            self._lines.append(LogLine(text, self._seq, self.name))
+            self._lines.append(LogLine(text, self._seq, self.name, parse_as=self.parse_as))
 
     def read(self, max_lines: int = 10_000) -> list[LogLine]:
         out, self._lines = self._lines[:max_lines], self._lines[max_lines:]

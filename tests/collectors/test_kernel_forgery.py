@@ -116,6 +116,21 @@ def test_a_journal_record_not_written_by_the_kernel_is_no_record(transport):
     assert [r.xid for r in parse_line(orjson.dumps(rec).decode(), "journal")] == [79]
 
 
+@pytest.mark.parametrize("line", [
+    "NVRM: Xid (PCI:0000:02:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+    "[ 1126.635824] NVRM: Xid (PCI:0000:02:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+])
+def test_a_reader_line_without_its_record_header_is_no_record(line):
+    """The /dev/kmsg reader keeps each record's "prio,seq,us,-;" header and the journal reader its
+    JSON: on 43fa317 a kmsg- or journal-source line without one skipped the facility and
+    transport checks. Now it is refused; as file text the same line is still a record."""
+    assert (parse_line_checked(line, "kmsg").records, parse_line_checked(line, "kmsg").refused) == ([], "facility")
+    assert (parse_line_checked(line, "journal").records, parse_line_checked(line, "journal").refused) == \
+        ([], "transport")
+    assert [r.xid for r in parse_line(line, "file")] == [79]
+    assert [r.xid for r in parse_line("0,7,1000,-;" + line.split("] ")[-1], "kmsg")] == [79]
+
+
 def _body(row: list[str]) -> str:
     return split_prefix(row[0])[0]
 
@@ -185,7 +200,7 @@ def test_rsyslog_rfc3339_stamps_are_read():
 
 def test_the_collector_publishes_no_forgery_and_counts_each_refusal():
     sink, metrics = MemorySink(), CollectorMetrics()
-    kernel = MemoryKernelSource()
+    kernel = MemoryKernelSource("kmsg", checked=True)  # checked as the /dev/kmsg reader's lines are
     c = Collector(CollectorConfig(node="node-a", kmsg_wall_clock=False, xid_merge_window=0), sink, kernel=kernel,
                   metrics=metrics,
                   nvml_events_thread=False, clock=lambda: 0.0)
