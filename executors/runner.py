@@ -5,11 +5,21 @@ an approval (Kafka mode: it is carried out when an authentic approval arrives, o
 `refused` once it expires). `Executor.approve` takes an Approval; `Executor.due` returns the
 results of held commands that an approval released or that expired meanwhile.
 
-Kafka mode (`run_kafka`): one consumer group reads `gpu.remediation` and
-`gpu.remediation.approvals`; every command this executor is responsible for gets a result on
-`gpu.remediation.results` (keyed by node), and the offset is committed only after the broker
-acknowledged that result (a crash re-reads the command; the journal answers it without running
-it again). Routing: the cluster executor answers cluster-scoped actions, a node executor answers
+Kafka mode (`run_kafka`): the executor reads `gpu.remediation` and `gpu.remediation.approvals`;
+every command this executor is responsible for gets a result on `gpu.remediation.results` (keyed
+by node), and its position moves past the command only after the broker acknowledged that result
+(a crash re-reads the command; the journal answers it without running it again). Where the
+position lives depends on who could move it:
+
+- the cluster executor: its own consumer group, which only its own Kafka user may use
+  (transport.acls);
+- a node executor: no consumer group at all. Every node executor holds the same `executor` Kafka
+  user, so a group of node B's was one that node A's credentials could commit to its end (B then
+  skips every command) or rewind (B replays them once its journal is gone) (threat T2, issue 20
+  finding 6). A node executor assigns itself every partition and keeps its position in a cursor
+  file beside its journal (hostPath in the chart); without one it starts at the first record
+  younger than the longest a command may live (`Limits`): anything older is refused at the gate
+  anyway. The `executor` role has no group ACL left to misuse. Routing: the cluster executor answers cluster-scoped actions, a node executor answers
 node-scoped actions for its node; each leaves the others' commands to them (in `--stdin` mode
 every command is answered, a misrouted one `refused` with the reason).
 """
@@ -17,9 +27,11 @@ every command is answered, a misrouted one `refused` with the reason).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -36,7 +48,7 @@ from schemas.vocab import Outcome
 from transport.acls import executor_group
 from transport.config import KafkaConfig
 
-__all__ = ["Executor", "run_stdin", "run_kafka"]
+__all__ = ["Executor", "run_stdin", "run_kafka", "Cursor"]
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +195,71 @@ def run_stdin(ex: Executor, stdin: IO[bytes], stdout: IO[bytes]) -> int:
     return 1 if bad else 0
 
 
+class Cursor:
+    """A node executor's read position, `{"topic:partition": next offset}`, in one JSON file
+    replaced atomically (write, fsync, rename): a torn write leaves the previous position, which
+    only re-reads commands the journal already answers."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.positions: dict[str, int] = {}
+        self._dirty = False
+        if self.path.exists():
+            try:
+                raw = orjson.loads(self.path.read_bytes())
+                self.positions = {str(k): int(v) for k, v in raw.items()}
+            except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
+                # a cursor we cannot read costs a re-read of the last hour, never a skipped command
+                log.warning("cursor %s unreadable (%s): starting from the oldest command still alive", self.path, exc)
+                self.positions = {}
+
+    def get(self, topic: str, partition: int) -> int | None:
+        return self.positions.get(f"{topic}:{partition}")
+
+    def advance(self, topic: str, partition: int, next_offset: int) -> None:
+        k = f"{topic}:{partition}"
+        if self.positions.get(k, -1) < next_offset:
+            self.positions[k] = next_offset
+            self._dirty = True
+
+    def save(self) -> None:
+        if not self._dirty:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("wb") as fh:
+            fh.write(orjson.dumps(self.positions, option=orjson.OPT_SORT_KEYS))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        self._dirty = False
+
+
+def _assign_from_cursor(consumer: Any, topics: list[str], cursor: Cursor, horizon_ms: int,
+                        timeout: float = 30.0) -> int:
+    """Assign every partition of `topics`: at the cursor's position where it has one, else at the
+    first record at or after `horizon_ms` (the end when there is none). Returns how many."""
+    from confluent_kafka import OFFSET_END, KafkaException, TopicPartition
+
+    md = consumer.list_topics(timeout=timeout)
+    have, missing = [], []
+    for t in topics:
+        meta = md.topics.get(t)
+        if meta is None or meta.error is not None:
+            raise RuntimeError(f"cannot read topic {t}: {getattr(meta, 'error', None) or 'it does not exist'}")
+        for p in sorted(meta.partitions):
+            off = cursor.get(t, p)
+            (have if off is not None else missing).append(TopicPartition(t, p, off if off is not None else horizon_ms))
+    if missing:
+        try:
+            found = consumer.offsets_for_times(missing, timeout=timeout)
+        except KafkaException as exc:
+            raise RuntimeError(f"cannot look up start offsets: {exc.args[0]}") from None
+        # -1: no record at or after the horizon, so nothing alive to read: start at the end
+        have += [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]
+    consumer.assign(have)
+    return len(have)
+
+
 def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None, stop: threading.Event | None = None,
               poll: float = 0.5, auth: Any = None, tick: Callable[[], None] | None = None) -> int:
     """`auth` (a `transport.identity.RecordAuth`): each result carries this executor's MAC header
@@ -196,15 +273,41 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
     cmd_topic, appr_topic = reg.name("gpu.remediation"), reg.name("gpu.remediation.approvals")
     res_topic = reg.name("gpu.remediation.results")
     group = group or executor_group(settings.topic_prefix, ex.scope, ex.node)
+    grouped = ex.scope == "cluster"
+    # librdkafka wants a group.id even for a consumer that never joins or commits; a node
+    # executor's is never used (no subscribe, no commit), and its role may not use any group
     consumer = Consumer(consumer_config(settings, group))
     producer = Producer(producer_config(settings))
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    consumer.subscribe([cmd_topic, appr_topic])
-    log.info("executor (%s%s, %s) reading %s and %s as group %s", ex.scope, f" {ex.node}" if ex.node else "",
-             "apply" if ex.apply else "dry run", cmd_topic, appr_topic, group)
+    cursor: Cursor | None = None
+    if grouped:
+        consumer.subscribe([cmd_topic, appr_topic])
+        where = f"as group {group}"
+    else:
+        cursor = Cursor(ex.journal.path.with_name(f"cursor-{ex.journal.path.stem.removeprefix('journal-')}.json"))
+        horizon = ex.clock().timestamp() - ex.limits.max_lifetime_s - ex.limits.max_future_skew_s
+        n = _assign_from_cursor(consumer, [cmd_topic, appr_topic], cursor, int(horizon * 1000))
+        where = (f"{n} partitions from {'its cursor ' + str(cursor.path) if cursor.positions else 'the oldest command still alive'}"
+                 f" (no consumer group)")
+    log.info("executor (%s%s, %s) reading %s and %s, %s", ex.scope, f" {ex.node}" if ex.node else "",
+             "apply" if ex.apply else "dry run", cmd_topic, appr_topic, where)
+
+    def done(msg: Any, acted: bool) -> None:
+        """Move past `msg`: a commit for the cluster executor; the cursor for a node executor,
+        saved at once after a command of its own, else at most once a second (re-reading other
+        nodes' commands after a crash costs nothing)."""
+        if grouped:
+            consumer.commit(message=msg, asynchronous=False)
+            return
+        cursor.advance(msg.topic(), msg.partition(), msg.offset() + 1)
+        if acted or time.monotonic() - last_save[0] >= 1.0:
+            cursor.save()
+            last_save[0] = time.monotonic()
+
+    last_save = [time.monotonic()]
 
     def publish(results: list[RemediationResult]) -> None:
         for r in results:
@@ -221,6 +324,8 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
             if tick is not None:
                 tick()
             if msg is None:
+                if cursor is not None:
+                    cursor.save()
                 continue
             if msg.error() is not None:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
@@ -231,18 +336,22 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
             except DecodeError as exc:
                 log.warning("%s[%d]@%d: not a contract record, skipped: %s", msg.topic(), msg.partition(),
                             msg.offset(), exc)
-                consumer.commit(message=msg, asynchronous=False)
+                done(msg, False)
                 continue
+            acted = False
             if isinstance(rec, Approval) and msg.topic() == appr_topic:
                 ex.approve(rec)
                 publish(ex.due())
             elif isinstance(rec, RemediationCommand) and msg.topic() == cmd_topic:
                 if ex.mine(rec):
+                    acted = True
                     r = ex.handle(rec, hold=True)
                     if r is not None:
                         publish([r])
-            consumer.commit(message=msg, asynchronous=False)
+            done(msg, acted)
     finally:
+        if cursor is not None:
+            cursor.save()
         consumer.close()
         producer.flush(10)
     return 0

@@ -6,8 +6,11 @@
                (`<prefix>xidstream.results-by-gpu`, `<prefix>xidstream.fleet`) and on its changelogs and faust's assignor
                topic (prefix `<app id>-`); its consumer group (prefix `<app id>`)
     executor   (the node executors) READ gpu.remediation and gpu.remediation.approvals; WRITE
-               gpu.remediation.results; the node executors' consumer groups (prefix
-               `<prefix>xidstream-executor-node-`)
+               gpu.remediation.results; no consumer group to commit in (DESCRIBE on the
+               node executors' group names only, for librdkafka's coordinator lookup): every node
+               holds this user, so any group it could commit in, node A could commit to its end or
+               rewind for node B (T2). A node executor assigns itself the partitions and keeps its
+               position on its own disk (executors.runner.Cursor)
     cluster-executor  the same topics, and WRITE xidstream.identities (it enrolls node identities);
                exactly its own group `<prefix>xidstream-executor-cluster`
                (LITERAL): with a node's credentials (threat T2) the cluster executor's group was
@@ -39,7 +42,8 @@ NODE_EXECUTOR_GROUP_PREFIX = "xidstream-executor-node-"
 
 
 def executor_group(topic_prefix: str, scope: str, node: str | None = None) -> str:
-    """The consumer group of an executor: exactly what the ACLs grant its role."""
+    """The consumer group of an executor: exactly what the ACLs grant the cluster executor's role.
+    A node executor's is only the `group.id` librdkafka insists on: it never joins or commits it."""
     if scope == "cluster":
         return f"{topic_prefix}{CLUSTER_EXECUTOR_GROUP}"
     return f"{topic_prefix}{NODE_EXECUTOR_GROUP_PREFIX}{node}"
@@ -78,13 +82,15 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
     allow("processor", T, p + "xidstream.fleet", (AclOperation.ALL,))
     allow("processor", T, app_id + "-", (AclOperation.ALL,), PREFIXED)  # changelogs, faust's assignor topic
     allow("processor", G, app_id, (R, D), PREFIXED)
-    # executors: the node executors share a role; the cluster executor has its own, and its group
-    # is named exactly, so no node's credentials reach it
+    # executors: the node executors share a role and use no group; the cluster executor has its
+    # own role, and its group is named exactly, so no node's credentials reach it
     for role in ("executor", "cluster-executor"):
         for t in ("gpu.remediation", "gpu.remediation.approvals"):
             allow(role, T, p + t, (R, D))
         allow(role, T, p + "gpu.remediation.results", (W, D))
-    allow("executor", G, p + NODE_EXECUTOR_GROUP_PREFIX, (R, D), PREFIXED)
+    # DESCRIBE only: librdkafka looks up the coordinator of the group.id every consumer must
+    # have (FindCoordinator needs DESCRIBE), but committing or rewinding an offset needs READ
+    allow("executor", G, p + NODE_EXECUTOR_GROUP_PREFIX, (D,), PREFIXED)
     allow("cluster-executor", G, p + CLUSTER_EXECUTOR_GROUP, (R, D))
     allow("cluster-executor", T, p + "xidstream.identities", (W, D))  # the enroller's enrollments
     return out

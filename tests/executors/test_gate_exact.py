@@ -114,3 +114,21 @@ def test_the_trust_conflict_names_every_shared_key(env, tmp_path):
     with pytest.raises(ConfigError) as exc:
         separate_trust(both, both)
     assert f"key(s) {', '.join(sorted(both.key_ids))} are trusted both" in str(exc.value)
+
+
+def test_a_node_executors_cursor_survives_a_torn_write_and_never_moves_back(tmp_path):
+    """The node executor's position (no consumer group: executors.runner): saved atomically, an
+    unreadable file costs a re-read (never a skipped command), and a position never moves back."""
+    from executors.runner import Cursor
+
+    c = Cursor(tmp_path / "cursor.json")
+    assert c.get("t", 0) is None
+    c.advance("t", 0, 5)
+    c.advance("t", 0, 3)  # an older message re-read after a crash: the position stays
+    c.advance("t", 1, 1)
+    c.save()
+    assert not (tmp_path / "cursor.json.tmp").exists()
+    again = Cursor(tmp_path / "cursor.json")
+    assert (again.get("t", 0), again.get("t", 1), again.get("u", 0)) == (5, 1, None)
+    (tmp_path / "cursor.json").write_bytes(b'{"t:0": 5')  # torn
+    assert Cursor(tmp_path / "cursor.json").positions == {}

@@ -368,7 +368,9 @@ def _commit_error(settings: Settings, group: str, topic: str):
         [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 0)])], request_timeout=20)
     try:
         for fut in futures.values():
-            fut.result(timeout=30)
+            for tp in fut.result(timeout=30).topic_partitions:
+                if tp.error is not None:  # a partition-level refusal arrives here, not raised
+                    return tp.error
         return None
     except KafkaException as exc:
         return exc.args[0]
@@ -385,9 +387,67 @@ def test_a_nodes_credentials_cannot_commit_or_rewind_the_cluster_executors_group
     err = _commit_error(node, executor_group(node.topic_prefix, "cluster"), topic)
     assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
     assert _commit_error(cluster, executor_group(cluster.topic_prefix, "cluster"), topic) is None
-    assert _commit_error(node, executor_group(node.topic_prefix, "node", "gpu-1"), topic) is None
     err = _commit_error(cluster, executor_group(cluster.topic_prefix, "node", "gpu-1"), topic)
     assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
+
+
+@pytest.mark.broker
+def test_no_nodes_credentials_can_move_another_node_executors_position(secure, tmp_path):
+    """Every node holds the `executor` user. On 43fa317 it could commit node B's group
+    (`xidstream-executor-node-B`) to its end, after which B's executor skipped every command. Now
+    the role has no group at all: a node executor keeps its position in its own cursor file, and
+    with exactly the `executor` user it still reads and answers its own node's commands, resumes
+    after a restart where it stopped, and answers nobody else's."""
+    import threading
+
+    from executors.node import NodeActions
+    from executors.runner import Executor, run_kafka
+    from schemas.models import RemediationResult
+    from tests.executors.helpers import command, keypair
+    from transport.acls import executor_group
+    from transport.kafka import producer_config, read_all
+
+    node, admin = secure("executor"), secure("admin")
+    reg = node.topics
+    cmd_topic, res_topic = reg.name("gpu.remediation"), reg.name("gpu.remediation.results")
+    for victim in ("node-b", "node-a"):
+        err = _commit_error(node, executor_group(node.topic_prefix, "node", victim), cmd_topic)
+        assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
+
+    key, verify, _, _ = keypair(tmp_path)
+    producer = Producer(producer_config(admin))
+
+    def send(*cmds) -> None:
+        for c in cmds:
+            producer.produce(cmd_topic, key=c.node.encode(), value=encode(c))
+        assert producer.flush(10) == 0
+
+    def run_once(expected: int) -> list[RemediationResult]:
+        ex = Executor(scope="node", node="node-b", keys=verify, state_dir=tmp_path / "state",
+                      actions=NodeActions(None, "node-b", None, tmp_path / "reboot-required"))
+        stop = threading.Event()
+        t = threading.Thread(target=run_kafka, args=(ex, node), kwargs={"stop": stop, "poll": 0.2}, daemon=True)
+        t.start()
+        try:
+            got = read_all(admin, [res_topic], expected=expected, timeout=60)
+            time.sleep(1.5)  # room for an answer too many
+            got = read_all(admin, [res_topic], expected=expected + 1, timeout=2)
+        finally:
+            stop.set()
+            t.join(20)
+        assert not t.is_alive()
+        return [decode_any(m.value()) for m in got]
+
+    first = key.sign(command("node-b", "REBOOT_NODE"))
+    send(key.sign(command("node-a", "REBOOT_NODE")), first)
+    answers = run_once(1)
+    assert [r.command_id for r in answers] == [first.command_id]
+    assert answers[0].detail.startswith("dry run: would"), answers[0].detail
+    assert (tmp_path / "state" / "cursor-node-node-b.json").exists()
+    second = key.sign(command("node-b", "REBOOT_NODE"))
+    send(second)
+    answers = run_once(2)  # the restart starts at its cursor: the first command is not read again
+    assert [r.command_id for r in answers] == [first.command_id, second.command_id]
 
 
 @pytest.mark.broker
