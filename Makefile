@@ -87,7 +87,7 @@ bench: jars
 # MUTATE_TESTS: the tests that judge the mutants (the fast tier under them); MUTATE_JOBS: workers.
 MODULES      ?= collectors/parse/ collectors/spool.py collectors/sink.py streams/evidence.py streams/verdict.py \
                 streams/classify.py streams/incident.py streams/fleet.py streams/policy.py executors/gate.py \
-                schemas/signing.py exporters/ocsf.py
+                schemas/signing.py exporters/ocsf.py streams/handoff.py transport/identity.py
 MUTATE_TESTS ?= tests
 MUTATE_JOBS  ?= 1
 mutate: venv
