@@ -71,6 +71,11 @@ _MODELS = {
     "gpu.inventory": GpuInventory,
 }
 GPU_TABLE, FLEET_TABLE = "gpu-state", "fleet-state"
+# How long one batch may stay in an agent's body before /livez says the worker is stuck. A batch
+# of 500 records folds in ~12 ms (24 us a record, bench/processor_bench.py); a send held back by a
+# slow broker waits for it within faust's producer timeouts (tens of seconds). Two minutes is well
+# past both and still restarts a wedged worker within a few probe periods.
+LIVENESS_STALL_S = 120.0
 # Actions whose results only the node's own executor may send (executors.gate NODE_ACTIONS).
 NODE_EXECUTOR_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
 NODE_ROW = b"node:"  # fleet table rows of the known nodes (`load_fleet` in create_app)
@@ -563,6 +568,17 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         # After a catch-up the fetch and stream buffers' memory is free but still the process's:
         # glibc keeps freed pages until asked (issue 12: 201 -> 157 MiB at 10,000 GPUs).
         release_free_memory()
+
+    @app.page("/livez")
+    async def livez(web: Any, request: Any) -> Any:
+        # The chart's liveness probe: folding records or idle. 503 once an agent has held one
+        # batch past LIVENESS_STALL_S (a wedged send, a body that never returns), so the kubelet
+        # restarts the worker; /metrics keeps answering either way and is no sign of life.
+        why = faust_fast.BATCHES.stalled(LIVENESS_STALL_S)
+        if why is not None:
+            log.error("liveness: %s", why)
+            return web.text(why + "\n", status=503)
+        return web.text("ok: folding records or idle\n")
 
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:

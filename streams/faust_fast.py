@@ -56,7 +56,8 @@ from faust.types.tuples import ConsumerMessage, ack_lock
 from mode import Service
 from mode.utils.futures import maybe_async, notify
 
-__all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "faster_transport",
+__all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "BatchWatch",
+           "BATCHES", "faster_transport",
            "drop_monitor"]
 
 
@@ -110,7 +111,38 @@ async def wait_for_room(queues: Any, suspend: asyncio.Event) -> None:
             await asyncio.sleep(0.001)
 
 
-async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[list]:
+class BatchWatch:
+    """Which batches an agent's body holds, and since when (monotonic s): the worker's liveness.
+
+    A worker can wedge with its web server still answering: on 1484261 a send that could not
+    complete left the GPU agent inside its body, no record folded, `/metrics` answering, so a
+    probe on `/metrics` passed (issue 22). Live means every batch handed to a body came back
+    within `stall_s`; an idle worker holds none and is live."""
+
+    def __init__(self) -> None:
+        self._since: dict[int, tuple[float, int, str]] = {}
+
+    def begin(self, key: int, size: int, name: str, now: float | None = None) -> None:
+        self._since[key] = (time.monotonic() if now is None else now, size, name)
+
+    def end(self, key: int) -> None:
+        self._since.pop(key, None)
+
+    def stalled(self, stall_s: float, now: float | None = None) -> str | None:
+        """Why the worker is not live (the oldest batch held past `stall_s`), or None."""
+        now = time.monotonic() if now is None else now
+        if not self._since:
+            return None
+        began, size, name = min(self._since.values())
+        if now - began <= stall_s:
+            return None
+        return f"stalled: agent {name} has held a batch of {size} record(s) for {now - began:.0f} s (limit {stall_s:g} s)"
+
+
+BATCHES = BatchWatch()  # the process's agents (one faust app per worker process)
+
+
+async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch = BATCHES) -> AsyncIterator[list]:
     """Lists of up to `max_` events from `stream`'s channel, for an agent that folds a batch at a
     time: faust's `Stream.take_events` without its per-event machinery. faust's runs every event
     through the stream's iterator (a turn of the event loop per event, sensors, a processor that
@@ -197,9 +229,12 @@ async def take_batches(stream: Any, max_: int, within: float) -> AsyncIterator[l
                     break
                 if wanted(event):
                     batch.append(await took(event) if processors else event)
+            watch.begin(id(stream), len(batch), getattr(stream, "shortlabel", "") or str(getattr(stream, "channel", "?")))
             yield batch
+            watch.end(id(stream))
             ack_all(batch)
     finally:
+        watch.end(id(stream))
         stopping.cancel()
 
 

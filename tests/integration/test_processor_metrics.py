@@ -48,5 +48,7 @@ def test_metrics_count_what_the_worker_did(kafka_settings, tmp_path):
         assert int(counts["xidstream_processor_events_total"]) >= len(records)
         assert int(counts["xidstream_processor_alerts_total"]) >= 2  # APP_FAULT, GPU_WEDGED
         assert int(counts["xidstream_processor_commands_total"]) >= 3  # cordon, drain, reset (and RECORD)
+        live = urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=3)
+        assert (live.status, live.read()) == (200, b"ok: folding records or idle\n")
     finally:
         worker.stop()

@@ -859,3 +859,44 @@ def test_a_seek_still_on_its_way_to_aiokafkas_thread_is_not_undone_by_the_stale_
     c, tp, delivered, sought = _drainer([[1000, reread, 1001, 1002], list(range(900, 903))], committed=900)
     assert sought == [900, 900], "the stale batch's seek undid the re-read"
     assert delivered == [1000, 900, 901, 902]
+
+
+def test_the_liveness_watch_sees_a_batch_held_in_a_body_and_nothing_once_it_returns():
+    """/livez (streams.app): a batch that stays in an agent's body past the stall limit makes the
+    worker not live; an idle worker, or one whose bodies return, is live (issue 22: a wedged
+    worker still answered /metrics, the probe the chart used)."""
+    from streams.faust_fast import BATCHES
+
+    async def body(put, batches, acked, stream):
+        put(1, 2, 3)
+        states = []
+        async for batch in batches:
+            states.append((BATCHES.stalled(60.0), BATCHES.stalled(0.0, now=time.monotonic() + 1)))
+            if len(states) == 2:
+                break
+            put(4)
+        return states
+
+    import time
+
+    states = _batches(body, max_=5)
+    assert states[0][0] is None  # held, but not yet past the limit
+    assert states[0][1].startswith("stalled: agent") and "batch of 3 record(s)" in states[0][1], states[0][1]
+    assert "batch of 1 record(s)" in states[1][1]  # the first came back: only the second is held
+    assert BATCHES.stalled(0.0, now=time.monotonic() + 1) is None  # the stream ended: nothing held
+
+
+def test_the_liveness_watch_reports_the_oldest_batch():
+    from streams.faust_fast import BatchWatch
+
+    w = BatchWatch()
+    assert w.stalled(10, now=100) is None
+    w.begin(1, 500, "gpus", now=50)
+    w.begin(2, 3, "fleet", now=80)
+    assert w.stalled(50, now=100) is None  # 50 s held: at the limit, still live
+    assert w.stalled(49, now=100) == "stalled: agent gpus has held a batch of 500 record(s) for 50 s (limit 49 s)"
+    w.end(1)
+    assert w.stalled(10, now=100).startswith("stalled: agent fleet")
+    w.end(2)
+    w.end(2)  # ending twice is harmless (the generator's finally)
+    assert w.stalled(0, now=1000) is None
