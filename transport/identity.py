@@ -216,7 +216,9 @@ class RecordVerifier:
         key = self._keys.get(identity)
         if key is None:
             raise AuthError(f"{identity[:64]!r} is not enrolled (no NodeEnrollment for it on xidstream.identities)")
-        if not hmac.compare_digest(mac, record_mac(key, topic, rkey, value)):
+        # as bytes: compare_digest raises TypeError on a str with non-ASCII characters, which a
+        # header's bytes decoded with "replace" can hold (a clear refusal, not a crash)
+        if not hmac.compare_digest(mac.encode(), record_mac(key, topic, rkey, value).encode()):
             raise AuthError(f"the {HEADER} MAC does not hold for {identity!r}: altered, or sent by another node")
         return identity
 

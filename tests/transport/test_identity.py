@@ -283,3 +283,74 @@ def test_only_the_enrollers_signed_enrollments_count(processor, nodes, tmp_path)
     assert v.sender([h], "t", None, b"v") == "gpu-a"
     assert d.apply(encode(enroller.sign(rec.model_copy(update={"revoked": True})))) is None
     assert v.identities == []
+
+
+def test_the_record_key_is_hkdf_of_the_x25519_secret_computed_apart(processor, tmp_path):
+    """A second implementation of the key agreement, from the key files and the signing key as the
+    module documents them: X25519 between the node's key and the processor's (derived from its
+    signing key with label "node identity x25519"), then HKDF-SHA256 with info
+    "xidstream record auth v1|<identity>"."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import x25519
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    priv, _, _ = generate_keys(tmp_path / "p")
+    signing = SigningKey.load(priv)
+    proc = ProcessorIdentity(signing)
+    node = NodeIdentity.load_or_create(tmp_path / "n" / "deep" / "er", "gpu-a")  # parents made too
+    proc_key = x25519.X25519PrivateKey.from_private_bytes(signing.derive(b"node identity x25519"))
+    node_key = x25519.X25519PrivateKey.from_private_bytes(
+        base64.b64decode((tmp_path / "n" / "deep" / "er" / "identity-x25519.key").read_bytes()))
+    assert node.x25519_public == node_key.public_key().public_bytes_raw().hex()
+    assert proc.public == proc_key.public_key().public_bytes_raw().hex()
+    shared = node_key.exchange(proc_key.public_key())
+    want = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"xidstream record auth v1|gpu-a").derive(shared)
+    assert node.record_auth(proc.public).key == want == proc.record_key("gpu-a", node.x25519_public)
+
+
+def test_a_key_file_with_anything_but_base64_in_it_is_refused(tmp_path):
+    NodeIdentity.load_or_create(tmp_path, "gpu-a")
+    path = tmp_path / "identity-ed25519.key"
+    path.write_bytes(path.read_bytes() + b"!")  # a lenient decoder would skip the "!" and load the key
+    with pytest.raises(ConfigError, match="identity-ed25519.key: not a key of this node's identity"):
+        NodeIdentity.load_or_create(tmp_path, "gpu-a")
+
+
+def test_a_header_that_is_not_ascii_or_not_bytes_is_read_not_raised_on(processor, nodes):
+    a = nodes["gpu-a"]
+    v = _verifier(processor, a)
+    name, value = a.record_auth(processor.public).header("t", None, b"v")
+    assert v.sender([(name, value.decode())], "t", None, b"v") == "gpu-a"  # a str header value
+    with pytest.raises(AuthError, match="^the xidstream-auth MAC does not hold for 'gpu-a'"):
+        v.sender([(name, value[:-1] + b"\xff")], "t", None, b"v")
+
+
+def test_an_identity_revoked_then_enrolled_again_with_the_same_key_is_believed(processor, nodes):
+    a = nodes["gpu-a"]
+    v = _verifier(processor, a)
+    v.revoke("gpu-a")
+    v.enroll("gpu-a", a.x25519_public)
+    assert v.sender([a.record_auth(processor.public).header("t", None, b"v")], "t", None, b"v") == "gpu-a"
+
+
+def test_the_csrs_key_extension_is_not_critical_and_a_request_without_fields_is_refused(nodes, tmp_path):
+    from cryptography import x509
+
+    a = nodes["gpu-a"]
+    ext = x509.load_pem_x509_csr(a.csr_pem()).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    assert ext.critical is False  # a verifier that does not know the URI scheme must still read the request
+    no_request = _csr(a.csr_pem())
+    del no_request["spec"]["request"]
+    assert validate_csr(no_request, node_service_account=NODE_SA).reason.startswith("CSR csr-1: not a PEM certificate request")
+    no_user = _csr(a.csr_pem())
+    del no_user["spec"]["username"]
+    assert validate_csr(no_user, node_service_account=NODE_SA, cluster_service_account=CLUSTER_SA).reason == (
+        "CSR csr-1: requested by '', not the node service account system:serviceaccount:xidstream:xidstream-node")
+    junk = _csr(a.csr_pem())
+    junk["spec"]["request"] = junk["spec"]["request"][:20] + "!" + junk["spec"]["request"][20:]
+    reason = validate_csr(junk, node_service_account=NODE_SA).reason
+    assert reason.startswith("CSR csr-1: not a PEM certificate request (") and "base64" in reason.lower(), reason
+    me = NodeIdentity.load_or_create(tmp_path / "c", CLUSTER_IDENTITY)
+    check = validate_csr(_csr(me.csr_pem(), user="system:serviceaccount:xidstream:xidstream-cluster-executor", nodes=None),
+                         node_service_account=NODE_SA, cluster_service_account=CLUSTER_SA)
+    assert (check.x25519_public, check.ed25519_public) == (me.x25519_public, me.ed25519_public)
