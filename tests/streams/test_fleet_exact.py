@@ -6,7 +6,7 @@ pod keeps, the 8 GPUs an alert names."""
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -158,3 +158,107 @@ def test_a_fleet_message_that_is_not_a_json_object_is_refused_with_its_reason(bo
     sealed = Handoff(b"k" * 32)
     with pytest.raises(HandoffError, match=why):
         sealed.open(sealed.seal(body), 0.0)
+
+
+def _cmds(state, nodes, policy, ts=T0, action="CORDON_NODE", now=None):
+    out = []
+    for n in nodes:
+        state, o = fleet_step(state, {"kind": "command", "command": _cmd(n, action, ts)}, policy, now=now)
+        out += o
+    return state, out
+
+
+def _known(n):
+    return FleetState(known_nodes={f"n{i}": T0.timestamp() for i in range(n)})
+
+
+def test_the_breaker_trips_only_above_its_fraction():
+    p = Policy(fleet_min_nodes=1)  # 20% of 10 known nodes: 2 nodes are at the limit, 3 above it
+    s, out = _cmds(_known(10), ["n0", "n1"], p)
+    assert not s.tripped and [c.requires_approval for _, c in out] == [False, False]
+    s, out = _cmds(s, ["n2"], p)
+    assert s.tripped and s.trips == 1
+    p = Policy(fleet_min_nodes=1, fleet_fraction=0.6)
+    s, out = _cmds(_known(1), ["n0"], p)  # 1 of 1 known is above 60%
+    assert s.tripped
+
+
+def test_held_commands_are_counted_and_say_why():
+    s, out = _cmds(_known(10), ["n0", "n1", "n2", "n3"], Policy())
+    held = [c for k, c in out if k == "command" and c.requires_approval]
+    assert len(held) == 2 and s.held == 2
+    assert held[0].reason == "test [held: fleet circuit breaker tripped]"
+    s, out = _cmds(s, ["ghost-1", "ghost-2"], Policy())
+    assert s.held == 4
+    assert [c.reason for _, c in out] == ["test [held: node ghost-1 has published no GPU inventory]",
+                                          "test [held: node ghost-2 has published no GPU inventory]"]
+
+
+def test_a_second_storm_after_a_reset_is_the_second_trip():
+    s, _ = _cmds(_known(10), ["n0", "n1", "n2"], Policy())
+    s, out = fleet_step(s, {"kind": "reset", "approval_id": "a1"}, Policy())
+    assert out == [] and s.tripped is False and s.tripped_at is None and s.starts == []
+    s, _ = _cmds(s, ["n3", "n4", "n5"], Policy())
+    assert s.trips == 2 and s.tripped is True
+    for i in range(70):
+        s, _ = fleet_step(s, {"kind": "reset", "approval_id": f"r{i}"}, Policy())
+    assert len(s.resets_used) == 64 and s.resets_used[-1] == "r69"
+
+
+def test_a_start_exactly_one_window_old_still_counts():
+    p = Policy(fleet_min_nodes=1)
+    s, _ = _cmds(_known(10), ["n0", "n1"], p)
+    later = T0 + timedelta(seconds=p.fleet_window_s)
+    s, _ = _cmds(s, ["n2"], p, ts=later)
+    assert s.tripped  # n0 and n1, 600 s before, are inside the window: 3 nodes
+
+
+def test_only_capacity_taking_commands_pass_the_breaker_as_commands():
+    s, out = _cmds(_known(10), ["n0"], Policy(), action="RECORD")
+    assert [k for k, _ in out] == ["command"] and s.starts == []
+
+
+def test_membership_keeps_the_newest_inventory_and_bounds_a_lying_clock():
+    s = FleetState()
+    s, _ = fleet_step(s, {"kind": "inventory", "node": "n1", "ts": 2000.0}, P)
+    s, _ = fleet_step(s, {"kind": "inventory", "node": "n1", "ts": 1000.0}, P)  # an older one read late
+    assert s.known_nodes == {"n1": 2000.0}
+    s, _ = fleet_step(s, {"kind": "inventory", "node": "n2", "ts": 9e9}, P, now=5000.0)  # stamped far ahead
+    s, _ = fleet_step(s, {"kind": "node_seen", "node": "n3", "ts": 9e9}, P, now=5000.0)
+    assert (s.known_nodes["n2"], s.known_nodes["n3"]) == (5000.0, 5000.0)
+
+
+def test_a_workload_fault_is_timed_by_its_receipt_when_its_stamp_lies_and_at_zero_without_one():
+    s = FleetState()
+    s, _ = fleet_step(s, {"kind": "workload_fault", "pod_uid": "p", "gpu_uuid": "g1", "ts": 9e9}, P, now=5000.0)
+    s, _ = fleet_step(s, {"kind": "workload_fault", "pod_uid": "q", "gpu_uuid": "g2"}, P)
+    assert s.workload_gpus["p"]["g1"][0] == 5000.0 and s.workload_gpus["q"]["g2"][0] == 0.0
+
+
+def test_an_alert_states_its_window_in_minutes():
+    p = Policy(suspect_window_s=3600.0, fleet_window_s=3600.0)
+    s = FleetState()
+    s, _ = fleet_step(s, {"kind": "workload_fault", "pod_uid": "p", "gpu_uuid": "g1", "node": "n", "incident_id": "i",
+                          "ts": 10.0}, p)
+    s, ((_, a),) = fleet_step(s, {"kind": "workload_fault", "pod_uid": "p", "gpu_uuid": "g2", "node": "n",
+                                  "incident_id": "i", "ts": 11.0}, p)
+    assert " within 60 min " in a.summary
+    s, out = _cmds(_known(10), ["n0", "n1", "n2"], p)
+    (storm,) = [o for k, o in out if k == "alert"]
+    assert " within 60 min " in storm.summary
+
+
+def test_gpus_faulted_at_the_same_moment_are_kept_by_name_past_the_cap():
+    s = FleetState()
+    for i in range(WORKLOAD_GPUS_KEPT + 1):  # one too many, all at once: the first name goes
+        s, _ = fault(s, "p", f"GPU-{i:03d}", 1000.0, node=f"n{WORKLOAD_GPUS_KEPT - i:03d}")
+    assert "GPU-000" not in s.workload_gpus["p"] and "GPU-064" in s.workload_gpus["p"]
+
+
+def test_the_workload_alerts_steps_exactly():
+    s = FleetState()
+    s, _ = fault(s, "p", "g1", 1.0)
+    s, ((_, a),) = fault(s, "p", "g2", 2.0)
+    assert a.recommended_steps == [
+        "Record the fault with PID, GPU UUID, pod UID and the raw kernel line; let the workload restart itself.",
+        "The same pod faulted several GPUs: check its code, inputs and CUDA/driver versions before suspecting the hardware."]
