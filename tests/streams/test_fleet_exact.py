@@ -262,3 +262,93 @@ def test_the_workload_alerts_steps_exactly():
     assert a.recommended_steps == [
         "Record the fault with PID, GPU UUID, pod UID and the raw kernel line; let the workload restart itself.",
         "The same pod faulted several GPUs: check its code, inputs and CUDA/driver versions before suspecting the hardware."]
+
+
+# --- the hand-off, exactly -----------------------------------------------------------------------
+
+@pytest.fixture()
+def approver(tmp_path):
+    from schemas.signing import SigningKey, VerifyKeys, generate_keys
+
+    priv, pub, _ = generate_keys(tmp_path / "ops")
+    sk, _, _ = generate_keys(tmp_path / "signing")
+    return SigningKey.load(priv), VerifyKeys.load([pub], purpose="approvals"), SigningKey.load(sk)
+
+
+def _approval(key, *, ts=T0, ttl=300.0, command_id="breaker-reset"):
+    import uuid
+
+    from schemas import to_dict
+    from schemas.models import Approval
+
+    a = key.sign(Approval(ts=ts, node="fleet", approval_id=uuid.uuid4().hex, command_id=command_id, approved_by="ops",
+                          expires_at=ts + timedelta(seconds=ttl)))
+    return a, {"kind": "reset", "ts": ts.timestamp(), "by": "ops", "approval": to_dict(a)}
+
+
+def test_the_seal_is_hmac_sha256_keyed_by_the_signing_keys_fleet_hand_off_secret(approver):
+    import hmac as _hmac
+
+    _, trusted, signing = approver
+    h = Handoff.for_processor(signing, trusted)
+    secret = signing.derive(b"fleet hand-off")
+    body = b'{"kind":"node_seen"}'
+    assert h.seal(body) == b"xs1:" + _hmac.new(secret, body, hashlib.sha256).hexdigest().encode() + b":" + body
+    assert Handoff.for_processor(None, trusted).key is None
+    assert secret.hex() not in repr(h) and repr(secret) not in repr(h)  # a log line of it leaks nothing
+
+
+@pytest.mark.parametrize("value, why", [
+    (b"", "^empty fleet-topic message$"),
+    (None, "^empty fleet-topic message$"),
+])
+def test_an_empty_message_is_refused(value, why):
+    for h in (Handoff(None), Handoff(b"k" * 32)):
+        with pytest.raises(HandoffError, match=why):
+            h.open(value, 0.0)
+
+
+def test_every_seal_refusal_says_exactly_why():
+    keyed, other = Handoff(b"k" * 32), Handoff(b"o" * 32)
+    body = b'{"kind":"node_seen","node":"n","ts":1}'
+    with pytest.raises(HandoffError, match="^a sealed message, but this processor has no signing key to check it with$"):
+        Handoff(None).open(keyed.seal(body), 0.0)
+    with pytest.raises(HandoffError, match="^unsealed message on a topic only this processor's agents write$"):
+        keyed.unseal(body)
+    broken = keyed.seal(body)
+    broken = broken[:4 + 64] + b";" + broken[4 + 64 + 1:]  # the tag and a MAC, but no separator
+    with pytest.raises(HandoffError, match="^unsealed message on a topic only this processor's agents write$"):
+        keyed.unseal(broken)
+    with pytest.raises(HandoffError, match="^message sealed with another key or altered: not from this processor's agents$"):
+        keyed.unseal(other.seal(body))
+    assert keyed.unseal(None) is None and Handoff(None).unseal(body) == body
+    assert keyed.open(keyed.seal(body), 0.0) == {"kind": "node_seen", "node": "n", "ts": 1}
+
+
+def test_every_reset_refusal_says_exactly_why(approver):
+    key, trusted, signing = approver
+    now = T0.timestamp()
+    with pytest.raises(HandoffError, match=r"^breaker reset refused: the processor trusts no approver key "
+                                           r"\(--approver-key\), so no reset can be authenticated$"):
+        Handoff(b"k" * 32).open(b'{"kind":"reset"}', now)
+    h = Handoff(b"k" * 32, trusted)
+    with pytest.raises(HandoffError, match=r"^breaker reset refused: it carries no signed approval "
+                                           r"\(xidstream breaker reset --key APPROVER.key\)$"):
+        h.open(b'{"kind":"reset"}', now)
+    import orjson
+
+    _, msg = _approval(key, ts=T0 - timedelta(seconds=300))
+    with pytest.raises(HandoffError, match=r"^breaker reset refused: its approval expired at 2026-12-01T09:00:00\+00:00$"):
+        h.open(orjson.dumps(msg), now)  # expiring exactly now is expired
+    _, msg = _approval(key, ttl=86400.0 + 1)
+    with pytest.raises(HandoffError, match="^breaker reset refused: its approval lives longer than a day$"):
+        h.open(orjson.dumps(msg), now)
+    a, msg = _approval(key, ttl=86400.0)  # exactly a day: accepted
+    assert h.open(orjson.dumps(msg), now) == {"kind": "reset", "ts": now, "by": "ops", "approval_id": a.approval_id,
+                                              "key_id": a.key_id}
+    a, msg = _approval(key, ts=T0 + timedelta(seconds=300))  # at the skew bound: accepted
+    assert h.open(orjson.dumps(msg), now)["approval_id"] == a.approval_id
+    _, msg = _approval(key, ts=T0 + timedelta(seconds=301))
+    with pytest.raises(HandoffError, match="^breaker reset refused: its approval is stamped ahead of the processor's clock$"):
+        h.open(orjson.dumps(msg), now)
+    assert Handoff(None).open(b'{"kind":"reset","by":"x"}', now) == {"kind": "reset", "by": "x"}  # a demo without keys
