@@ -111,3 +111,20 @@ def test_unknown_and_retired_settings_are_named(tmp_path):
         load_policy(f)
     with pytest.raises(ConfigError, match=f"^cannot read {re.escape(str(tmp_path / 'none.yaml'))}: No such file"):
         load_policy(tmp_path / "none.yaml")
+
+
+def test_the_fleet_fraction_is_in_zero_to_one_and_a_switch_is_true_or_false():
+    assert load_policy({"fleet_fraction": 1.0}).fleet_fraction == 1.0
+    for bad in (0, 1.01, 2.0):
+        refused({"fleet_fraction": bad}, "policy: fleet_fraction must be in (0, 1]")
+    assert load_policy({"dry_run": True}).dry_run is True
+    refused({"dry_run": 1}, "policy: dry_run must be true or false, got 1")
+    refused({"wedged_requires_workload_failure": "yes"},
+            "policy: wedged_requires_workload_failure must be true or false, got 'yes'")
+
+
+@pytest.mark.parametrize("bad", ["48", 48.0, True])
+def test_a_policy_made_in_code_is_held_to_the_same_guard(bad):
+    with pytest.raises(ConfigError) as e:
+        Policy(hardware_xids=frozenset({79, bad}))
+    assert str(e.value) == f"policy: hardware_xids must list integer Xid codes, got {bad!r}"
