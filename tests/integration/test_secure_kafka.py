@@ -410,7 +410,10 @@ def test_no_nodes_credentials_can_move_another_node_executors_position(secure, t
     node, admin = secure("executor"), secure("admin")
     reg = node.topics
     cmd_topic, res_topic = reg.name("gpu.remediation"), reg.name("gpu.remediation.results")
-    for victim in ("node-b", "node-a"):
+    # this module's tests share their topics: names of this test's own, so no other test sees its
+    # commands (the end-to-end test asserts none for node-b) and it reads only its own results
+    me, other = f"exec-b-{uuid.uuid4().hex[:6]}", f"exec-a-{uuid.uuid4().hex[:6]}"
+    for victim in (me, other):
         err = _commit_error(node, executor_group(node.topic_prefix, "node", victim), cmd_topic)
         assert err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, err
 
@@ -422,29 +425,35 @@ def test_no_nodes_credentials_can_move_another_node_executors_position(secure, t
             producer.produce(cmd_topic, key=c.node.encode(), value=encode(c))
         assert producer.flush(10) == 0
 
+    def answers_so_far() -> list[RemediationResult]:
+        out = [decode_any(m.value()) for m in read_all(admin, [res_topic], timeout=5)]
+        return [r for r in out if r.node in (me, other)]
+
     def run_once(expected: int) -> list[RemediationResult]:
-        ex = Executor(scope="node", node="node-b", keys=verify, state_dir=tmp_path / "state",
-                      actions=NodeActions(None, "node-b", None, tmp_path / "reboot-required"))
+        ex = Executor(scope="node", node=me, keys=verify, state_dir=tmp_path / "state",
+                      actions=NodeActions(None, me, None, tmp_path / "reboot-required"))
         stop = threading.Event()
         t = threading.Thread(target=run_kafka, args=(ex, node), kwargs={"stop": stop, "poll": 0.2}, daemon=True)
         t.start()
         try:
-            got = read_all(admin, [res_topic], expected=expected, timeout=60)
+            deadline = time.monotonic() + 60
+            while len(answers_so_far()) < expected and time.monotonic() < deadline:
+                time.sleep(0.5)
             time.sleep(1.5)  # room for an answer too many
-            got = read_all(admin, [res_topic], expected=expected + 1, timeout=2)
+            got = answers_so_far()
         finally:
             stop.set()
             t.join(20)
         assert not t.is_alive()
-        return [decode_any(m.value()) for m in got]
+        return got
 
-    first = key.sign(command("node-b", "REBOOT_NODE"))
-    send(key.sign(command("node-a", "REBOOT_NODE")), first)
+    first = key.sign(command(me, "REBOOT_NODE"))
+    send(key.sign(command(other, "REBOOT_NODE")), first)
     answers = run_once(1)
     assert [r.command_id for r in answers] == [first.command_id]
     assert answers[0].detail.startswith("dry run: would"), answers[0].detail
-    assert (tmp_path / "state" / "cursor-node-node-b.json").exists()
-    second = key.sign(command("node-b", "REBOOT_NODE"))
+    assert (tmp_path / "state" / f"cursor-node-{me}.json").exists()
+    second = key.sign(command(me, "REBOOT_NODE"))
     send(second)
     answers = run_once(2)  # the restart starts at its cursor: the first command is not read again
     assert [r.command_id for r in answers] == [first.command_id, second.command_id]
