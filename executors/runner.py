@@ -19,15 +19,17 @@ position lives depends on who could move it:
   finding 6). A node executor assigns itself every partition and keeps its position in a cursor
   file beside its journal (hostPath in the chart); without one it starts at the first record
   younger than the longest a command may live (`Limits`): anything older is refused at the gate
-  anyway. The `executor` role has no group ACL left to misuse. Routing: the cluster executor answers cluster-scoped actions, a node executor answers
-node-scoped actions for its node; each leaves the others' commands to them (in `--stdin` mode
-every command is answered, a misrouted one `refused` with the reason).
+  anyway. The `executor` role may only describe its group names (librdkafka's coordinator
+  lookup), never commit in them.
+
+Routing: the cluster executor answers cluster-scoped actions, a node executor answers node-scoped
+actions for its node; each leaves the others' commands to them (in `--stdin` mode every command
+is answered, a misrouted one `refused` with the reason).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -38,6 +40,7 @@ from typing import IO, Any, Callable
 
 import orjson
 
+from collectors.spool import write_durably
 from executors.gate import SCOPE_ACTIONS, Approvals, Journal, Limits, Scope, decide, result_for, separate_trust
 from schemas.base import format_ts
 from schemas.codec import decode_any, encode
@@ -197,8 +200,8 @@ def run_stdin(ex: Executor, stdin: IO[bytes], stdout: IO[bytes]) -> int:
 
 class Cursor:
     """A node executor's read position, `{"topic:partition": next offset}`, in one JSON file
-    replaced atomically (write, fsync, rename): a torn write leaves the previous position, which
-    only re-reads commands the journal already answers."""
+    replaced durably (`collectors.spool.write_durably`, as the collector's cursors are): a crash
+    leaves the previous position, which only re-reads commands the journal already answers."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -225,12 +228,7 @@ class Cursor:
     def save(self) -> None:
         if not self._dirty:
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("wb") as fh:
-            fh.write(orjson.dumps(self.positions, option=orjson.OPT_SORT_KEYS))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        write_durably(self.path, orjson.dumps(self.positions, option=orjson.OPT_SORT_KEYS))
         self._dirty = False
 
 
