@@ -167,6 +167,7 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
     ack_all = getattr(app.consumer, "ack_events", None) or _ack_each
     loop = asyncio.get_running_loop()
     stopping = asyncio.ensure_future(stream._stopped.wait())
+    label = getattr(stream, "shortlabel", "") or str(getattr(stream, "channel", "?"))  # for /livez, once
 
     ended = False
 
@@ -229,7 +230,7 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
                     break
                 if wanted(event):
                     batch.append(await took(event) if processors else event)
-            watch.begin(id(stream), len(batch), getattr(stream, "shortlabel", "") or str(getattr(stream, "channel", "?")))
+            watch.begin(id(stream), len(batch), label)
             yield batch
             watch.end(id(stream))
             ack_all(batch)
