@@ -135,8 +135,10 @@ class ProcFs:
         return ref
 
     def comm(self, pid: int) -> str | None:
+        """The task name. Its owner sets it to any 15 bytes (prctl PR_SET_NAME), valid UTF-8 or not:
+        an undecodable byte becomes U+FFFD rather than an exception in the collector's loop."""
         try:
-            return (self.root / str(pid) / "comm").read_text().strip() or None
+            return (self.root / str(pid) / "comm").read_text(errors="replace").strip() or None
         except OSError:
             return None
 

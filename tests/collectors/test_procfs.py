@@ -156,3 +156,11 @@ def test_holder_scan_of_the_real_proc_sees_opens_and_closes(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_task_name_that_is_not_utf8_is_read_not_raised(tmp_path):
+    # prctl(PR_SET_NAME) takes any bytes: a tenant's process holding /dev/nvidia0 under such a name
+    # raised UnicodeDecodeError out of the collector's tick.
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "comm").write_bytes(b"py\xff\xfethon\n")
+    assert ProcFs(tmp_path).comm(42) == "py\ufffd\ufffdthon"
