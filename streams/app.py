@@ -30,6 +30,15 @@ from typing import Any, Awaitable, Callable, Iterable
 
 import faust
 import orjson
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    UnsupportedForMessageFormatError,
+)
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import ValidationError
 from faust.streams import _current_event
 
@@ -59,7 +68,8 @@ from streams.routing import FLEET_KEY, fan_out, state_key
 from transport.config import KafkaConfig
 from transport.faust_auth import faust_kwargs
 
-__all__ = ["create_app", "internal_topics", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY"]
+__all__ = ["create_app", "internal_topics", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY",
+           "refused_for_good", "fits", "fleet_row", "bounded_original", "RateLimitedLog"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +96,109 @@ def _exact(data: bytes) -> bytes:
     """An exact-size copy of what orjson.dumps returned: its own result keeps the allocation of
     its write buffer (~2-4 KiB), and the tables hold a row per GPU and per node for good."""
     return bytes(memoryview(data))
+
+
+# -- outputs the producer refuses -------------------------------------------------------------------
+# A send that fails because of the record itself: the producer or the broker refuses it again however
+# often it is sent. faust's producer refuses anything over `producer_max_request_size` (1,000,000
+# bytes) before it leaves the process (aiokafka's MessageSizeTooLargeError, raised by `send`); the
+# broker's own refusals of a record are the rest. aiokafka marks all of them non-retriable.
+_REFUSED_FOR_GOOD = (MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError, CorruptRecordException,
+                     InvalidTimestampError, UnsupportedForMessageFormatError)
+
+
+def refused_for_good(exc: BaseException | None) -> bool:
+    """Whether a send failed because of the record itself (`_REFUSED_FOR_GOOD`, anywhere in the
+    exception's chain: faust wraps aiokafka's error in its ProducerSendError).
+
+    Only those are dead-lettered. Any other failure is about the worker or the broker, not the
+    record: a timeout, a partition without a leader (retriable: resending could work), and also
+    non-retriable ones such as a refused authorization or a closed producer, which would refuse
+    every output alike. Those are raised, the worker stops, and its restart reads the record again:
+    dead-lettering them would drop every alert and command fleet-wide while the worker looked alive."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, _REFUSED_FOR_GOOD):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def fits(key: bytes | None, value: bytes | None, limit: int) -> bool:
+    """Whether a record is within the producer's `limit` (max_request_size), by aiokafka's own
+    estimate of its size. A table write is sent later, from faust's producer buffer, where a refusal
+    crashes the buffer's task and the worker with it: rows are checked before they are written."""
+    return DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, []) <= limit
+
+
+# A dead letter carries the record it is about byte for byte when that is small, else the record's
+# head: a 900 KB record that did not decode made a dead letter of 1.2 MB (base64 in JSON), which the
+# producer refused, and the agent died on the dead letter. 64 KiB of the head (87 KiB in base64)
+# names the record (its schema, node, GPU, event id come first) without ever nearing the limit.
+DEADLETTER_ORIGINAL_BYTES = 64 * 1024
+DEADLETTER_KEY_BYTES = 1024  # a Kafka key is a GPU UUID or a node name; a longer one is a head too
+_ERROR_CHARS = 2000  # a dead letter's error text
+_OUTPUT_HEAD_CHARS = 400  # of a refused output, quoted in its dead letter's error text
+
+
+def bounded_original(raw: bytes | None, key: bytes | None) -> tuple[bytes, bytes | None, str]:
+    """(value, key, a note for the error text): what a dead letter carries of the record."""
+    raw, note = raw or b"", ""
+    if len(raw) > DEADLETTER_ORIGINAL_BYTES:
+        note = f" [original truncated: the first {DEADLETTER_ORIGINAL_BYTES:,} of {len(raw):,} bytes]"
+        raw = raw[:DEADLETTER_ORIGINAL_BYTES]
+    if key is not None and len(key) > DEADLETTER_KEY_BYTES:
+        note += f" [key truncated: the first {DEADLETTER_KEY_BYTES:,} of {len(key):,} bytes]"
+        key = key[:DEADLETTER_KEY_BYTES]
+    return raw, key, note
+
+
+def fleet_row(data: dict, limit: int) -> bytes:
+    """The fleet agent's main row (`FleetState.to_dict()` without the node and pod rows), as
+    written to its table.
+
+    Its `starts` (one per node-level command within the breaker's window) grow with a storm, the
+    very time the breaker's state must survive a restart: at 4 commands a node, a storm over 12,500
+    nodes is 50,000 starts, 1.7 MB. When the row would pass the producer's `limit`, `starts` is
+    written as each node's newest start only, which decides exactly as the full list does: the
+    breaker reads only which nodes have a start within the window of a command (`fleet_step`), and
+    a node has one when its newest one is. (12,500 nodes: 0.4 MB.)"""
+    row = _exact(orjson.dumps(data))
+    if fits(FLEET_KEY, row, limit) or not data.get("starts"):
+        return row
+    newest: dict[str, float] = {}
+    for ts, node in data["starts"]:
+        if node not in newest or ts > newest[node]:
+            newest[node] = ts
+    return _exact(orjson.dumps({**data, "starts": sorted([ts, node] for node, ts in newest.items())}))
+
+
+class RateLimitedLog:
+    """At most one log line per kind of message every `every_s` seconds, with a count of the lines
+    left out since: a flood of bad records or refused outputs (each dead-lettered and counted on
+    /metrics) must not become a flood of log lines too."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger, self.every_s, self.clock = logger, every_s, clock
+        self._last: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, msg: str, *args: Any) -> bool:
+        """Log `msg % args` unless a line of `kind` was logged within `every_s`; True when logged."""
+        now = self.clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.every_s:
+            self._left_out[kind] = self._left_out.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        left_out = self._left_out.pop(kind, 0)
+        if left_out:
+            msg += f" (and {left_out} more like it in the last %.0f s, not logged)"
+            args = (*args, now - last if last is not None else self.every_s)
+        self.logger.log(level, msg, *args)
+        return True
 
 
 TRIM_INTERVAL_S = 10.0
@@ -296,7 +409,9 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     fleet_table = app.Table(FLEET_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes)
     cache: dict[bytes, GpuState] = {}
     fleet_cache: dict[str, Any] = {}  # "state": the FleetState, "row": its main row as last written
-    stats = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0}
+    stats = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0}
+    quiet = RateLimitedLog(log)
+    max_request = app.conf.producer_max_request_size
     verified: set[tuple[str, str]] = set()
 
     async def partitions_known(table: Any, source_topic: str) -> None:
@@ -356,13 +471,60 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         fleet_cache.clear()
 
     async def dead(raw: bytes | None, key: bytes | None, topic: str, partition: int | None, offset: int | None,
-                   error: BaseException) -> None:
+                   error: BaseException, error_type: str | None = None) -> None:
         stats["deadletters"] += 1
-        log.warning("dead-lettering a record from %s[%s]@%s: %s", topic, partition, offset, error)
-        rec = DeadLetter(node=settings.node, original=raw or b"", original_key=key, source_topic=topic,
-                         source_partition=partition, source_offset=offset, error=str(error)[:2000],
-                         error_type=type(error).__name__)
-        await deadletter.send(key=topic.encode(), value=encode(rec))
+        kind = error_type or type(error).__name__
+        text = str(error)
+        quiet.log(logging.WARNING, f"dead:{kind}", "dead-lettering a record from %s[%s]@%s: %s", topic, partition,
+                  offset, text[:500])
+        original, original_key, note = bounded_original(raw, key)
+        rec = DeadLetter(node=settings.node, original=original, original_key=original_key, source_topic=topic,
+                         source_partition=partition, source_offset=offset,
+                         error=text[:_ERROR_CHARS - len(note)] + note, error_type=kind)
+        try:
+            await deadletter.send(key=topic.encode(), value=encode(rec))
+        except Exception as exc:  # noqa: BLE001 - sorted by refused_for_good: the rest is raised
+            if not refused_for_good(exc):
+                raise
+            # Bounded above, so only a broker or topic limit far below the producer's gets here;
+            # there is nowhere left to put it, and stopping would re-read and refuse it for good.
+            stats["outputs_refused"] += 1
+            quiet.log(logging.ERROR, "dead:refused", "the dead letter of a record from %s[%s]@%s was refused too (%r): "
+                      "dropped", topic, partition, offset, exc)
+
+    async def emit(channel: Any, key: bytes, value: bytes, what: str, source: Any) -> bool:
+        """Send one output of the record `source` (an event); True when the producer took it.
+
+        An output the producer refuses for good (`refused_for_good`: over its 1,000,000-byte limit,
+        or invalid) is dead-lettered as its source record (the reason, where the record came from,
+        a bounded head of the record and of the output) and counted, and the agent goes on with the
+        record's other outputs and the next record. Before, the refusal escaped the agent, the
+        worker stopped, and its restart refused the same uncommitted record again: a crash loop
+        that stopped every command fleet-wide (the fleet agent is one partition). Any other send
+        failure is raised as before (the worker restarts and reads the record again)."""
+        try:
+            await channel.send(key=key, value=value)
+            return True
+        except Exception as exc:  # noqa: BLE001 - sorted by refused_for_good: the rest is raised
+            if not refused_for_good(exc):
+                raise
+            await refused(source, f"the producer refused its {what} ({len(value):,} bytes, to "
+                          f"{channel.get_topic_name()})", value, exc)
+            return False
+
+    async def refused(source: Any, why: str, value: bytes, exc: BaseException) -> None:
+        """Count and dead-letter the record `source` (an event), one of whose outputs (`value`)
+        cannot be sent; `why` says which and what became of it."""
+        stats["outputs_refused"] += 1
+        msg = source.message
+        quiet.log(logging.ERROR, "refused", "%s, an output of the record from %s[%s]@%s: %r; the record is "
+                  "dead-lettered and the agent goes on", why, msg.topic, msg.partition, msg.offset, exc)
+        cause = exc
+        while not isinstance(cause, _REFUSED_FOR_GOOD) and (cause.__cause__ or cause.__context__) is not None:
+            cause = cause.__cause__ or cause.__context__
+        head = value[:_OUTPUT_HEAD_CHARS].decode("utf-8", "replace")
+        await dead(source.value, source.key, msg.topic, msg.partition, msg.offset,
+                   RuntimeError(f"{why}: {cause}; the output begins: {head}"), error_type=type(cause).__name__)
 
     async def handle(event: Any, dirty: dict[bytes, tuple[Any, GpuState]]) -> None:
         """Fold one event into its row (in `cache`); a row whose persisted facts changed goes into
@@ -428,10 +590,10 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         if changed:
             dirty[key] = (event, state)
         for k, v in alert_msgs:
-            stats["alerts"] += 1
-            await alerts.send(key=k, value=v)
+            if await emit(alerts, k, v, "alert", event):
+                stats["alerts"] += 1
         for v in fleet_msgs:
-            await fleet_topic.send(key=FLEET_KEY, value=handoff.seal(v))
+            await emit(fleet_topic, FLEET_KEY, handoff.seal(v), "message to the fleet agent", event)
 
     async def gpus_body(stream: Any) -> None:
         async for events in faust_fast.take_batches(stream, batch, within):
@@ -445,11 +607,25 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                 stats["events"] += 1
                 await handle(event, dirty)
             for key, (event, state) in dirty.items():
+                row = _exact(orjson.dumps(state.to_dict()))
+                if not fits(key, row, max_request):
+                    # A row the producer would refuse is not written (faust sends table writes from
+                    # its buffer, where a refusal stops the worker): the changelog keeps this GPU's
+                    # last row that fit, and this worker goes on deciding with the row in memory,
+                    # which saw every record. After a restart or a failover the GPU resumes from that
+                    # last row (the records since are not in it; commands re-emitted from it carry
+                    # the ids they had). Not a row cut down here to fit: which facts can be left out
+                    # without changing a verdict is the fold's to say (streams.evidence bounds its
+                    # lists), and a row cut by the writer could drop an incident's commands.
+                    await refused(event, f"the table row of GPU {key[:200]!r} is {len(row):,} bytes, over the "
+                                  f"producer's limit of {max_request:,}: not written (the table keeps its last row "
+                                  f"that fit)", row, MessageSizeTooLargeError(f"a {len(row):,}-byte table row"))
+                    continue
                 # The changelog partition of a table write is the current event's: the row's own.
                 _current_event.set(weakref.ref(event))
                 await partitions_known(gpu_table, event.message.topic)
-                gpu_table[key] = _exact(orjson.dumps(state.to_dict()))
-            stats["rows_written"] += len(dirty)
+                gpu_table[key] = row
+                stats["rows_written"] += 1
 
     gpus = app.agent(inputs, name="gpus")(guarded("gpus", gpus_body))
 
@@ -476,7 +652,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             except (DecodeError, AuthError) as exc:
                 await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
                 continue
-            await results_by_gpu.send(key=row.encode(), value=handoff.seal(event.value))
+            await emit(results_by_gpu, row.encode(), handoff.seal(event.value), "re-keyed result", event)
 
     rekey = app.agent(results_in, name="results-rekey")(guarded("results-rekey", rekey_body))
 
@@ -531,35 +707,50 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                     continue
                 for kind, out in outputs:
                     if isinstance(out, RemediationCommand):
-                        stats["commands"] += 1
                         if signing_key is not None:
                             out = signing_key.sign(out)
-                        await remediation.send(key=out.node.encode(), value=encode(out))
+                        if await emit(remediation, out.node.encode(), encode(out), "command", event):
+                            stats["commands"] += 1
                     elif isinstance(out, Alert):
-                        stats["alerts"] += 1
-                        await alerts.send(key=(out.gpu_uuid or out.node).encode(), value=encode(out))
+                        if await emit(alerts, (out.gpu_uuid or out.node).encode(), encode(out), "alert", event):
+                            stats["alerts"] += 1
                     else:  # a kind this agent does not publish: say so rather than guess a topic
                         log.error("the fleet step gave an output of kind %r that has no topic: %r", kind, out)
             if not events:
                 continue
-            _current_event.set(weakref.ref(events[-1]))
-            await partitions_known(fleet_table, events[-1].message.topic)
+            last = events[-1]
+            _current_event.set(weakref.ref(last))
+            await partitions_known(fleet_table, last.message.topic)
+
+            async def write(key: bytes, row: bytes, what: str) -> None:
+                # A row the producer would refuse is not written (see gpus_body): the table keeps
+                # the last one that fit, and this worker goes on with the fleet state in memory.
+                if fits(key, row, max_request):
+                    fleet_table[key] = row
+                else:
+                    await refused(last, f"the fleet table row of {what} is {len(row):,} bytes with its "
+                                  f"{len(key):,}-byte key, over the producer's limit of {max_request:,}: not written "
+                                  f"(the table keeps its last row that fit)", row,
+                                  MessageSizeTooLargeError(f"a {len(row):,}-byte table row"))
+
             moved = [n for n, seen in state.known_nodes.items() if nodes_before.get(n) != seen]
             for node in moved + [n for n in fleet_cache.pop("unsaved_nodes", []) if n in state.known_nodes]:
-                fleet_table[NODE_ROW + node.encode()] = _exact(orjson.dumps(state.known_nodes[node]))
+                await write(NODE_ROW + node.encode(), _exact(orjson.dumps(state.known_nodes[node])),
+                            f"node {node[:200]!r}")
             for node in nodes_before.keys() - state.known_nodes.keys():  # forgotten (no inventory for a day)
                 fleet_table.pop(NODE_ROW + node.encode(), None)
             for pod in state.dirty_pods:
                 gpus = state.workload_gpus.get(pod)
                 if gpus:
-                    fleet_table[WORKLOAD_ROW + pod.encode()] = _exact(orjson.dumps(gpus))
+                    await write(WORKLOAD_ROW + pod.encode(), _exact(orjson.dumps(gpus)), f"pod {pod[:200]!r}")
                 else:
                     fleet_table.pop(WORKLOAD_ROW + pod.encode(), None)
             state.dirty_pods = set()
-            row = _exact(orjson.dumps({k: v for k, v in state.to_dict().items()
-                                       if k not in ("known_nodes", "workload_gpus")}))
+            row = fleet_row({k: v for k, v in state.to_dict().items() if k not in ("known_nodes", "workload_gpus")},
+                            max_request)
             if row != fleet_cache.get("row"):
-                fleet_table[FLEET_KEY] = fleet_cache["row"] = row
+                fleet_cache["row"] = row
+                await write(FLEET_KEY, row, "the breaker")
 
     fleet = app.agent(fleet_topic, name="fleet")(guarded("fleet", fleet_body))
 
@@ -586,7 +777,10 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         lines = []
         for name, help_text in (("events", "input records folded"), ("deadletters", "records sent to the dead-letter topic"),
                                 ("alerts", "alerts published"), ("commands", "remediation commands published"),
-                                ("rows_written", "GPU table rows written (one per changed row per batch)")):
+                                ("rows_written", "GPU table rows written (one per changed row per batch)"),
+                                ("outputs_refused", "outputs the producer refused for good (over its size limit, or "
+                                 "invalid: alerts, commands, fleet messages, table rows, dead letters); each record "
+                                 "was dead-lettered and the agent went on")):
             metric = f"xidstream_processor_{name}_total"
             lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} counter", f"{metric} {stats[name]}"]
         return web.text("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
