@@ -58,7 +58,7 @@ from streams.verdict import (
     Verdict,
     app_occurrence_verdict,
     hardware_xid_verdict,
-    pinned_verdict,
+    pinned_verdicts,
     recovery_action_verdict,
     earliest_suspect,
     remap_failure_verdict,
@@ -122,13 +122,13 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     elif isinstance(record, GpuProcesses):
         if fold_processes(state, record, ts) and state.occurrences:
             _check_suspect(state, policy, outputs)
-        if state.pinned_last is not None:
-            _check_pinned(state, state.pinned_last, policy, outputs)
+        if state.pinned_since is not None:
+            _check_pinned(state, policy, outputs)
     elif isinstance(record, XidEvent):
         _on_xid(state, record, ts, policy, outputs)
-        if state.pinned_since is not None and state.pinned_last is not None and state.pinned_last > ts:
-            # Samples after this Xid were read first (topics are read in parallel): decide now.
-            _check_pinned(state, state.pinned_last, policy, outputs)
+        if state.pinned_since is not None:
+            # Samples after this Xid may have been read first (topics are read in parallel)
+            _check_pinned(state, policy, outputs)
     elif isinstance(record, WorkloadEvent):
         _on_workload(state, record, ts, policy, outputs)
     elif isinstance(record, GpuInventory):
@@ -162,6 +162,8 @@ def _material(s: GpuState) -> tuple:
         # while pinned, the newest snapshot with and without compute decide the wedge: kept exactly
         # (a pinned GPU is rare); otherwise only whether one was seen since the pin started
         s.last_compute_ts if ps is not None else None, s.last_nocompute_ts if ps is not None else None,
+        len(s.proc_runs), s.proc_runs[-1][0] if s.proc_runs else None,
+        s.proc_runs[-1][2] if ps is not None and s.proc_runs else None,
         # the GPU's clock judges skewed stamps: kept to the minute (after a restart a record
         # stamped within a minute of the skew bound may be judged against a clock up to a minute
         # older). Each GPU's minute starts at its own second: on one shared minute every GPU's
@@ -207,7 +209,7 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
     _hardware_signals(state, s, ts, policy, outputs)
     if fold_sample_pin(state, s, ts, policy):
         state.healthy_since = None
-        _check_pinned(state, ts, policy, outputs)
+        _check_pinned(state, policy, outputs)
     else:
         state.last_unpinned_ts = ts if state.last_unpinned_ts is None else max(state.last_unpinned_ts, ts)
         if state.healthy_since is None:
@@ -235,17 +237,14 @@ def _hardware_signals(state: GpuState, s: GpuSample, ts: float, policy: Policy, 
                                   remapped_rows_pending=True), policy.evidence_limit)
 
 
-def _check_pinned(state: GpuState, ts: float, policy: Policy, outputs: list) -> None:
-    verdict = pinned_verdict(state, ts, policy)
-    if verdict is None:
-        return
-    prune(state, ts, policy)
-    if verdict.climb is not None:
-        inc = state.incident
-        if inc is not None:
-            _climb(state, inc, ts, verdict.climb, verdict.summary, policy, outputs, verdict.evidence_ids)
-        return
-    _raise(state, verdict, ts, policy, outputs)
+def _check_pinned(state: GpuState, policy: Policy, outputs: list) -> None:
+    for ts, verdict in pinned_verdicts(state, policy):
+        if verdict.climb is not None:
+            inc = state.incident
+            if inc is not None:
+                _climb(state, inc, ts, verdict.climb, verdict.summary, policy, outputs, verdict.evidence_ids)
+            continue
+        _raise(state, verdict, ts, policy, outputs)
 
 
 def _on_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy, outputs: list) -> None:
@@ -254,8 +253,8 @@ def _on_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy, o
         return
     _evidence(state, entry(ts, "workload", f"pod {w.namespace}/{w.pod} {w.event.value} ({w.reason}, exit {w.exit_code})",
                            **{k: v for k, v in item.items() if k not in ("ts", "id")}), policy)
-    if policy.wedged_requires_workload_failure and state.pinned_last is not None:
-        _check_pinned(state, state.pinned_last, policy, outputs)
+    if state.pinned_since is not None:
+        _check_pinned(state, policy, outputs)
 
 
 def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: list) -> None:
@@ -270,8 +269,9 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         _evidence(state, entry(ts, "xid", f"(backfilled) {x.message or x.raw}", xid=x.xid, xid_kind=kind, raw=x.raw,
                                backfilled=True), policy)
         return
-    state.healthy_since = None
-    state.last_xid_ts = ts
+    # The newest Xid by its own time, not the last one read: healthy time counts from it
+    # (`_check_resolved`), whichever was read first, the Xid or the samples after it.
+    state.last_xid_ts = ts if state.last_xid_ts is None else max(state.last_xid_ts, ts)
     if kind == "recovery_failure":
         state.xids = added(state.xids, {"ts": ts, "xid": None, "kind": kind, "pid": None, "app": False, "id": x.event_id})
         _evidence(state, entry(ts, "xid", f"driver failed to recover the GPU: {x.message}", raw=x.raw), policy)
@@ -475,11 +475,16 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
 
 
 def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -> None:
+    """Resolve the open incident once the GPU was healthy for `resolve_after_s` with no Xid: at the
+    time that held (healthy since the later of the healthy run's start and the newest Xid), the
+    same whichever was read first, the Xid or the samples after it; `ts` is the newest sample read."""
     inc = state.incident
-    if inc is None or state.healthy_since is None or ts - state.healthy_since < policy.resolve_after_s:
+    if inc is None or state.healthy_since is None:
         return
-    if state.last_xid_ts is not None and ts - state.last_xid_ts < policy.resolve_after_s:
+    since = state.healthy_since if state.last_xid_ts is None else max(state.healthy_since, state.last_xid_ts)
+    if ts - since < policy.resolve_after_s:
         return
+    ts = since + policy.resolve_after_s
     cls = Classification(inc.classification)
     if cls in (Classification.GPU_WEDGED, Classification.GPU_HARDWARE_FAULT) and not inc.remediated:
         return
@@ -490,7 +495,7 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
         closing.append(Action.UNCORDON_NODE)
     if inc.has_emitted(Action.QUARANTINE_GPU):
         closing.append(Action.RELEASE_GPU)
-    inc.note(entry(ts, "note", f"healthy for {ts - state.healthy_since:.0f} s with no new Xid: resolved"), policy.evidence_limit)
+    inc.note(entry(ts, "note", f"healthy for {ts - since:.0f} s with no new Xid: resolved"), policy.evidence_limit)
     outputs.append(("alert", alert(state, inc, ts, f"GPU {state.gpu_index} on {state.node} healthy again: incident resolved",
                                    "resolved")))
     for a in closing:

@@ -25,8 +25,8 @@ from schemas.models import GpuProcesses, GpuSample, WorkloadEvent
 from streams.incident import Incident
 from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
 
-__all__ = ["GpuState", "settled", "entry", "nocompute_start", "sustained_pin", "sample_stats", "prune", "workload_of",
-           "fold_sample_pin", "fold_processes", "fold_workload", "event_time", "added", "EMPTY_LIST", "EMPTY_DICT"]
+__all__ = ["GpuState", "settled", "entry", "nocompute_start", "sustained_pin", "pin_onset", "sample_stats", "prune",
+           "workload_of", "fold_sample_pin", "fold_processes", "fold_workload", "event_time", "added", "EMPTY_LIST", "EMPTY_DICT"]
 
 # pid -> pod UID pairs kept per GPU, from compute-process lists: enough for the PIDs of the
 # current suspect window on one GPU (a crash-looping pod gets a new PID each restart).
@@ -123,6 +123,9 @@ class GpuState:
     last_compute_ts: float | None = None  # newest process snapshot that had a compute app
     last_nocompute_ts: float | None = None  # newest process snapshot that had none
     nocompute_id: str | None = None  # its event_id
+    # [kind, first ts, last ts] of consecutive process snapshots of one kind (COMPUTE, NO_PROCESS,
+    # UNKNOWN), oldest first: when a GPU had a compute process, whatever topic was read first.
+    proc_runs: list = field(default_factory=_empty_list)
     recovery_action: int = 0  # NVML's GPU recovery action, last seen in a sample
     remap_failure: bool = False
 
@@ -277,6 +280,48 @@ def fold_sample_pin(state: GpuState, s: GpuSample, ts: float, policy: Policy) ->
     return True
 
 
+# The kinds of a process snapshot. NO_PROCESS is a compute list NVML read and found empty, or,
+# when NVML could not read it, a /dev/nvidia* holder scan that ran and found nobody: RESET_GPU's own
+# precondition is that holder check, and a process that could run a kernel on the GPU holds the
+# device open (README "Verdicts": which evidence substitutes for which).
+COMPUTE, NO_PROCESS, UNKNOWN = 1, 0, -1
+# Runs of snapshot kinds kept per GPU: a pinned GPU alternates kinds rarely (a compute process on
+# a GPU at 100% with 0 MiB is itself rare); 8 runs reach back past any wedge window in practice,
+# and the oldest run dropped only makes a pin's start later (a later verdict, never a false one).
+_RUNS_KEPT = 8
+
+
+def snapshot_kind(p: GpuProcesses) -> int:
+    compute = p.compute_apps
+    if compute is not None:
+        return COMPUTE if compute else NO_PROCESS
+    holders = p.device_holders
+    if holders is not None and not holders and "device_holders" in p.model_fields_set:
+        return NO_PROCESS
+    return UNKNOWN
+
+
+def fold_run(state: GpuState, kind: int, ts: float) -> None:
+    """Extend the newest run of snapshot kinds, or start one. A GPU's process lists come in order
+    (one partition); one read out of order (a collector restarted with its clock stepped back) is
+    kept as a run of its own, in place."""
+    runs = state.proc_runs
+    if runs:
+        last = runs[-1]
+        if ts >= last[2]:
+            if last[0] == kind:
+                last[2] = ts
+                return
+        else:
+            runs.append([kind, ts, ts])
+            runs.sort(key=lambda r: (r[1], r[2]))
+            del runs[:-_RUNS_KEPT]
+            return
+    runs = state.proc_runs = added(runs, [kind, ts, ts])
+    if len(runs) > _RUNS_KEPT:
+        del runs[0]
+
+
 def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
     """Fold a process snapshot; True when it settled an application occurrence's workload (see
     `settled`), so the suspect rule must look again."""
@@ -304,11 +349,13 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
                 o["wl"], o["pod"] = f"pod:{pod}", pod
         if (before is None or before < o["ts"]) and state.procs_ts >= o["ts"]:
             settling = True
-    if compute is None:
-        # NVML could not list them: unknown is neither "a job is running" nor "no compute process"
-        # (issue 9, defect 7). The wedge and phantom rules only count snapshots that were read.
+    kind = snapshot_kind(p)
+    fold_run(state, kind, ts)
+    if kind == UNKNOWN:
+        # NVML could not list them and no holder scan says nobody has the device open: unknown is
+        # neither "a job is running" nor "no compute process" (issue 9, defect 7).
         return settling
-    if compute:
+    if kind == COMPUTE:
         # A process NVML registered as compute: it is probably really running (incident.md).
         state.last_compute_ts = max(ts, state.last_compute_ts or ts)
     else:
@@ -338,28 +385,58 @@ def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) 
     return item
 
 
-def nocompute_start(state: GpuState) -> float | None:
-    """Start of the current pinned run without a compute app in any process snapshot, or None.
+def pin_onset(state: GpuState, needed: float, floor: float | None = None) -> tuple[float, float] | None:
+    """(T, start): the earliest time T, at or after `floor`, at which the current pinned run had
+    lasted `needed` seconds since `start` without a compute process, with a snapshot of no process
+    after `start`; None when it has not (yet). `start` is the pin's start, or the newest compute
+    snapshot at or before T if later.
 
-    Built from maxima (newest snapshot with / without compute), so it does not depend on the order
-    in which the samples and process topics were read."""
-    if state.pinned_since is None:
+    Order-free: samples and process lists are each read in order, so T is decided only once both
+    were read through it (the pinned run through T is then known, and so is every compute snapshot
+    before T); it is the same T whichever topic was read first, and it is stamped on the verdict.
+    Deciding at the newest sample read instead put the same wedge at +363 s or at +780 s."""
+    since = state.pinned_since
+    if since is None or state.pinned_last is None or state.procs_ts is None:
         return None
-    start = state.pinned_since
-    if state.last_compute_ts is not None and state.last_compute_ts >= start:
-        start = state.last_compute_ts
-    if state.last_nocompute_ts is None or state.last_nocompute_ts <= start:
-        return None
-    return start
+    read = min(state.pinned_last, state.procs_ts)
+    runs = state.proc_runs
+    cand = since + needed if floor is None else max(since + needed, floor)
+    for _ in range(2 * len(runs) + 2):  # each turn passes a run: it ends
+        if cand > read:
+            return None
+        start = since
+        for kind, first, last in runs:  # the newest compute snapshot by then (a run covering T: its end)
+            if kind == COMPUTE and first <= cand and last > start:
+                start = last
+        if start + needed > cand:
+            cand = start + needed
+            continue
+        after = [max(first, start) for kind, first, last in runs if kind == NO_PROCESS and last > start]
+        if not after:
+            return None
+        first_none = min(after)
+        if first_none > cand:
+            cand = first_none
+            continue
+        return cand, start
+    return None
+
+
+def nocompute_start(state: GpuState) -> float | None:
+    """Start of the current pinned run without a compute app in any process snapshot, or None."""
+    onset = pin_onset(state, 0.0)
+    return None if onset is None else onset[1]
 
 
 def sustained_pin(state: GpuState) -> float:
-    """Seconds of pinned samples without compute that the guard accepts (0 below its floor)."""
-    start = nocompute_start(state)
-    if start is None or state.pinned_samples < GUARD_MIN_PINNED_SAMPLES:
+    """Seconds of pinned samples without compute that the guard accepts (0 below its floor): at
+    least two pinned samples and `GUARD_MIN_PINNED_SPAN_S` without a compute process."""
+    if state.pinned_samples < GUARD_MIN_PINNED_SAMPLES:
         return 0.0
-    span = (state.pinned_last or 0) - start
-    return span if span >= GUARD_MIN_PINNED_SPAN_S else 0.0
+    onset = pin_onset(state, GUARD_MIN_PINNED_SPAN_S)
+    if onset is None:
+        return 0.0
+    return max(min(state.pinned_last or 0, state.procs_ts or 0) - onset[1], GUARD_MIN_PINNED_SPAN_S)
 
 
 def sample_stats(state: GpuState) -> dict:

@@ -28,12 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.vocab import RECOVERY_ACTIONS, Action, Classification
-from streams.evidence import GpuState, entry, nocompute_start, sample_stats, settled, sustained_pin, workload_of
+from streams.evidence import GpuState, entry, pin_onset, sample_stats, settled, workload_of
 from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET, remedy_for_xid, _XID154_ACTIONS
 from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
 from streams.render import app_xid_verdict_text, describe_xid, dt
 
-__all__ = ["Verdict", "RANK", "PLANS", "pinned_verdict", "suspect_verdict", "earliest_suspect", "hardware_xid_verdict",
+__all__ = ["Verdict", "RANK", "PLANS", "pinned_verdicts", "suspect_verdict", "earliest_suspect", "hardware_xid_verdict",
            "recovery_action_verdict", "XID45"]
 
 RANK = {
@@ -64,62 +64,113 @@ class Verdict:
     climb: Action | None = None  # a next rung of the open incident's ladder instead of a plan
 
 
-def wedge_evidence(state: GpuState, ts: float, policy: Policy) -> list[dict]:
-    """Xid 43 or a driver recovery failure within the lookback (issue 8: the recovery failure is
-    wedge evidence exactly like Xid 43)."""
-    return [x for x in state.xids
-            if (x.get("xid") == 43 or x.get("kind") == "recovery_failure") and not x.get("backfilled")
-            and ts - x["ts"] <= policy.wedged_xid43_lookback_s]
+def _is_wedge(x: dict) -> bool:
+    """Xid 43 or a driver recovery failure, read live (issue 8: the recovery failure is wedge
+    evidence exactly like Xid 43)."""
+    return (x.get("xid") == 43 or x.get("kind") == "recovery_failure") and not x.get("backfilled")
 
 
-def pinned_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None:
-    """The verdict of a GPU pinned near 100% with no compute process, or None when not (yet)."""
-    start = nocompute_start(state)
+def _is_app(x: dict) -> bool:
+    return bool(x.get("app")) and x.get("xid") != XID45 and not x.get("backfilled")
+
+
+def _in_window(items: list[dict], t: float, window: float) -> list[dict]:
+    return [x for x in items if 0 <= t - x["ts"] <= window]
+
+
+def pinned_verdicts(state: GpuState, policy: Policy) -> list[tuple[float, Verdict]]:
+    """The verdicts of a GPU pinned near 100% with no compute process, each at the earliest time
+    its rule held (`streams.evidence.pin_onset`), oldest first; empty when none holds (yet).
+
+    Each verdict is stamped as of its evidence, not when the last of it was read: a phantom load,
+    then the wedge once Xid 43 is in, come out at the same times whichever topic a worker reads
+    first. (A verdict that rests on an absence, phantom load or "no wedge evidence", is read as of
+    the records read so far: an Xid read after it adds the wedge, it does not take the first back.)"""
     needed = max(policy.pinned_seconds, GUARD_MIN_PINNED_SPAN_S)
-    if start is None or ts - start < needed or not sustained_pin(state):
-        return None
-    secs = ts - start
-    wedge = wedge_evidence(state, ts, policy)
-    app = [x for x in state.xids if x.get("app") and x.get("xid") != XID45 and not x.get("backfilled")
-           and ts - x["ts"] <= policy.app_xid_lookback_s]
-    since = wedge[0]["ts"] if wedge else 0
-    failures = [w for w in state.workload_failures if w["ts"] >= since]
+    base_onset = pin_onset(state, needed)
+    if base_onset is None:
+        return []
+    xids = sorted(state.xids, key=lambda x: x["ts"])
+    wedges = [x for x in xids if _is_wedge(x)]
+    apps = [x for x in xids if _is_app(x)]
+    found: list[tuple[float, Verdict]] = []
+    wedged = None
+    for x in wedges:  # the earliest time the wedge rule held, over each piece of wedge evidence
+        floor = x["ts"]
+        if policy.wedged_requires_workload_failure:
+            later = [w["ts"] for w in state.workload_failures if w["ts"] >= x["ts"]]
+            if not later:
+                continue
+            floor = max(floor, min(later))
+        onset = pin_onset(state, needed, floor)
+        if onset is not None and onset[0] - x["ts"] <= policy.wedged_xid43_lookback_s \
+                and (wedged is None or onset[0] < wedged[0]):
+            wedged = onset
+    if wedged is not None:
+        found.append((wedged[0], _wedged(state, wedged[0], wedged[1], _in_window(wedges, wedged[0],
+                                                                                policy.wedged_xid43_lookback_s), policy)))
+    suspect = None
+    for x in apps:
+        onset = pin_onset(state, needed, x["ts"])
+        if onset is None or onset[0] - x["ts"] > policy.app_xid_lookback_s:
+            continue
+        if _in_window(wedges, onset[0], policy.wedged_xid43_lookback_s):
+            continue  # wedge evidence: the wedge rule decides (or waits for its workload failure)
+        if suspect is None or onset[0] < suspect[0]:
+            suspect = (*onset, x)
+    if suspect is not None:
+        t, start, x = suspect
+        found.append((t, Verdict(Classification.GPU_SUSPECT, QUARANTINE,
+                                 f"{_pinned_base(state, t, start)} after application-class {describe_xid(x['xid'])} "
+                                 f"(no wedge evidence)", [*_pin_ids(state), x.get("id")],
+                                 entry=_stats_entry(state, t, start))))
+    t, start = base_onset
+    if not _in_window(wedges, t, policy.wedged_xid43_lookback_s) and not _in_window(apps, t, policy.app_xid_lookback_s):
+        found.append((t, Verdict(Classification.PHANTOM_LOAD, RECORD,
+                                 f"{_pinned_base(state, t, start)} and no application or wedge Xid: phantom load",
+                                 _pin_ids(state), entry=_stats_entry(state, t, start))))
+    found.sort(key=lambda f: f[0])
+    return found
+
+
+def _pinned_base(state: GpuState, t: float, start: float) -> str:
     util = state.pin_stats.get("util_min", 100.0)
-    base = (f"GPU {state.gpu_index} ({state.gpu_uuid}) on {state.node}: utilization >= {util:.0f}% with "
-            f"{state.pin_stats.get('mem_max', 0):.0f} MiB used and no compute process for {secs:.0f} s")
-    ids = [*state.pin_ids, state.nocompute_id]
-    stats_entry = entry(ts, "sample_stats", f"pinned {secs:.0f} s without compute", **sample_stats(state))
-    if wedge:
-        if policy.wedged_requires_workload_failure and not failures:
-            return None
-        ids += [x.get("id") for x in wedge] + [w.get("id") for w in failures]
-        inc = state.incident
-        # "Again after the reboot" needs the GPU seen healthy since: a REBOOT_NODE result only says
-        # kured's sentinel was written; until the node really rebooted, it is the same wedge.
-        if inc is not None and inc.reboot_ok_at is not None and start > inc.reboot_ok_at \
-                and state.came_back_after(inc.reboot_ok_at):
-            return Verdict(Classification.GPU_WEDGED, REBOOT, f"GPU {state.gpu_index} wedged again after the node reboot",
-                           ids, climb=Action.REPLACE_NODE)
-        if inc is not None and inc.reset_ok_at is not None and start > inc.reset_ok_at:
-            return Verdict(Classification.GPU_WEDGED, RESET, f"GPU {state.gpu_index} wedged again after the GPU reset",
-                           ids, climb=Action.REBOOT_NODE)
-        x43 = [x for x in wedge if x.get("xid") == 43]
-        failed = [x for x in wedge if x.get("kind") == "recovery_failure"]
-        parts = []
-        if x43:
-            parts.append(f"Xid 43 at {dt(x43[-1]['ts']).strftime('%H:%M:%S')}Z")
-        if failed:
-            parts.append(f"the driver's failure to recover the GPU at {dt(failed[-1]['ts']).strftime('%H:%M:%S')}Z")
-        what = " and ".join(parts)
-        summary = (f"{base} after {what}: GPU context wedged"
-                   + (f"; {len(failures)} later workload failure(s)" if failures else ""))
-        return Verdict(Classification.GPU_WEDGED, RESET, summary, ids, entry=stats_entry)
-    if app:
-        return Verdict(Classification.GPU_SUSPECT, QUARANTINE,
-                       f"{base} after application-class {describe_xid(app[-1]['xid'])} (no wedge evidence)",
-                       ids + [app[-1].get("id")], entry=stats_entry)
-    return Verdict(Classification.PHANTOM_LOAD, RECORD, f"{base} and no application or wedge Xid: phantom load",
-                   ids, entry=stats_entry)
+    return (f"GPU {state.gpu_index} ({state.gpu_uuid}) on {state.node}: utilization >= {util:.0f}% with "
+            f"{state.pin_stats.get('mem_max', 0):.0f} MiB used and no compute process for {t - start:.0f} s")
+
+
+def _pin_ids(state: GpuState) -> list:
+    return [*state.pin_ids, state.nocompute_id]
+
+
+def _stats_entry(state: GpuState, t: float, start: float) -> dict:
+    return entry(t, "sample_stats", f"pinned {t - start:.0f} s without compute", **sample_stats(state))
+
+
+def _wedged(state: GpuState, t: float, start: float, wedge: list[dict], policy: Policy) -> Verdict:
+    since = wedge[0]["ts"]
+    failures = [w for w in state.workload_failures if since <= w["ts"] <= t]
+    ids = _pin_ids(state) + [x.get("id") for x in wedge] + [w.get("id") for w in failures]
+    inc = state.incident
+    # "Again after the reboot" needs the GPU seen healthy since: a REBOOT_NODE result only says
+    # kured's sentinel was written; until the node really rebooted, it is the same wedge.
+    if inc is not None and inc.reboot_ok_at is not None and start > inc.reboot_ok_at \
+            and state.came_back_after(inc.reboot_ok_at):
+        return Verdict(Classification.GPU_WEDGED, REBOOT, f"GPU {state.gpu_index} wedged again after the node reboot",
+                       ids, climb=Action.REPLACE_NODE)
+    if inc is not None and inc.reset_ok_at is not None and start > inc.reset_ok_at:
+        return Verdict(Classification.GPU_WEDGED, RESET, f"GPU {state.gpu_index} wedged again after the GPU reset",
+                       ids, climb=Action.REBOOT_NODE)
+    x43 = [x for x in wedge if x.get("xid") == 43]
+    failed = [x for x in wedge if x.get("kind") == "recovery_failure"]
+    parts = []
+    if x43:
+        parts.append(f"Xid 43 at {dt(x43[-1]['ts']).strftime('%H:%M:%S')}Z")
+    if failed:
+        parts.append(f"the driver's failure to recover the GPU at {dt(failed[-1]['ts']).strftime('%H:%M:%S')}Z")
+    summary = (f"{_pinned_base(state, t, start)} after {' and '.join(parts)}: GPU context wedged"
+               + (f"; {len(failures)} later workload failure(s)" if failures else ""))
+    return Verdict(Classification.GPU_WEDGED, RESET, summary, ids, entry=_stats_entry(state, t, start))
 
 
 def app_occurrence_verdict(state: GpuState, occ: dict, x_code: int, who: str, xentry: dict) -> Verdict:
