@@ -13,7 +13,9 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
-__all__ = ["Record", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci", "plain_text"]
+from schemas.limits import ID_MAX, NODE_NAME_MAX
+
+__all__ = ["Record", "NodeRecord", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci", "plain_text"]
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -97,7 +99,8 @@ class Record(BaseModel):
 
     SCHEMA: ClassVar[str] = ""
     # Earlier versions of this record that still decode into it (every field they had kept its
-    # meaning); a producer not yet upgraded goes on working during a rolling upgrade.
+    # meaning, or `from_legacy` says what it means now); a producer not yet upgraded goes on working
+    # during a rolling upgrade.
     LEGACY: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(
@@ -112,3 +115,17 @@ class Record(BaseModel):
     event_id: str = Field(default_factory=new_event_id, description="Unique id of this record.")
     ts: UtcDatetime = Field(default_factory=utc_now, description="When it happened (UTC, RFC 3339).")
     node: str = Field(min_length=1, description="Kubernetes node (host) name the record is about.")
+
+    @classmethod
+    def from_legacy(cls, found: str, data: dict) -> dict:
+        """`data`, a record of the earlier version `found` (one of LEGACY), in this version's terms."""
+        return data
+
+
+class NodeRecord(Record):
+    """A record a node or an executor sends: its `node` and `event_id` are bounded
+    (schemas.limits), as every string in it is, because whoever runs on the node chooses them."""
+
+    event_id: str = Field(default_factory=new_event_id, max_length=ID_MAX, description="Unique id of this record.")
+    node: str = Field(min_length=1, max_length=NODE_NAME_MAX,
+                      description="Kubernetes node (host) name the record is about.")

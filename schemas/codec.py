@@ -60,6 +60,7 @@ def _validate(model: type[R], data: dict, raw: bytes | None) -> R:
     found = data.get("schema")
     if found != model.SCHEMA:  # a LEGACY version: relabel, then validate as the current one
         data["schema"] = model.SCHEMA
+        data = model.from_legacy(found, data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -3,16 +3,39 @@
 Field names listed in the contract (issue 2) are public and stable; a change of meaning gets a new
 schema version (``.../2``), never a silent edit. Optional fields are null when the source could not
 say (NVML ``NotSupported``, an old driver that prints no pid).
+
+Every string and list in a record a node or an executor sends (`NodeRecord`) has a cap, with its
+reason, in `schemas.limits`: a node chooses all of it, and the kernel and the kubelet copy a tenant's
+text into theirs. The collector cuts text to fit (`schemas.limits.clip`); a record over a cap does
+not decode, so the processor dead-letters it.
 """
 
 from __future__ import annotations
 
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from schemas.base import Record, UtcDatetime
+from schemas.base import NodeRecord, Record, UtcDatetime
+from schemas.limits import (
+    CATALOG_TEXT_MAX,
+    DETAIL_MAX,
+    GPU_UUID_MAX,
+    ID_MAX,
+    K8S_LABEL_MAX,
+    KERNEL_MESSAGE_MAX,
+    KERNEL_RAW_MAX,
+    KERNEL_TS_MAX,
+    NOTES_MAX,
+    NVML_STRING_MAX,
+    POD_NAME_MAX,
+    PROCESS_NAME_MAX,
+    PROCESSES_MAX,
+    SHORT_TEXT_MAX,
+    TASK_COMM_MAX,
+    XID_SOURCES_MAX,
+)
 from schemas.vocab import (
     Action,
     Classification,
@@ -47,44 +70,50 @@ __all__ = [
 
 _PCI = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$"
 
+_Note = Annotated[str, StringConstraints(max_length=SHORT_TEXT_MAX)]
+
 
 class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class GpuInventory(Record):
+class GpuInventory(NodeRecord):
     """One GPU of a node, published at start and whenever it changes (compacted topic).
 
     v2 (issue 9): `status` (a GPU that was lost when the collector started is still published, from
-    the inventory the collector kept, as ``lost``), `memory_info_version` and `notes`."""
+    the inventory the collector kept, as ``lost``), `memory_info_version` and `notes`.
+    v3: strings and `notes` bounded (schemas.limits)."""
 
-    SCHEMA = "xidstream.gpu_inventory/2"
-    LEGACY = ("xidstream.gpu_inventory/1",)
-    schema_: Literal["xidstream.gpu_inventory/2"] = Field(SCHEMA, alias="schema")
-    gpu_uuid: str
+    SCHEMA = "xidstream.gpu_inventory/3"
+    LEGACY = ("xidstream.gpu_inventory/1", "xidstream.gpu_inventory/2")
+    schema_: Literal["xidstream.gpu_inventory/3"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str = Field(max_length=GPU_UUID_MAX)
     gpu_index: int = Field(ge=0)
     pci_bus_id: str = Field(pattern=_PCI, description="Normalised dddd:bb:dd.")
-    name: str | None = None
-    serial: str | None = None
+    name: str | None = Field(None, max_length=NVML_STRING_MAX)
+    serial: str | None = Field(None, max_length=NVML_STRING_MAX)
     memory_total_mib: int | None = None
-    driver_version: str | None = None
-    cuda_version: str | None = None
+    driver_version: str | None = Field(None, max_length=NVML_STRING_MAX)
+    cuda_version: str | None = Field(None, max_length=NVML_STRING_MAX)
     status: SampleStatus = Field(
         SampleStatus.ok, description="lost: NVML refuses a handle (e.g. fallen off the bus); published "
         "from the collector's saved inventory until the GPU returns or an operator removes it.")
     memory_info_version: int | None = Field(
         None, description="2: memory used excludes what the driver reserves (nvmlDeviceGetMemoryInfo_v2); "
         "1: the v1 call, whose 'used' includes the reserved memory; null: unknown.")
-    notes: list[str] = Field(default_factory=list, description="What the collector could not read, in words.")
+    notes: list[_Note] = Field(default_factory=list, max_length=NOTES_MAX,
+                               description="What the collector could not read, in words.")
 
 
-class GpuSample(Record):
-    """One NVML reading of one GPU. A field is null when NVML does not support it."""
+class GpuSample(NodeRecord):
+    """One NVML reading of one GPU. A field is null when NVML does not support it.
 
-    SCHEMA = "xidstream.gpu_sample/2"
-    LEGACY = ("xidstream.gpu_sample/1",)
-    schema_: Literal["xidstream.gpu_sample/2"] = Field(SCHEMA, alias="schema")
-    gpu_uuid: str
+    v3: `gpu_uuid` and `error` bounded (schemas.limits)."""
+
+    SCHEMA = "xidstream.gpu_sample/3"
+    LEGACY = ("xidstream.gpu_sample/1", "xidstream.gpu_sample/2")
+    schema_: Literal["xidstream.gpu_sample/3"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str = Field(max_length=GPU_UUID_MAX)
     gpu_index: int = Field(ge=0)
     pci_bus_id: str = Field(pattern=_PCI)
     utilization_gpu_pct: float | None = None
@@ -96,7 +125,7 @@ class GpuSample(Record):
     mem_clock_mhz: int | None = None
     temperature_c: int | None = None
     status: SampleStatus = SampleStatus.ok
-    error: str | None = Field(None, description="The NVML error behind a non-ok status.")
+    error: str | None = Field(None, max_length=SHORT_TEXT_MAX, description="The NVML error behind a non-ok status.")
     # v2 (issue 9)
     memory_reserved_mib: float | None = Field(
         None, description="Memory the driver reserves (v2 memory call); not part of memory_used_mib.")
@@ -115,10 +144,10 @@ class ComputeApp(_Part):
     """A process NVML registered as a CUDA compute process (``--query-compute-apps``)."""
 
     pid: int
-    process_name: str | None = None
+    process_name: str | None = Field(None, max_length=PROCESS_NAME_MAX)
     used_memory_mib: float | None = None
-    pod_uid: str | None = None
-    container_id: str | None = None
+    pod_uid: str | None = Field(None, max_length=ID_MAX)
+    container_id: str | None = Field(None, max_length=ID_MAX)
 
 
 class PmonSample(_Part):
@@ -133,54 +162,73 @@ class DeviceHolder(_Part):
     """A process that merely has ``/dev/nvidia*`` open. Proves nothing about compute."""
 
     pid: int
-    process_name: str | None = None
+    process_name: str | None = Field(None, max_length=TASK_COMM_MAX, description="/proc/<pid>/comm.")
 
 
-class GpuProcesses(Record):
+class GpuProcesses(NodeRecord):
     """The three kinds of process evidence for one GPU at one time.
 
     v2 (issue 9): `compute_apps` is null when NVML could not list them. Unknown is not "no compute
-    process": the wedge and phantom rules only count a snapshot that was read."""
+    process": the wedge and phantom rules only count a snapshot that was read.
+    v3: `device_holders` is null when the holder scan did not run (an empty list said that too);
+    lists and strings bounded (schemas.limits), and `error` also says when a list was cut."""
 
-    SCHEMA = "xidstream.gpu_processes/2"
-    LEGACY = ("xidstream.gpu_processes/1",)
-    schema_: Literal["xidstream.gpu_processes/2"] = Field(SCHEMA, alias="schema")
-    gpu_uuid: str
+    SCHEMA = "xidstream.gpu_processes/3"
+    LEGACY = ("xidstream.gpu_processes/1", "xidstream.gpu_processes/2")
+    schema_: Literal["xidstream.gpu_processes/3"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str = Field(max_length=GPU_UUID_MAX)
     gpu_index: int | None = None
     pci_bus_id: str | None = Field(None, pattern=_PCI)
     compute_apps: list[ComputeApp] | None = Field(
-        default_factory=list, description="Null: NVML could not list them (unknown, not empty).")
-    error: str | None = Field(None, description="Why a list is null.")
-    pmon: list[PmonSample] = Field(default_factory=list)
-    device_holders: list[DeviceHolder] = Field(default_factory=list)
+        default_factory=list, max_length=PROCESSES_MAX, description="Null: NVML could not list them (unknown, not empty).")
+    error: str | None = Field(
+        None, max_length=SHORT_TEXT_MAX, description="Why a list is null, or that one was cut to its cap.")
+    pmon: list[PmonSample] = Field(default_factory=list, max_length=PROCESSES_MAX)
+    device_holders: list[DeviceHolder] | None = Field(
+        None, max_length=PROCESSES_MAX, description="Null: the /dev/nvidia* holder scan did not run (no /proc, "
+        "or not yet); empty: it ran and no process holds the device.")
+
+    @classmethod
+    def from_legacy(cls, found: str, data: dict) -> dict:
+        # Before v3 an empty list was also what a collector without /proc sent: unknown, not "none".
+        if data.get("device_holders") == []:
+            data["device_holders"] = None
+        return data
 
 
-class XidEvent(Record):
-    """A kernel Xid record or a related driver record, with the GPU resolved where possible."""
+class XidEvent(NodeRecord):
+    """A kernel Xid record or a related driver record, with the GPU resolved where possible.
 
-    SCHEMA = "xidstream.xid/2"
-    LEGACY = ("xidstream.xid/1",)
-    schema_: Literal["xidstream.xid/2"] = Field(SCHEMA, alias="schema")
+    v3: strings and `sources` bounded (schemas.limits); the collector cuts `raw` and `message`."""
+
+    SCHEMA = "xidstream.xid/3"
+    LEGACY = ("xidstream.xid/1", "xidstream.xid/2")
+    schema_: Literal["xidstream.xid/3"] = Field(SCHEMA, alias="schema")
     kind: XidKind = XidKind.xid
-    gpu_uuid: str | None = Field(None, description="Null when the PCI bus id could not be resolved.")
+    gpu_uuid: str | None = Field(
+        None, max_length=GPU_UUID_MAX, description="Null when the PCI bus id could not be resolved.")
     gpu_index: int | None = None
     pci_bus_id: str | None = Field(None, pattern=_PCI, description="Normalised dddd:bb:dd.")
     resolved: bool = Field(False, description="True when gpu_uuid was resolved from NVML or the driver.")
     xid: int | None = None
-    xid_name: str | None = Field(None, description="NVIDIA catalog mnemonic; 'unknown' if not in it.")
-    xid_category: str | None = None
-    xid_resolution: str | None = Field(None, description="NVIDIA's immediate-action bucket.")
+    xid_name: str | None = Field(
+        None, max_length=CATALOG_TEXT_MAX, description="NVIDIA catalog mnemonic; 'unknown' if not in it.")
+    xid_category: str | None = Field(None, max_length=CATALOG_TEXT_MAX)
+    xid_resolution: str | None = Field(
+        None, max_length=CATALOG_TEXT_MAX, description="NVIDIA's immediate-action bucket.")
     pid: int | None = None
-    process_name: str | None = None
+    process_name: str | None = Field(None, max_length=TASK_COMM_MAX, description="The task name the driver printed.")
     gpu_instance: int | None = Field(None, description="MIG GPU instance (GPU-I).")
     compute_instance: int | None = Field(None, description="MIG compute instance (GPU-CI).")
-    message: str = ""
-    raw: str = ""
+    message: str = Field("", max_length=KERNEL_MESSAGE_MAX)
+    raw: str = Field("", max_length=KERNEL_RAW_MAX)
     source: XidSource
     sources: list[XidSource] = Field(
-        default_factory=list, description="Every source that saw this fault (kernel log and NVML)."
+        default_factory=list, max_length=XID_SOURCES_MAX,
+        description="Every source that saw this fault (kernel log and NVML)."
     )
-    kernel_ts: str | None = Field(None, description="The log line's own timestamp text, if any.")
+    kernel_ts: str | None = Field(
+        None, max_length=KERNEL_TS_MAX, description="The log line's own timestamp text, if any.")
     # v2 (issue 9)
     ts_source: TsSource | None = Field(None, description="Where `ts` comes from (schemas.vocab.TsSource).")
     backfilled: bool = Field(
@@ -192,18 +240,21 @@ class XidEvent(Record):
         "`observed_at` instead.")
 
 
-class WorkloadEvent(Record):
-    """A pod on this node that holds a GPU started, failed, restarted or finished."""
+class WorkloadEvent(NodeRecord):
+    """A pod on this node that holds a GPU started, failed, restarted or finished.
 
-    SCHEMA = "xidstream.workload/1"
-    schema_: Literal["xidstream.workload/1"] = Field(SCHEMA, alias="schema")
-    gpu_uuid: str
-    pod_uid: str | None = None
-    namespace: str | None = None
-    pod: str | None = None
-    container: str | None = None
+    v2: strings bounded (schemas.limits)."""
+
+    SCHEMA = "xidstream.workload/2"
+    LEGACY = ("xidstream.workload/1",)
+    schema_: Literal["xidstream.workload/2"] = Field(SCHEMA, alias="schema")
+    gpu_uuid: str = Field(max_length=GPU_UUID_MAX)
+    pod_uid: str | None = Field(None, max_length=ID_MAX)
+    namespace: str | None = Field(None, max_length=K8S_LABEL_MAX)
+    pod: str | None = Field(None, max_length=POD_NAME_MAX)
+    container: str | None = Field(None, max_length=K8S_LABEL_MAX)
     event: WorkloadEventType
-    reason: str | None = None
+    reason: str | None = Field(None, max_length=SHORT_TEXT_MAX)
     exit_code: int | None = None
 
 
@@ -276,23 +327,25 @@ class RemediationCommand(Record):
     signature: str | None = Field(None, description="Base64 Ed25519 signature over the canonical encoding.")
 
 
-class RemediationResult(Record):
+class RemediationResult(NodeRecord):
     """What an executor reports back for a command.
 
     v2 (issue 8): `command_id` and `incident_id` are required (the processor acts only on a result
     that answers a command its incident emitted); `pci_bus_id` is echoed from the command so the
-    result of a GPU without a resolved UUID reaches its incident (routing key ``node/pci``)."""
+    result of a GPU without a resolved UUID reaches its incident (routing key ``node/pci``).
+    v3: strings bounded (schemas.limits); the executor cuts `detail`."""
 
-    SCHEMA = "xidstream.remediation_result/2"
-    LEGACY = ("xidstream.remediation_result/1",)  # decodes when it names its command and incident
-    schema_: Literal["xidstream.remediation_result/2"] = Field(SCHEMA, alias="schema")
-    command_id: str
-    incident_id: str
-    gpu_uuid: str | None = None
+    SCHEMA = "xidstream.remediation_result/3"
+    # /1 decodes when it names its command and incident
+    LEGACY = ("xidstream.remediation_result/1", "xidstream.remediation_result/2")
+    schema_: Literal["xidstream.remediation_result/3"] = Field(SCHEMA, alias="schema")
+    command_id: str = Field(max_length=ID_MAX)
+    incident_id: str = Field(max_length=ID_MAX)
+    gpu_uuid: str | None = Field(None, max_length=GPU_UUID_MAX)
     pci_bus_id: str | None = Field(None, pattern=_PCI)
     action: Action
     outcome: Outcome
-    detail: str = ""
+    detail: str = Field("", max_length=DETAIL_MAX)
 
 
 class Approval(Record):

@@ -206,7 +206,7 @@ def test_a_remediation_result_in_full():
         "class_uid": 7001, "class_name": "Remediation Activity", "category_uid": 7, "category_name": "Remediation",
         "activity_id": 3, "activity_name": "Restore", "type_uid": 700103, "type_name": "Remediation Activity: Restore",
         "severity_id": 4, "severity": "High", "time": T0_MS + 5_000,
-        "metadata": _meta("e-res", "xidstream.remediation_result/2", "inc-1", ["host"]),
+        "metadata": _meta("e-res", "xidstream.remediation_result/3", "inc-1", ["host"]),
         "command_uid": "c1", "status_id": 99, "status": "Refused", "status_detail": "GPU busy",
         "message": "RESET_GPU on node-a: refused (GPU busy)",
         "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},

@@ -64,19 +64,19 @@ def test_exact_vocabularies():
 
 
 CONTRACT_FIELDS = {
-    "xidstream.gpu_inventory/2": "gpu_uuid gpu_index pci_bus_id name serial memory_total_mib driver_version cuda_version "
+    "xidstream.gpu_inventory/3": "gpu_uuid gpu_index pci_bus_id name serial memory_total_mib driver_version cuda_version "
     "status memory_info_version notes",
-    "xidstream.gpu_sample/2": "gpu_uuid gpu_index pci_bus_id utilization_gpu_pct utilization_memory_pct "
+    "xidstream.gpu_sample/3": "gpu_uuid gpu_index pci_bus_id utilization_gpu_pct utilization_memory_pct "
     "memory_used_mib memory_total_mib power_w sm_clock_mhz mem_clock_mhz temperature_c status "
     "memory_reserved_mib recovery_action remapped_rows_correctable remapped_rows_uncorrectable "
     "remapped_rows_pending remapped_rows_failure ecc_dbe_volatile",
-    "xidstream.gpu_processes/2": "gpu_uuid compute_apps pmon device_holders error",
-    "xidstream.xid/2": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name ts_source backfilled",
-    "xidstream.workload/1": "gpu_uuid pod_uid namespace pod container event reason exit_code",
+    "xidstream.gpu_processes/3": "gpu_uuid compute_apps pmon device_holders error",
+    "xidstream.xid/3": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name ts_source backfilled",
+    "xidstream.workload/2": "gpu_uuid pod_uid namespace pod container event reason exit_code",
     "xidstream.alert/1": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps",
     "xidstream.remediation_command/2": "command_id incident_id gpu_uuid pci_bus_id action step preconditions expires_at "
     "requires_approval dry_run evidence_ids key_id signature",
-    "xidstream.remediation_result/2": "command_id incident_id gpu_uuid pci_bus_id action outcome detail",
+    "xidstream.remediation_result/3": "command_id incident_id gpu_uuid pci_bus_id action outcome detail",
     "xidstream.approval/1": "approval_id command_id approved_by reason expires_at key_id signature",
     "xidstream.deadletter/1": "original source_topic source_partition source_offset error",
     "xidstream.node_enrollment/1": "x25519_public ed25519_public csr_name csr_uid vouched revoked key_id signature",
@@ -136,7 +136,7 @@ def test_a_version_1_record_still_decodes_into_the_current_model():
     v1 = (b'{"schema": "xidstream.gpu_sample/1", "node": "n", "ts": "2026-11-28T03:00:00Z", "gpu_uuid": "G", '
           b'"gpu_index": 0, "pci_bus_id": "0000:01:00", "utilization_gpu_pct": 100.0}')
     for rec in (decode(GpuSample, v1), decode_any(v1)):
-        assert isinstance(rec, GpuSample) and rec.SCHEMA == "xidstream.gpu_sample/2"
+        assert isinstance(rec, GpuSample) and rec.SCHEMA == "xidstream.gpu_sample/3"
         assert rec.utilization_gpu_pct == 100.0 and rec.memory_reserved_mib is None
 
 

@@ -1,0 +1,253 @@
+"""Every string and list a node or an executor sends is bounded (schemas.limits): a record at a cap
+decodes, one past it is a DecodeError naming the field and the limit (the processor dead-letters
+it); earlier versions still decode; `clip` cuts with a marker that counts what it left out."""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import pytest
+
+from schemas import (
+    DecodeError,
+    GpuInventory,
+    GpuProcesses,
+    GpuSample,
+    RemediationResult,
+    WorkloadEvent,
+    XidEvent,
+    decode,
+    decode_any,
+    encode,
+)
+from schemas.base import NodeRecord
+from schemas.limits import (
+    CATALOG_TEXT_MAX,
+    DETAIL_MAX,
+    GPU_UUID_MAX,
+    ID_MAX,
+    K8S_LABEL_MAX,
+    KERNEL_MESSAGE_MAX,
+    KERNEL_RAW_MAX,
+    KERNEL_TS_MAX,
+    NODE_NAME_MAX,
+    NOTES_MAX,
+    NVML_STRING_MAX,
+    POD_NAME_MAX,
+    PROCESS_NAME_MAX,
+    PROCESSES_MAX,
+    SHORT_TEXT_MAX,
+    TASK_COMM_MAX,
+    XID_SOURCES_MAX,
+    clip,
+)
+from schemas.models import ALL_MODELS
+from tests.factories import one_of_each
+
+NODE_SENT = (GpuInventory, GpuSample, GpuProcesses, XidEvent, WorkloadEvent, RemediationResult)
+
+
+def _doc(model) -> dict:
+    return orjson.loads(encode(next(r for r in one_of_each() if isinstance(r, model))))
+
+
+def _put(doc: dict, path: str, value) -> dict:
+    """`doc` with the value at a dotted path (list indexes as numbers) replaced."""
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    node = doc
+    for p in parents:
+        node = node[p]
+    node[last] = value
+    return doc
+
+
+STRINGS = [
+    (model, path, limit)
+    for model in NODE_SENT
+    for path, limit in (("node", NODE_NAME_MAX), ("event_id", ID_MAX))
+] + [
+    (GpuInventory, "gpu_uuid", GPU_UUID_MAX),
+    (GpuInventory, "name", NVML_STRING_MAX),
+    (GpuInventory, "serial", NVML_STRING_MAX),
+    (GpuInventory, "driver_version", NVML_STRING_MAX),
+    (GpuInventory, "cuda_version", NVML_STRING_MAX),
+    (GpuSample, "gpu_uuid", GPU_UUID_MAX),
+    (GpuSample, "error", SHORT_TEXT_MAX),
+    (GpuProcesses, "gpu_uuid", GPU_UUID_MAX),
+    (GpuProcesses, "error", SHORT_TEXT_MAX),
+    (GpuProcesses, "compute_apps.0.process_name", PROCESS_NAME_MAX),
+    (GpuProcesses, "compute_apps.0.pod_uid", ID_MAX),
+    (GpuProcesses, "compute_apps.0.container_id", ID_MAX),
+    (GpuProcesses, "device_holders.0.process_name", TASK_COMM_MAX),
+    (XidEvent, "gpu_uuid", GPU_UUID_MAX),
+    (XidEvent, "xid_name", CATALOG_TEXT_MAX),
+    (XidEvent, "xid_category", CATALOG_TEXT_MAX),
+    (XidEvent, "xid_resolution", CATALOG_TEXT_MAX),
+    (XidEvent, "process_name", TASK_COMM_MAX),
+    (XidEvent, "message", KERNEL_MESSAGE_MAX),
+    (XidEvent, "raw", KERNEL_RAW_MAX),
+    (XidEvent, "kernel_ts", KERNEL_TS_MAX),
+    (WorkloadEvent, "gpu_uuid", GPU_UUID_MAX),
+    (WorkloadEvent, "pod_uid", ID_MAX),
+    (WorkloadEvent, "namespace", K8S_LABEL_MAX),
+    (WorkloadEvent, "pod", POD_NAME_MAX),
+    (WorkloadEvent, "container", K8S_LABEL_MAX),
+    (WorkloadEvent, "reason", SHORT_TEXT_MAX),
+    (RemediationResult, "command_id", ID_MAX),
+    (RemediationResult, "incident_id", ID_MAX),
+    (RemediationResult, "gpu_uuid", GPU_UUID_MAX),
+    (RemediationResult, "detail", DETAIL_MAX),
+]
+
+
+@pytest.mark.parametrize("model, path, limit", STRINGS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_string_at_its_cap_decodes_and_one_past_it_is_refused_by_name(model, path, limit):
+    at = orjson.dumps(_put(_doc(model), path, "x" * limit))
+    assert isinstance(decode_any(at), model)
+    over = orjson.dumps(_put(_doc(model), path, "x" * (limit + 1)))
+    for decoder in (decode_any, lambda raw: decode(model, raw)):
+        with pytest.raises(DecodeError) as refused:
+            decoder(over)
+        assert f"{path}: String should have at most {limit} characters" in str(refused.value)
+
+
+def _item(path: str):
+    return {"compute_apps": {"pid": 1}, "pmon": {"pid": 1}, "device_holders": {"pid": 1}, "notes": "n",
+            "sources": "kmsg"}[path]
+
+
+LISTS = [
+    (GpuInventory, "notes", NOTES_MAX),
+    (GpuProcesses, "compute_apps", PROCESSES_MAX),
+    (GpuProcesses, "pmon", PROCESSES_MAX),
+    (GpuProcesses, "device_holders", PROCESSES_MAX),
+    (XidEvent, "sources", XID_SOURCES_MAX),
+]
+
+
+@pytest.mark.parametrize("model, path, limit", LISTS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_list_at_its_cap_decodes_and_one_past_it_is_refused_by_name(model, path, limit):
+    assert len(decode_any(orjson.dumps(_put(_doc(model), path, [_item(path)] * limit)))
+               .model_dump()[path]) == limit
+    with pytest.raises(DecodeError) as refused:
+        decode_any(orjson.dumps(_put(_doc(model), path, [_item(path)] * (limit + 1))))
+    assert refused.value.reason.startswith(f"{path}: List should have at most {limit} items")
+
+
+def test_a_note_past_its_cap_is_refused_by_name():
+    with pytest.raises(DecodeError, match=rf"notes\.0: String should have at most {SHORT_TEXT_MAX} characters"):
+        decode_any(orjson.dumps(_put(_doc(GpuInventory), "notes", ["x" * (SHORT_TEXT_MAX + 1)])))
+
+
+def _unbounded(node, path: str, defs: dict):
+    """Paths of strings without maxLength (or enum, const, pattern, format) and arrays without
+    maxItems in a JSON Schema."""
+    if isinstance(node, dict):
+        if "$ref" in node:
+            yield from _unbounded(defs[node["$ref"].rsplit("/", 1)[-1]], path, defs)
+            return
+        kind = node.get("type")
+        if kind == "string" and not {"maxLength", "enum", "const", "pattern", "format"} & set(node):
+            yield path
+        if kind == "array" and "maxItems" not in node:
+            yield path
+        for key, sub in node.get("properties", {}).items():
+            yield from _unbounded(sub, f"{path}.{key}".lstrip("."), defs)
+        for sub in node.get("anyOf", []):
+            yield from _unbounded(sub, path, defs)
+        if "items" in node:
+            yield from _unbounded(node["items"], f"{path}[]", defs)
+
+
+@pytest.mark.parametrize("model", [m for m in ALL_MODELS if issubclass(m, NodeRecord)], ids=lambda m: m.__name__)
+def test_nothing_a_node_sends_is_left_unbounded(model):
+    doc = model.model_json_schema(by_alias=True)
+    assert list(_unbounded(doc, "", doc.get("$defs", {}))) == []
+
+
+def test_every_model_a_node_or_an_executor_sends_is_a_node_record():
+    assert {m for m in ALL_MODELS if issubclass(m, NodeRecord)} == set(NODE_SENT)
+
+
+def test_the_incident_record_is_refused_with_its_field_and_limit():
+    # Four 350 KB `raw` fields from one collector crashed the processor's producer.
+    doc = _put(_doc(XidEvent), "raw", "A" * 350_000)
+    with pytest.raises(DecodeError) as refused:
+        decode_any(orjson.dumps(doc))
+    assert refused.value.reason == f"raw: String should have at most {KERNEL_RAW_MAX} characters"
+
+
+# -- earlier versions --------------------------------------------------------------------------
+
+PREVIOUS = {
+    GpuInventory: "xidstream.gpu_inventory/2",
+    GpuSample: "xidstream.gpu_sample/2",
+    GpuProcesses: "xidstream.gpu_processes/2",
+    XidEvent: "xidstream.xid/2",
+    WorkloadEvent: "xidstream.workload/1",
+    RemediationResult: "xidstream.remediation_result/2",
+}
+
+
+@pytest.mark.parametrize("model", NODE_SENT, ids=lambda m: m.__name__)
+def test_the_previous_version_still_decodes_into_the_current_model(model):
+    assert PREVIOUS[model] in model.LEGACY and model.SCHEMA != PREVIOUS[model]
+    doc = {**_doc(model), "schema": PREVIOUS[model]}
+    for rec in (decode_any(orjson.dumps(doc)), decode(model, orjson.dumps(doc))):
+        assert type(rec) is model and rec.SCHEMA == model.SCHEMA and rec.event_id == doc["event_id"]
+
+
+def test_a_previous_version_past_a_cap_is_refused_too():
+    doc = {**_put(_doc(XidEvent), "raw", "A" * (KERNEL_RAW_MAX + 1)), "schema": "xidstream.xid/2"}
+    with pytest.raises(DecodeError) as refused:
+        decode_any(orjson.dumps(doc))
+    assert refused.value.reason == (f"raw: String should have at most {KERNEL_RAW_MAX} characters "
+                                    f"(a xidstream.xid/2 record read as xidstream.xid/3)")
+
+
+def test_device_holders_null_and_empty_round_trip_as_themselves():
+    for holders in (None, []):
+        rec = GpuProcesses(node="n", gpu_uuid="GPU-1", device_holders=holders)
+        raw = encode(rec)
+        assert orjson.loads(raw)["device_holders"] == holders
+        assert decode(GpuProcesses, raw).device_holders == holders == decode_any(raw).device_holders
+    assert GpuProcesses(node="n", gpu_uuid="GPU-1").device_holders is None  # not scanned, unless said
+
+
+@pytest.mark.parametrize(
+    "version, sent, read",
+    [
+        # Before v3 a collector without /proc sent [] too: unknown, not "nobody".
+        ("xidstream.gpu_processes/2", [], None),
+        ("xidstream.gpu_processes/2", [{"pid": 77, "process_name": "dcgm-exporter"}], [77]),
+        ("xidstream.gpu_processes/1", [], None),
+        ("xidstream.gpu_processes/3", [], []),
+    ],
+)
+def test_an_earlier_empty_holder_list_reads_as_unknown(version, sent, read):
+    raw = orjson.dumps({"schema": version, "node": "n", "gpu_uuid": "GPU-1", "device_holders": sent})
+    got = decode_any(raw).device_holders
+    assert (got if got is None else [h.pid for h in got]) == read
+
+
+# -- clip --------------------------------------------------------------------------------------
+
+_MARKER = re.compile(r"\.\.\. \[(\d+) more characters\]$")
+
+
+@pytest.mark.parametrize("length", [4097, 4100, 10_000, 350_000, 10**7])
+def test_clip_fits_the_cap_and_counts_what_it_left_out(length):
+    text = "".join(chr(0x41 + i % 26) for i in range(length))
+    out = clip(text, 4096)
+    m = _MARKER.search(out)
+    assert len(out) <= 4096 and m and text.startswith(out[:m.start()])
+    assert m.start() + int(m.group(1)) == length
+    assert len(out) >= 4096 - 2  # at most the marker's spare digits go unused
+
+
+def test_clip_leaves_what_fits_alone_and_adds_what_was_left_out_before():
+    assert clip(None, 10) is None
+    assert clip("x" * 4096, 4096) == "x" * 4096
+    assert clip("abc", 100, more=5) == "abc... [5 more characters]"
+    assert clip("x" * 100, 10) == "x" * 10  # no room for a marker: a plain cut
