@@ -26,6 +26,20 @@ from collectors.parse.kernel import REFUSALS, KernelRecord, Parsed, parse_line_c
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
 from collectors.spool import write_durably
+from schemas.limits import (
+    K8S_LABEL_MAX,
+    KERNEL_MESSAGE_MAX,
+    KERNEL_RAW_MAX,
+    KERNEL_TS_MAX,
+    NOTES_MAX,
+    NVML_STRING_MAX,
+    POD_NAME_MAX,
+    PROCESS_NAME_MAX,
+    PROCESSES_MAX,
+    SHORT_TEXT_MAX,
+    TASK_COMM_MAX,
+    clip,
+)
 from schemas.models import (
     ComputeApp,
     DeviceHolder,
@@ -49,6 +63,11 @@ log = logging.getLogger(__name__)
 # within a day (streams.policy fleet_node_ttl_s), so a quiet node stays known.
 INVENTORY_HEARTBEAT_S = 6 * 3600.0
 
+# A workload event's text fields and their caps (schemas.limits): the API server bounds the names, a
+# container runtime's reason is its own.
+_WORKLOAD_TEXT = {"namespace": K8S_LABEL_MAX, "pod": POD_NAME_MAX, "container": K8S_LABEL_MAX,
+                  "reason": SHORT_TEXT_MAX}
+
 
 class ProcessInfo(Protocol):
     """What the collector needs from /proc (collectors.sources.procfs.ProcFs, or a fake)."""
@@ -65,13 +84,15 @@ class WorkloadSource(Protocol):
 def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | None, gpu_index: int | None,
                pci_bus_id: str | None) -> dict:
     """The `gpu.xid` fields of one parsed kernel record, with NVIDIA's catalog entry for an Xid.
-    The caller says where the GPU identity and the time come from, and adds the sources."""
+    The caller says where the GPU identity and the time come from, and adds the sources. Text is
+    cut to its cap (schemas.limits) with a marker: an over-long line still gives its record."""
     uuid = rec.gpu_uuid or gpu_uuid  # an identity line names its own GPU
     fields = dict(
         ts=ts, node=node, kind=rec.kind, gpu_uuid=uuid, gpu_index=gpu_index, pci_bus_id=pci_bus_id,
-        resolved=uuid is not None, xid=rec.xid, pid=rec.pid, process_name=rec.process_name,
-        gpu_instance=rec.gpu_instance, compute_instance=rec.compute_instance, message=rec.message,
-        raw=rec.raw, kernel_ts=rec.kernel_ts,
+        resolved=uuid is not None, xid=rec.xid, pid=rec.pid, process_name=clip(rec.process_name, TASK_COMM_MAX),
+        gpu_instance=rec.gpu_instance, compute_instance=rec.compute_instance,
+        message=clip(rec.message, KERNEL_MESSAGE_MAX), raw=clip(rec.raw, KERNEL_RAW_MAX),
+        kernel_ts=clip(rec.kernel_ts, KERNEL_TS_MAX),
     )
     if rec.kind == "xid" and rec.xid is not None:
         info = lookup(rec.xid)
@@ -208,8 +229,8 @@ class XidMerger:
         if record is not None and record.kind == "sxid" and self.queue:
             last = self.queue[-1]
             if last.fields.get("kind") == "sxid" and sxid_continues(last.fields.get("xid"), last.fields.get("_mono_us"), record):
-                last.fields["raw"] += "\n" + record.raw
-                last.fields["message"] += " | " + record.message
+                _append_capped(last.fields, "raw", "\n" + record.raw, KERNEL_RAW_MAX)
+                _append_capped(last.fields, "message", " | " + record.message, KERNEL_MESSAGE_MAX)
                 return False
         key = None
         if fields.get("kind") == "xid":
@@ -245,6 +266,33 @@ class XidMerger:
         while self._recent and self._recent[0][0] < now - 5 * self.window:
             self._recent.popleft()
         return out
+
+
+def _notes(notes: tuple[str, ...] | list[str]) -> list[str]:
+    """Inventory notes within their caps: each cut, and past NOTES_MAX one note says how many more."""
+    out = [clip(n, SHORT_TEXT_MAX) for n in notes[:NOTES_MAX]]
+    if len(notes) > NOTES_MAX:
+        out[-1] = f"... and {len(notes) - NOTES_MAX + 1} more notes"
+    return out
+
+
+def _capped(name: str, items: list | None, cut: list[str]) -> list | None:
+    """`items` within PROCESSES_MAX (schemas.limits); a list that was cut is named in `cut`."""
+    if items is None or len(items) <= PROCESSES_MAX:
+        return items
+    cut.append(f"{name} cut to the first {PROCESSES_MAX} of {len(items)}")
+    return items[:PROCESSES_MAX]
+
+
+def _append_capped(fields: dict, name: str, text: str, limit: int) -> None:
+    """Append `text` to ``fields[name]`` while it fits under `limit`; past that, count it in
+    ``fields["_<name>_cut"]`` for `clip`'s marker. One SXid event prints a line per NVSwitch port
+    within a second: joined whole they would make a record over its cap, which would be lost."""
+    cut = f"_{name}_cut"
+    if not fields.get(cut) and len(fields[name]) + len(text) <= limit:
+        fields[name] += text
+    else:
+        fields[cut] = fields.get(cut, 0) + len(text)
 
 
 class _KernelCursors:
@@ -326,7 +374,8 @@ class Collector:
         self._status: dict[str, str] = {}
         self._last_inventory = float("-inf")
         self._last_holders = float("-inf")
-        self._holders: dict[str, list[int]] = {}
+        # PIDs holding each /dev/nvidia* by the last scan; None until one ran (and always without /proc).
+        self._holders: dict[str, list[int]] | None = None
         self._nvml_q: queue.Queue[XidNotice] = queue.Queue()
         self._nvml_thread: threading.Thread | None = None
         self._use_thread = nvml_events_thread
@@ -579,6 +628,10 @@ class Collector:
         for p in ready:
             fields = dict(p.fields)
             fields.pop("_mono_us", None)
+            for name, limit in (("raw", KERNEL_RAW_MAX), ("message", KERNEL_MESSAGE_MAX)):
+                cut = fields.pop(f"_{name}_cut", 0)
+                if cut:
+                    fields[name] = clip(fields[name], limit, more=cut)
             fields.setdefault("ts", now)
             try:
                 event = XidEvent(**fields, source=XidSource(p.sources[0]), sources=[XidSource(s) for s in p.sources])
@@ -690,11 +743,13 @@ class Collector:
             self._save_inventory()
 
     def _inventory_record(self, gpu: GpuIdentity, now: datetime) -> GpuInventory:
+        # NVML's strings fit their caps (its buffers set them); cut anyway, so an odd driver costs
+        # a field, not the GPU's inventory.
+        nvml_text = {k: clip(getattr(gpu, k), NVML_STRING_MAX) for k in ("name", "serial", "driver_version", "cuda_version")}
         return GpuInventory(
             ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
-            name=gpu.name, serial=gpu.serial, memory_total_mib=gpu.memory_total_mib,
-            driver_version=gpu.driver_version, cuda_version=gpu.cuda_version, status=gpu.status,
-            memory_info_version=gpu.memory_info_version, notes=list(gpu.notes),
+            memory_total_mib=gpu.memory_total_mib, status=gpu.status, memory_info_version=gpu.memory_info_version,
+            notes=_notes(gpu.notes), **nvml_text,
         )
 
     def _publish_inventory(self, now: datetime) -> None:
@@ -788,31 +843,62 @@ class Collector:
         self._acked_without_nvml = wanted
 
     def _sample_released(self, gpu: GpuIdentity, now: datetime) -> None:
-        error = f"NVML released for the reset of GPU(s) {', '.join(sorted(self.released_for))} (node executor)"
+        error = clip(f"NVML released for the reset of GPU(s) {', '.join(sorted(self.released_for))} (node executor)",
+                     SHORT_TEXT_MAX)
         self._set_status(gpu, "unavailable", error)
         common = dict(ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id)
         self.sink.publish(GpuSample(**common, status="unavailable", error=error))
-        self.sink.publish(GpuProcesses(**common, compute_apps=None, error=error, device_holders=self._holders_of(gpu)))
+        self._publish_processes(gpu, now, None, error, [])
 
-    def _holders_of(self, gpu: GpuIdentity) -> list[DeviceHolder]:
+    def _holders_of(self, gpu: GpuIdentity, cut: list[str]) -> list[DeviceHolder] | None:
+        """Who holds this GPU's /dev/nvidiaN by the last scan: None when no scan ran (no /proc, or
+        not yet), which is unknown; an empty list says the scan found nobody."""
+        if self._holders is None or self.procfs is None:
+            return None
         minor = gpu.minor if gpu.minor is not None else gpu.index
-        holder_pids = self._holders.get(f"{self.config.dev_prefix}{minor}", [])
-        return [DeviceHolder(pid=p, process_name=self.procfs.comm(p) if self.procfs else None) for p in holder_pids]
+        pids = _capped("device_holders", self._holders.get(f"{self.config.dev_prefix}{minor}", []), cut)
+        return [DeviceHolder(pid=p, process_name=clip(self.procfs.comm(p), TASK_COMM_MAX)) for p in pids]
+
+    def _publish_processes(self, gpu: GpuIdentity, now: datetime, apps: list[tuple[int, Any]] | None,
+                           error: str | None, pmon: list[tuple[int, Any, Any]]) -> None:
+        """One gpu.processes record. `apps`: NVML's compute processes as (pid, used MiB), None when
+        unreadable; `pmon`: its (pid, sm %, mem %) rows. A list past PROCESSES_MAX is cut and
+        `error` says so, so the record still fits its contract (schemas.limits) and goes out."""
+        cut: list[str] = []
+        apps = _capped("compute_apps", apps, cut)
+        pmon = _capped("pmon", pmon, cut)
+        holders = self._holders_of(gpu, cut)
+        compute = None
+        if apps is not None:
+            compute = []
+            for pid, used in apps:
+                ref = self.procfs.pod_of(pid) if self.procfs is not None else None
+                name = self.nvml.process_name(pid) if self.nvml is not None else None
+                name = name or (self.procfs.comm(pid) if self.procfs else None)
+                compute.append(ComputeApp(pid=pid, process_name=clip(name, PROCESS_NAME_MAX), used_memory_mib=used,
+                                          pod_uid=getattr(ref, "pod_uid", None), container_id=getattr(ref, "container_id", None)))
+        self.sink.publish(GpuProcesses(
+            ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
+            compute_apps=compute, error=clip("; ".join(filter(None, [error, *cut])) or None, SHORT_TEXT_MAX),
+            pmon=[PmonSample(pid=p, sm_util_pct=sm, mem_util_pct=mem) for p, sm, mem in pmon],
+            device_holders=holders,
+        ))
 
     def _sample_lost(self, gpu: GpuIdentity, now: datetime) -> None:
         """A GPU of the saved inventory that NVML refuses: lost, with nothing else known."""
-        error = f"NVML refuses this GPU ({self._lost_why.get(gpu.uuid, 'no handle')}); from the saved inventory"
+        error = clip(f"NVML refuses this GPU ({self._lost_why.get(gpu.uuid, 'no handle')}); from the saved inventory",
+                     SHORT_TEXT_MAX)
         self._set_status(gpu, "lost", error)
         common = dict(ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id)
         self.sink.publish(GpuSample(**common, status="lost", error=error))
-        self.sink.publish(GpuProcesses(**common, compute_apps=None, error=error, device_holders=self._holders_of(gpu)))
+        self._publish_processes(gpu, now, None, error, [])
 
     def _sample(self, gpu: GpuIdentity, now: datetime) -> None:
         reading = self.nvml.sample(gpu)
         self._set_status(gpu, reading.status, reading.error)
         self.sink.publish(GpuSample(
             ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
-            status=reading.status, error=reading.error, **reading.values,
+            status=reading.status, error=clip(reading.error, SHORT_TEXT_MAX), **reading.values,
         ))
         # A list NVML could not read is unknown (null), never "no compute process": the wedge and
         # phantom rules would take [] as evidence (issue 9, defect 7).
@@ -821,24 +907,13 @@ class Collector:
         else:
             apps = self.nvml.compute_apps(gpu)
             error = None if apps is not None else f"compute processes not readable: {self.nvml.last_error}"
-        compute = None
-        if apps is not None:
-            compute = []
-            for pid, used in apps:
-                ref = self.procfs.pod_of(pid) if self.procfs is not None else None
-                name = self.nvml.process_name(pid) or (self.procfs.comm(pid) if self.procfs else None)
-                compute.append(ComputeApp(pid=pid, process_name=name, used_memory_mib=used,
-                                          pod_uid=getattr(ref, "pod_uid", None), container_id=getattr(ref, "container_id", None)))
-        pmon = [PmonSample(pid=p, sm_util_pct=sm, mem_util_pct=mem) for p, sm, mem in self.nvml.pmon(gpu)] \
-            if reading.status == "ok" else []
-        self.sink.publish(GpuProcesses(
-            ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
-            compute_apps=compute, error=error, pmon=pmon, device_holders=self._holders_of(gpu),
-        ))
+        self._publish_processes(gpu, now, apps, error, list(self.nvml.pmon(gpu)) if reading.status == "ok" else [])
 
     # -- workloads -------------------------------------------------------------------------
     def _read_workloads(self, now: datetime) -> None:
         for item in self.workloads.read():
+            item = {k: clip(v, _WORKLOAD_TEXT[k]) if k in _WORKLOAD_TEXT and isinstance(v, str) else v
+                    for k, v in item.items()}
             try:
                 self.sink.publish(WorkloadEvent(node=self.config.node, ts=item.pop("ts", now), **item))
             except Exception as exc:  # noqa: BLE001
