@@ -42,6 +42,7 @@ from typing import Iterable, Literal
 import orjson
 
 from schemas.base import format_ts, new_event_id
+from schemas.limits import DETAIL_MAX, clip
 from schemas.models import Approval, RemediationCommand, RemediationResult
 from schemas.signing import SignatureError, VerifyKeys
 from schemas.vocab import Action, Outcome
@@ -87,10 +88,21 @@ def separate_trust(commands: VerifyKeys, approvals: VerifyKeys) -> None:
 
 
 def result_for(cmd: RemediationCommand, outcome: Outcome | str, detail: str, node: str | None = None) -> RemediationResult:
-    """A result answering `cmd`: command_id, incident_id, gpu_uuid and pci_bus_id echoed."""
+    """A result answering `cmd`: command_id, incident_id, gpu_uuid and pci_bus_id echoed. `detail` is
+    cut to its cap (schemas.limits.DETAIL_MAX: a drain of many pods names them all), so the result
+    still reaches the processor."""
     return RemediationResult(node=node or cmd.node, command_id=cmd.command_id, incident_id=cmd.incident_id,
                              gpu_uuid=cmd.gpu_uuid, pci_bus_id=cmd.pci_bus_id, action=cmd.action,
-                             outcome=Outcome(outcome), detail=detail)
+                             outcome=Outcome(outcome), detail=clip(detail, DETAIL_MAX))
+
+
+def _stored_result(data: dict) -> RemediationResult:
+    """A result the journal kept, maybe written by an earlier executor: an older schema version
+    (relabelled, as `schemas.decode` does), a detail longer than today's cap (cut)."""
+    data = RemediationResult.from_legacy(data.get("schema"), {**data, "schema": RemediationResult.SCHEMA})
+    if isinstance(data.get("detail"), str):
+        data["detail"] = clip(data["detail"], DETAIL_MAX)
+    return RemediationResult.model_validate(data)
 
 
 @dataclass(frozen=True)
@@ -155,7 +167,9 @@ def decide(cmd: RemediationCommand, *, keys: VerifyKeys, now: datetime, scope: S
     if done is not None:
         prior = done.detail
         # A new event_id and time: the answer is a new record; outcome and detail are the original's.
-        return Decision(False, done.model_copy(update={"detail": f"already carried out (journal): {prior}",
+        # (model_copy does not validate: the longer detail is cut here.)
+        return Decision(False, done.model_copy(update={"detail": clip(f"already carried out (journal): {prior}",
+                                                                      DETAIL_MAX),
                                                        "event_id": new_event_id(), "ts": now}),
                         "duplicate", from_journal=True)
     if cmd.expires_at <= now:
@@ -244,7 +258,7 @@ class Journal:
         if kind == "started":
             self._started[cid] = entry
         elif kind == "done":
-            self._done[cid] = RemediationResult.model_validate(entry["result"])
+            self._done[cid] = _stored_result(entry["result"])
             self.held.pop(cid, None)
         elif kind == "held":
             self.held[cid] = entry["command"]
@@ -263,7 +277,7 @@ class Journal:
             return self._done[command_id]
         started = self._started.get(command_id)
         if started is not None:
-            return RemediationResult.model_validate({
+            return _stored_result({
                 **started["stub"], "outcome": "failed",
                 "detail": f"interrupted: the executor stopped while carrying it out (started {started['at']}); "
                           f"outcome unknown, not run again"})
