@@ -633,6 +633,8 @@ class Collector:
                 if cut:
                     fields[name] = clip(fields[name], limit, more=cut)
             fields.setdefault("ts", now)
+            # without NVML no process list of any GPU comes: the processor must not wait for one
+            fields.setdefault("process_lists", self.nvml is not None)
             try:
                 event = XidEvent(**fields, source=XidSource(p.sources[0]), sources=[XidSource(s) for s in p.sources])
             except Exception as exc:  # noqa: BLE001 - one odd record must not stop the collector

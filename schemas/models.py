@@ -199,7 +199,8 @@ class GpuProcesses(NodeRecord):
 class XidEvent(NodeRecord):
     """A kernel Xid record or a related driver record, with the GPU resolved where possible.
 
-    v3: strings and `sources` bounded (schemas.limits); the collector cuts `raw` and `message`."""
+    v3: strings and `sources` bounded (schemas.limits); the collector cuts `raw` and `message`;
+    `process_lists` (false: no process list of this GPU will come)."""
 
     SCHEMA = "xidstream.xid/3"
     LEGACY = ("xidstream.xid/1", "xidstream.xid/2")
@@ -238,6 +239,10 @@ class XidEvent(NodeRecord):
         None, description="When the collector read the line (or received the NVML event), by its own clock. "
         "A live record whose `ts` is far from it was stamped by a drifting clock: the processor takes it at "
         "`observed_at` instead.")
+    process_lists: bool = Field(
+        True, description="False when this collector publishes no gpu.processes for the GPU (`collect "
+        "--no-nvml`, or NVML failed to start): the processor then has no process list to wait for before "
+        "it counts the fault's workload (its pod from gpu.workloads, else its PID).")
 
 
 class WorkloadEvent(NodeRecord):

@@ -42,6 +42,7 @@ from streams.evidence import (
     fold_processes,
     fold_sample_pin,
     fold_workload,
+    pending,
     prune,
     sample_stats,
     sustained_pin,
@@ -81,6 +82,8 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         state = GpuState(key=key)
     before = _material(state)
     outputs: list[Output] = []
+    # a fault no process list named waits on the GPU's clock (evidence.settled): read before it moves
+    waiting = bool(state.occurrences) and type(record) in _OWN_CLOCK and pending(state)
     ts = record.ts.timestamp()
     skew = 0.0
     if type(record) in _OWN_CLOCK:  # the common case, inlined: the collector's readings move the clock
@@ -119,8 +122,10 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
                   policy)
     if isinstance(record, GpuSample):
         _on_sample(state, record, ts, policy, outputs)
+        if waiting:  # the clock moved: a fault no process list named may count now
+            _check_suspect(state, policy, outputs)
     elif isinstance(record, GpuProcesses):
-        if fold_processes(state, record, ts) and state.occurrences:
+        if (fold_processes(state, record, ts) or waiting) and state.occurrences:
             _check_suspect(state, policy, outputs)
         if state.pinned_since is not None:
             _check_pinned(state, policy, outputs)
@@ -174,6 +179,7 @@ def _material(s: GpuState) -> tuple:
         len(s.occurrences), len(s.xids), len(s.workload_failures), s.healthy_since is None, s.last_xid_ts,
         s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
         s.procs_ts if s.occurrences else None,  # settles occurrences' workloads (evidence.settled)
+        None if s.closing is None else len(s.closing["commands"]),
         None if inc is None else (inc.id, inc.classification, len(inc.emitted), len(inc.timeline), inc.remediated,
                                   sum(1 for e in inc.emitted if e["outcome"] is not None)),
     )
@@ -253,6 +259,8 @@ def _on_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy, o
         return
     _evidence(state, entry(ts, "workload", f"pod {w.namespace}/{w.pod} {w.event.value} ({w.reason}, exit {w.exit_code})",
                            **{k: v for k, v in item.items() if k not in ("ts", "id")}), policy)
+    if state.occurrences:  # the pod it names, or the clock it moved, may settle a fault's workload
+        _check_suspect(state, policy, outputs)
     if state.pinned_since is not None:
         _check_pinned(state, policy, outputs)
 
@@ -285,7 +293,7 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
     if x.xid is None:
         return
     app = is_app_class(x.xid) and x.xid not in policy.hardware_xids
-    wl, pod = workload_of(state, x.pid)
+    wl, pod = workload_of(state, x.pid, ts, policy)
     state.xids = added(state.xids, {"ts": ts, "xid": x.xid, "kind": kind, "pid": x.pid, "app": app, "id": x.event_id})
     prune(state, ts, policy)
     xentry = entry(ts, "xid", f"{describe_xid(x.xid)} pid={x.pid} name={x.process_name}",
@@ -328,6 +336,8 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         _evidence(state, xentry, policy)
         return
     occ = {"ts": ts, "last_ts": ts, "pid": x.pid, "wl": wl, "codes": [x.xid], "pod": pod, "id": x.event_id}
+    if not x.process_lists:
+        occ["nolists"] = True  # collect --no-nvml: no process list will name its pod
     state.occurrences = added(state.occurrences, occ)
     _raise(state, app_occurrence_verdict(state, occ, x.xid, workload_label(state, x.pid, x.process_name), xentry),
            ts, policy, outputs)
@@ -425,6 +435,10 @@ def _climb(state: GpuState, inc: Incident, ts: float, action: Action, why: str, 
 
 def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy, outputs: list) -> None:
     inc = state.incident
+    closed = state.closing
+    if closed and r.incident_id == closed["id"] and (inc is None or inc.id != r.incident_id):
+        _on_closing_result(state, r, ts, policy, outputs)
+        return
     if inc is None:
         return  # no open incident: nothing it could answer (a late result of a closed one)
     outcome, action = r.outcome.value, r.action
@@ -474,6 +488,34 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
                                    + (f": {r.detail}" if r.detail else "") + "; operator attention needed", "updated")))
 
 
+def _on_closing_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy, outputs: list) -> None:
+    """The answer to a closing step (UNCORDON_NODE, RELEASE_GPU) of an incident that resolved: it
+    arrives after its incident closed. Success ends it; anything else leaves capacity held that
+    nobody is told of (the node stays cordoned, the GPU tainted), so it raises an alert on the
+    closed incident naming the step and what is left to do."""
+    closed = state.closing
+    pending = closed["commands"]
+    action = pending.get(r.command_id)
+    if action is None or action != r.action.value or r.node != state.node:
+        return  # answers no closing step of it (or a repeat): nothing to act on
+    del pending[r.command_id]
+    if not pending:
+        state.closing = None
+    if r.outcome.value == "succeeded":
+        return
+    inc = Incident(id=closed["id"], classification=closed["classification"], opened_at=ts, remedy=RECORD,
+                   plan=[action], alerts=closed["alerts"])
+    left = ("the node stays cordoned: uncordon it by hand (kubectl uncordon) once checked"
+            if action == Action.UNCORDON_NODE.value else
+            "the GPU stays quarantined: remove its taint by hand once checked")
+    what = f"{action} {r.outcome.value} after the incident resolved" + (f" ({r.detail})" if r.detail else "")
+    inc.note(entry(ts, "remediation", what, command_id=r.command_id, action=action, outcome=r.outcome.value,
+                   detail=r.detail, matched=True), policy.evidence_limit)
+    outputs.append(("alert", alert(state, inc, ts, f"GPU {state.gpu_index} on {state.node}: {what}; {left}", "updated")))
+    if state.closing is not None:
+        state.closing["alerts"] = inc.alerts
+
+
 def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -> None:
     """Resolve the open incident once the GPU was healthy for `resolve_after_s` with no Xid: at the
     time that held (healthy since the later of the healthy run's start and the newest Xid), the
@@ -498,8 +540,11 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
     inc.note(entry(ts, "note", f"healthy for {ts - since:.0f} s with no new Xid: resolved"), policy.evidence_limit)
     outputs.append(("alert", alert(state, inc, ts, f"GPU {state.gpu_index} on {state.node} healthy again: incident resolved",
                                    "resolved")))
-    for a in closing:
-        outputs.append(("command", command(state, inc, a, ts, policy, "incident resolved", [])))
+    cmds = [command(state, inc, a, ts, policy, "incident resolved", []) for a in closing]
+    outputs.extend(("command", c) for c in cmds)
+    # the closing steps are answered after the incident closed: kept until they are (one incident's)
+    state.closing = ({"id": inc.id, "classification": inc.classification, "alerts": inc.alerts,
+                      "commands": {c.command_id: c.action.value for c in cmds}} if cmds else None)
     state.incident = None
     state.resolved_incidents += 1
     state.occurrences = state.xids = state.workload_failures = EMPTY_LIST

@@ -25,7 +25,7 @@ from schemas.models import GpuProcesses, GpuSample, WorkloadEvent
 from streams.incident import Incident
 from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
 
-__all__ = ["GpuState", "settled", "entry", "nocompute_start", "sustained_pin", "pin_onset", "sample_stats", "prune",
+__all__ = ["GpuState", "settled", "entry", "failing_pod", "FAILURE_AFTER_FAULT_S", "pending", "nocompute_start", "sustained_pin", "pin_onset", "sample_stats", "prune",
            "workload_of", "fold_sample_pin", "fold_processes", "fold_workload", "event_time", "added", "EMPTY_LIST", "EMPTY_DICT"]
 
 # pid -> pod UID pairs kept per GPU, from compute-process lists: enough for the PIDs of the
@@ -116,6 +116,9 @@ class GpuState:
     last_unpinned_ts: float | None = None  # newest ok sample that was not pinned: the GPU came back
     last_xid_ts: float | None = None
     incident: Incident | None = None
+    # the resolved incident's closing steps not answered yet: {"id", "classification", "alerts",
+    # "commands": {command_id: action}} (streams.classify._on_closing_result)
+    closing: dict | None = None
     announced: bool = False
     resolved_incidents: int = 0
     pending_notes: list = field(default_factory=_empty_list)  # evidence seen before an incident opened
@@ -217,12 +220,47 @@ def event_time(state: GpuState, ts: float, own_clock: bool, policy: Policy,
     return ts, 0.0
 
 
-def workload_of(state: GpuState, pid: int | None) -> tuple[str | None, str | None]:
-    """(workload identity, pod UID): the pod when the process lists know the PID's pod, else the PID."""
+def workload_of(state: GpuState, pid: int | None, ts: float | None = None,
+                policy: Policy | None = None) -> tuple[str | None, str | None]:
+    """(workload identity, pod UID): the pod when the process lists know the PID's pod; else, at
+    time `ts`, the one pod whose failures or restarts on this GPU surround it (`failing_pod`); else
+    the PID."""
     if pid is None:
         return None, None
     pod = state.pods.get(str(pid))
+    if not pod and ts is not None and policy is not None:
+        pod = failing_pod(state, ts, policy)  # a failure read before its fault (topics in parallel)
     return (f"pod:{pod}" if pod else f"pid:{pid}"), pod
+
+
+def failing_pod(state: GpuState, ts: float, policy: Policy) -> str | None:
+    """The pod that faulted at `ts`, named by `gpu.workloads` when no process list named it: the one
+    pod whose failure or restart on this GPU follows the fault within `FAILURE_AFTER_FAULT_S` (the
+    container dies on its CUDA error). A crash-looping pod dies before the next process list each
+    time, so its PIDs never reach one, but each death names the same pod. Two pods dying there: no
+    answer (None), and each PID counts on its own, as before."""
+    pods = {w["pod_uid"] for w in state.workload_failures
+            if w.get("pod_uid") and -policy.burst_seconds <= w["ts"] - ts <= FAILURE_AFTER_FAULT_S}
+    return next(iter(pods)) if len(pods) == 1 else None
+
+
+# How long after its fault a pod's failure or restart still names the faulting pod, and so how long
+# a fault no process list named waits before it counts as a workload of its own: the process exits
+# on the CUDA error at once, the kubelet sees the container exit at its next PLEG relist (1 s) and
+# the pod watch reports it within seconds; 30 s leaves room for a loaded kubelet.
+FAILURE_AFTER_FAULT_S = 30.0
+
+
+def name_pid_faults(state: GpuState, item: dict, policy: Policy) -> None:
+    """A failure or restart just read: the PID-only faults it explains are that pod's."""
+    pod = item.get("pod_uid")
+    if not pod:
+        return
+    for o in state.occurrences:
+        if o["pid"] is not None and (o["wl"] or "").startswith("pid:") \
+                and -FAILURE_AFTER_FAULT_S <= o["ts"] - item["ts"] <= policy.burst_seconds \
+                and failing_pod(state, o["ts"], policy) == pod:
+            o["wl"], o["pod"] = f"pod:{pod}", pod
 
 
 # Xid 45-only occurrences kept per GPU (the newest). Xid 45 is the driver cleaning up a preempted
@@ -296,7 +334,7 @@ def snapshot_kind(p: GpuProcesses) -> int:
     if compute is not None:
         return COMPUTE if compute else NO_PROCESS
     holders = p.device_holders
-    if holders is not None and not holders and "device_holders" in p.model_fields_set:
+    if holders is not None and not holders:
         return NO_PROCESS
     return UNKNOWN
 
@@ -371,7 +409,17 @@ def settled(state: GpuState, occ: dict) -> bool:
     be read before the process list, published earlier, that names its PID's pod. The process
     lists of a GPU come in order, so once one as new as the fault was read, the PID's pod is known
     (or there is none). A GPU without a resolved UUID gets no process lists: nothing to wait for."""
-    return state.gpu_uuid is None or (state.procs_ts is not None and state.procs_ts >= occ["ts"])
+    if state.gpu_uuid is None:
+        return True
+    if not occ.get("nolists") and (state.procs_ts is None or state.procs_ts < occ["ts"]):
+        return False  # the process list of its time may still name its pod
+    # A fault no process list named waits for the failure or restart that may name its pod
+    return not (occ["wl"] or "").startswith("pid:") or (state.clock or 0) >= occ["ts"] + FAILURE_AFTER_FAULT_S
+
+
+def pending(state: GpuState) -> bool:
+    """Whether an application occurrence still waits to be settled (`settled`)."""
+    return any(not settled(state, o) for o in state.occurrences)
 
 
 def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) -> dict | None:
@@ -382,6 +430,7 @@ def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) 
             "exit_code": w.exit_code, "event": w.event.value, "id": w.event_id}
     state.workload_failures = added(state.workload_failures, item)
     prune(state, ts, policy)
+    name_pid_faults(state, item, policy)
     return item
 
 

@@ -172,6 +172,19 @@ def test_no_nvml_means_kernel_records_only():
     kernel.feed(["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m"])
     c.tick(T0)
     assert [type(r).__name__ for r in sink.records] == ["XidEvent"]
+    # and it says so: no process list of this GPU will come for the processor to wait for
+    assert sink.records[0].process_lists is False
+
+
+def test_with_nvml_xid_records_say_process_lists_come():
+    sink = MemorySink()
+    kernel = MemoryKernelSource()
+    c = Collector(CollectorConfig(node="n", xid_merge_window=0), sink, nvml=NvmlReader(FakePynvml([FakeGpu(index=0, uuid="GPU-a", pci_bus_id="00000000:01:00.0")])),
+                  kernel=kernel, nvml_events_thread=False)
+    c.start(T0)
+    kernel.feed(["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m"])
+    c.tick(T0)
+    assert [r.process_lists for r in sink.records if isinstance(r, XidEvent)] == [True]
 
 
 def test_a_restart_neither_loses_nor_resends_kernel_records(tmp_path):
