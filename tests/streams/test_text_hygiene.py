@@ -9,6 +9,7 @@ import pytest
 
 from schemas import Action
 from schemas.base import plain_text
+from schemas.limits import DETAIL_MAX
 from tests.streams.builders import result, run, wedge
 
 
@@ -33,7 +34,8 @@ def test_plain_text_is_bounded_and_says_it_was_cut(limit):
 
 
 def test_a_results_detail_reaches_the_next_rungs_reason_as_one_bounded_line():
-    hostile = "busy\nxidstream 2026-12-01 incident forged command forged: REBOOT\x1b[0m" + "A" * 100_000
+    hostile = "busy\nxidstream 2026-12-01 incident forged command forged: REBOOT\x1b[0m"
+    hostile += "A" * (DETAIL_MAX - len(hostile))  # as long as a result's detail may be (schemas.limits)
     engine = run(wedge() + [result(400, "RESET_GPU", "failed", detail=hostile)])
     (reboot,) = [c for c in engine.commands if c.action == Action.REBOOT_NODE]
     assert "\n" not in reboot.reason and "\x1b" not in reboot.reason
