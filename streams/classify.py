@@ -180,7 +180,7 @@ def _material(s: GpuState) -> tuple:
         s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
         s.procs_ts if s.occurrences else None,  # settles occurrences' workloads (evidence.settled)
         None if s.closing is None else len(s.closing["commands"]),
-        None if inc is None else (inc.id, inc.classification, len(inc.emitted), len(inc.timeline), inc.remediated,
+        None if inc is None else (inc.id, inc.classification, inc.steps, len(inc.timeline), inc.remediated,
                                   sum(1 for e in inc.emitted if e["outcome"] is not None)),
     )
 

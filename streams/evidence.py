@@ -268,6 +268,12 @@ def name_pid_faults(state: GpuState, item: dict, policy: Policy) -> None:
 # towards a verdict (streams.verdict), but a teardown prints one per process, and 2,000 of them
 # from distinct PIDs were kept for 30 min with every one scanned on each further line.
 _XID45_OCCURRENCES_KEPT = 64
+# Application occurrences and workload failures kept per GPU (the newest), past the time windows:
+# a fleet-wide burst of faults from distinct pods grew one GPU's row without end. Two workloads in
+# the window decide the suspect rule, so it has decided long before 128 occurrences; the newest 64
+# failures reach back past any fault a failure names (FAILURE_AFTER_FAULT_S) and any wedge.
+_OCCURRENCES_KEPT = 128
+_FAILURES_KEPT = 64
 
 
 def prune(state: GpuState, ts: float, policy: Policy) -> None:
@@ -279,10 +285,13 @@ def prune(state: GpuState, ts: float, policy: Policy) -> None:
         only45.sort(key=lambda o: (o["last_ts"], o["ts"], o.get("id") or ""))
         drop = {id(o) for o in only45[:-_XID45_OCCURRENCES_KEPT]}
         occ = [o for o in occ if id(o) not in drop]
+    if len(occ) > _OCCURRENCES_KEPT:
+        occ.sort(key=lambda o: (o["last_ts"], o["ts"], o.get("id") or ""))
+        del occ[:-_OCCURRENCES_KEPT]
     state.occurrences = occ or EMPTY_LIST
     state.xids = [x for x in state.xids if ts - x["ts"] <= keep][-_XIDS_KEPT:] or EMPTY_LIST
     state.workload_failures = [w for w in state.workload_failures
-                               if ts - w["ts"] <= policy.workload_failure_lookback_s] or EMPTY_LIST
+                               if ts - w["ts"] <= policy.workload_failure_lookback_s][-_FAILURES_KEPT:] or EMPTY_LIST
 
 
 # -- samples and processes ----------------------------------------------------------------------

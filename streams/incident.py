@@ -25,6 +25,10 @@ RUNG = {a.value: i for i, a in enumerate(LADDER)}
 CLOSING = frozenset({Action.UNCORDON_NODE.value, Action.RELEASE_GPU.value})
 # The first and the newest part of a long timeline are kept: how it started and how it is going.
 _KEEP_HEAD = 10
+# RECORD commands kept in `emitted` (the newest): one per application-fault occurrence, so a burst
+# of faults grew the row and every alert without end. A RECORD is never a rung nor a closing step;
+# an answer to one dropped here is written into the timeline as answering no command.
+_RECORDS_KEPT = 16
 
 
 @dataclass(slots=True)
@@ -45,6 +49,7 @@ class Incident:
     reboot_ok_at: float | None = None
     recommendation: str | None = None
     sample_stats: dict | None = None
+    steps: int = 0  # commands emitted in all: the next step's number (RECORDs past the cap are not kept)
 
     # -- the ladder ------------------------------------------------------------------------------
     def top_rung(self) -> int:
@@ -61,10 +66,18 @@ class Incident:
             return not self.has_emitted(action)
         return not self.has_emitted(action) and RUNG[action.value] > self.top_rung()
 
+    def next_step(self) -> int:
+        return max(self.steps, len(self.emitted))  # rows written before `steps`: their list's length
+
     def emit(self, action: Action, command_id: str, ts: float) -> int:
-        step = len(self.emitted)
+        step = self.next_step()
+        self.steps = step + 1
         self.emitted.append({"step": step, "action": action.value, "command_id": command_id, "ts": ts,
                              "outcome": None})
+        if action == Action.RECORD:
+            records = [i for i, e in enumerate(self.emitted) if e["action"] == Action.RECORD.value]
+            if len(records) > _RECORDS_KEPT:
+                del self.emitted[records[0]]
         return step
 
     # -- results ---------------------------------------------------------------------------------

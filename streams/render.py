@@ -82,7 +82,7 @@ def app_xid_verdict_text(code: int) -> str:
 
 def command(state: GpuState, inc: Incident, action: Action, ts: float, policy: Policy, reason: str,
             evidence_ids: list[str]) -> RemediationCommand:
-    cid = hid(inc.id, len(inc.emitted), action.value)
+    cid = hid(inc.id, inc.next_step(), action.value)
     step = inc.emit(action, cid, ts)
     return RemediationCommand(
         ts=dt(ts), node=state.node, command_id=cid, incident_id=inc.id, gpu_uuid=state.gpu_uuid,
@@ -119,7 +119,7 @@ def alert(state: GpuState, inc: Incident, ts: float, summary: str, alert_state: 
         timeline=[EvidenceEntry(ts=dt(e["ts"]), kind=e["kind"], summary=e["summary"], data=e["data"]) for e in inc.timeline],
         sample_stats=inc.sample_stats or sample_stats(state), xid_counts=counts, distinct_pids=pids, pod_uids=pods,
     )
-    steps = _steps_text(state, [e["action"] for e in inc.emitted] or inc.plan)
+    steps = _steps_text(state, list(dict.fromkeys(e["action"] for e in inc.emitted)) or inc.plan)
     if inc.recommendation:
         steps.append(inc.recommendation)
     return Alert(
