@@ -80,7 +80,9 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     the state changed in a way worth persisting."""
     if state is None:
         state = GpuState(key=key)
-    before = _material(state)
+    before = state.material
+    if before is None:  # a row just loaded or made: nothing folded into it here yet
+        before = _material(state)
     outputs: list[Output] = []
     # a fault no process list named waits on the GPU's clock (evidence.settled): read before it moves
     waiting = bool(state.occurrences) and type(record) in _OWN_CLOCK and pending(state)
@@ -140,7 +142,8 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         state.memory_total_mib = record.memory_total_mib or state.memory_total_mib
     elif isinstance(record, RemediationResult):
         _on_result(state, record, ts, policy, outputs)
-    changed = bool(outputs) or _material(state) != before
+    after = state.material = _material(state)
+    changed = bool(outputs) or after != before
     return state, outputs, changed
 
 

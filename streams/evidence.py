@@ -131,6 +131,9 @@ class GpuState:
     proc_runs: list = field(default_factory=_empty_list)
     recovery_action: int = 0  # NVML's GPU recovery action, last seen in a sample
     remap_failure: bool = False
+    # What must survive a restart as of the end of the last fold (streams.classify._material): the
+    # next fold's "before", so each record computes it once, not twice. Not persisted.
+    material: tuple | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """The persisted row: fields at their default are left out (`from_dict` restores them),
@@ -169,7 +172,7 @@ class GpuState:
         return ts is not None and self.last_unpinned_ts is not None and self.last_unpinned_ts > ts
 
 
-_STATE_FIELDS = tuple(GpuState.__dataclass_fields__)
+_STATE_FIELDS = tuple(k for k in GpuState.__dataclass_fields__ if k != "material")
 _REQUIRED = object()
 _DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
              for f in fields(GpuState) if f.default is not MISSING or f.default_factory is not MISSING}
