@@ -28,8 +28,11 @@ from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Po
 __all__ = ["GpuState", "settled", "entry", "failing_pod", "FAILURE_AFTER_FAULT_S", "pending", "nocompute_start", "sustained_pin", "pin_onset", "sample_stats", "prune",
            "workload_of", "fold_sample_pin", "fold_processes", "fold_workload", "event_time", "added", "EMPTY_LIST", "EMPTY_DICT"]
 
-# pid -> pod UID pairs kept per GPU, from compute-process lists: enough for the PIDs of the
-# current suspect window on one GPU (a crash-looping pod gets a new PID each restart).
+# pid -> pod UID pairs kept per GPU past the newest compute-process list: enough for the PIDs of
+# the current suspect window on one GPU (a crash-looping pod gets a new PID each restart). The
+# pairs of the PIDs in the newest list are always kept (bounded by the contract's list cap): a pod
+# with 40 processes on one GPU had its first 8 forgotten, and three of their faults were three
+# workloads, a quarantine.
 _PODS_KEPT = 32
 _XIDS_KEPT = 200
 
@@ -389,8 +392,11 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
                         pods = state.pods = dict(pods)
                     pods[k] = app.pod_uid
                     learned = True
-                    if len(pods) > _PODS_KEPT:
-                        del pods[next(iter(pods))]
+        if len(pods) > _PODS_KEPT:  # forget the oldest PIDs no longer listed
+            live = {str(app.pid) for app in compute}
+            excess = len(pods) - _PODS_KEPT
+            for k in [k for k in pods if k not in live][:excess]:
+                del pods[k]
     settling = False
     for o in state.occurrences:
         if learned and o["pid"] is not None and (o["wl"] or "").startswith("pid:"):
