@@ -232,34 +232,103 @@ class Cursor:
         self._dirty = False
 
 
-def _assign_from_cursor(consumer: Any, topics: list[str], cursor: Cursor, horizon_ms: int,
-                        timeout: float = 30.0) -> int:
-    """Assign every partition of `topics`: at the cursor's position where it has one, else at the
-    first record at or after `horizon_ms` (the end when there is none). Returns how many."""
-    from confluent_kafka import OFFSET_END, KafkaException, TopicPartition
+# How often a node executor looks for partitions added to its topics: it is in no consumer group,
+# so nothing hands it a new partition (a minute of delay for a command on one, never a loss).
+RELIST_S = 60.0
+# How long a start-up look-up may retry a retriable broker answer (NOT_LEADER_FOR_PARTITION right
+# after the topics were created, a leader election) before the executor gives up and exits.
+LOOKUP_RETRY_S = 30.0
 
+
+def _retriable(err: Any) -> bool:
+    """A broker answer worth asking again: flagged so, or one of the codes a leader election or a
+    topic just made gives (librdkafka flags only errors of its newer APIs)."""
+    from confluent_kafka import KafkaError
+
+    if bool(getattr(err, "retriable", lambda: False)()):
+        return True
+    code = err.code() if hasattr(err, "code") else None
+    return code in {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
+                    KafkaError._TRANSPORT, KafkaError.NOT_ENOUGH_REPLICAS}
+
+
+def _partitions(consumer: Any, topics: list[str], timeout: float) -> list[tuple[str, int]]:
     md = consumer.list_topics(timeout=timeout)
-    have, missing = [], []
+    out = []
     for t in topics:
         meta = md.topics.get(t)
         if meta is None or meta.error is not None:
             raise RuntimeError(f"cannot read topic {t}: {getattr(meta, 'error', None) or 'it does not exist'}")
-        for p in sorted(meta.partitions):
-            off = cursor.get(t, p)
-            (have if off is not None else missing).append(TopicPartition(t, p, off if off is not None else horizon_ms))
-    if missing:
+        out += [(t, p) for p in sorted(meta.partitions)]
+    return out
+
+
+def _offsets_for_times(consumer: Any, missing: list, timeout: float, retry_s: float) -> list:
+    """`consumer.offsets_for_times`, retried while the broker's answer is retriable (raised, or per
+    partition) for up to `retry_s`."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + retry_s
+    delay = 0.25
+    while True:
         try:
             found = consumer.offsets_for_times(missing, timeout=timeout)
+            err = next((tp.error for tp in found if tp.error is not None), None)
         except KafkaException as exc:
-            raise RuntimeError(f"cannot look up start offsets: {exc.args[0]}") from None
+            found, err = None, exc.args[0]
+        if err is None:
+            return found
+        if not _retriable(err) or time.monotonic() + delay > deadline:
+            raise RuntimeError(f"cannot look up start offsets: {err}")
+        log.info("looking up start offsets: %s; retrying in %.2f s", err, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def _assign_from_cursor(consumer: Any, topics: list[str], cursor: Cursor, horizon_ms: int,
+                        timeout: float = 30.0, retry_s: float = LOOKUP_RETRY_S) -> set[tuple[str, int]]:
+    """Assign every partition of `topics`: at the cursor's position where it has one, else at the
+    first record at or after `horizon_ms` (the end when there is none). Returns what it assigned."""
+    from confluent_kafka import OFFSET_END, TopicPartition
+
+    have, missing = [], []
+    parts = _partitions(consumer, topics, timeout)
+    for t, p in parts:
+        off = cursor.get(t, p)
+        (have if off is not None else missing).append(TopicPartition(t, p, off if off is not None else horizon_ms))
+    if missing:
+        found = _offsets_for_times(consumer, missing, timeout, retry_s)
         # -1: no record at or after the horizon, so nothing alive to read: start at the end
         have += [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]
     consumer.assign(have)
-    return len(have)
+    return set(parts)
+
+
+def _assign_new(consumer: Any, topics: list[str], assigned: set[tuple[str, int]], cursor: Cursor) -> int:
+    """Assign the partitions added to `topics` since `assigned` was taken, from their beginning
+    (every record on a partition made after the executor started is newer than its start; the gate
+    refuses what has expired). A broker that does not answer now is asked again next time."""
+    from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+
+    try:
+        parts = _partitions(consumer, topics, timeout=5.0)
+    except (KafkaException, RuntimeError) as exc:
+        log.warning("looking for new partitions of %s: %s; trying again in %.0f s", ", ".join(topics), exc, RELIST_S)
+        return 0
+    new = [(t, p) for t, p in parts if (t, p) not in assigned]
+    if not new:
+        return 0
+    consumer.incremental_assign([TopicPartition(t, p, cursor.get(t, p) if cursor.get(t, p) is not None else OFFSET_BEGINNING)
+                                 for t, p in new])
+    assigned.update(new)
+    log.info("reading %d new partition(s): %s", len(new), ", ".join(f"{t}[{p}]" for t, p in new))
+    return len(new)
 
 
 def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None, stop: threading.Event | None = None,
-              poll: float = 0.5, auth: Any = None, tick: Callable[[], None] | None = None) -> int:
+              poll: float = 0.5, auth: Any = None, tick: Callable[[], None] | None = None,
+              relist_s: float = RELIST_S) -> int:
     """`auth` (a `transport.identity.RecordAuth`): each result carries this executor's MAC header
     (the node's identity for a node executor, ``@cluster-executor`` for the cluster executor), so
     the processor acts only on results from the executor entitled to answer."""
@@ -287,7 +356,8 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
     else:
         cursor = Cursor(ex.journal.path.with_name(f"cursor-{ex.journal.path.stem.removeprefix('journal-')}.json"))
         horizon = ex.clock().timestamp() - ex.limits.max_lifetime_s - ex.limits.max_future_skew_s
-        n = _assign_from_cursor(consumer, [cmd_topic, appr_topic], cursor, int(horizon * 1000))
+        assigned = _assign_from_cursor(consumer, [cmd_topic, appr_topic], cursor, int(horizon * 1000))
+        n = len(assigned)
         where = (f"{n} partitions from {'its cursor ' + str(cursor.path) if cursor.positions else 'the oldest command still alive'}"
                  f" (no consumer group)")
     log.info("executor (%s%s, %s) reading %s and %s, %s", ex.scope, f" {ex.node}" if ex.node else "",
@@ -315,10 +385,14 @@ def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None
         if results and producer.flush(30) != 0:
             raise RuntimeError(f"could not publish {len(results)} result(s) to {res_topic} within 30 s")
 
+    next_relist = time.monotonic() + relist_s
     try:
         while not stop.is_set():
             msg = consumer.poll(poll)
             publish(ex.due())
+            if cursor is not None and time.monotonic() >= next_relist:
+                _assign_new(consumer, [cmd_topic, appr_topic], assigned, cursor)
+                next_relist = time.monotonic() + relist_s
             if tick is not None:
                 tick()
             if msg is None:
