@@ -436,8 +436,10 @@ def settled(state: GpuState, occ: dict) -> bool:
 
 
 def pending(state: GpuState) -> bool:
-    """Whether an application occurrence still waits to be settled (`settled`)."""
-    return any(not settled(state, o) for o in state.occurrences)
+    """Whether an application occurrence still waits to be settled (`settled`). Asked of every
+    sample of a GPU with occurrences, so only the newest few are looked at: they are kept in the
+    order read, which is their time order (one topic), and an older one settles before them."""
+    return any(not settled(state, o) for o in state.occurrences[-16:])
 
 
 def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) -> dict | None:

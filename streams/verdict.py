@@ -25,6 +25,7 @@ RECORD. A live compute process keeps a GPU out of GPU_WEDGED and PHANTOM_LOAD.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 from schemas.vocab import RECOVERY_ACTIONS, Action, Classification
@@ -90,42 +91,65 @@ def pinned_verdicts(state: GpuState, policy: Policy) -> list[tuple[float, Verdic
     base_onset = pin_onset(state, needed)
     if base_onset is None:
         return []
+    # pin_onset never moves earlier as its floor moves later: over evidence sorted by time, the
+    # first piece that holds gives the earliest verdict, and evidence too old for the earliest
+    # possible onset is skipped by bisection (a pinned GPU with 200 Xid 43 lines cost 7-15 ms a
+    # record when every piece was tried and every window scanned).
     xids = sorted(state.xids, key=lambda x: x["ts"])
     wedges = [x for x in xids if _is_wedge(x)]
+    wedge_ts = [x["ts"] for x in wedges]
     apps = [x for x in xids if _is_app(x)]
+    app_ts = [x["ts"] for x in apps]
+    failure_ts = sorted(w["ts"] for w in state.workload_failures)
+    wedge_window = policy.wedged_xid43_lookback_s
+
+    def wedge_at(t: float) -> bool:
+        return bisect_right(wedge_ts, t) > bisect_left(wedge_ts, t - wedge_window)
+
+    earliest = base_onset[0]
     found: list[tuple[float, Verdict]] = []
-    wedged = None
-    for x in wedges:  # the earliest time the wedge rule held, over each piece of wedge evidence
+    for x in wedges[bisect_left(wedge_ts, earliest - wedge_window):]:
         floor = x["ts"]
         if policy.wedged_requires_workload_failure:
-            later = [w["ts"] for w in state.workload_failures if w["ts"] >= x["ts"]]
-            if not later:
-                continue
-            floor = max(floor, min(later))
+            i = bisect_left(failure_ts, x["ts"])
+            if i == len(failure_ts):
+                break  # no failure after this piece, nor after any later one
+            floor = max(floor, failure_ts[i])
         onset = pin_onset(state, needed, floor)
-        if onset is not None and onset[0] - x["ts"] <= policy.wedged_xid43_lookback_s \
-                and (wedged is None or onset[0] < wedged[0]):
-            wedged = onset
-    if wedged is not None:
-        found.append((wedged[0], _wedged(state, wedged[0], wedged[1], _in_window(wedges, wedged[0],
-                                                                                policy.wedged_xid43_lookback_s), policy)))
-    suspect = None
-    for x in apps:
+        if onset is None:
+            break
+        if onset[0] - x["ts"] <= wedge_window:
+            t = onset[0]
+            found.append((t, _wedged(state, t, onset[1], _in_window(wedges, t, wedge_window), policy)))
+            break
+    i = bisect_left(app_ts, earliest - policy.app_xid_lookback_s)
+    while i < len(apps):
+        x = apps[i]
         onset = pin_onset(state, needed, x["ts"])
-        if onset is None or onset[0] - x["ts"] > policy.app_xid_lookback_s:
+        if onset is None:
+            break
+        if onset[0] - x["ts"] > policy.app_xid_lookback_s:
+            i += 1  # too old by then
             continue
-        if _in_window(wedges, onset[0], policy.wedged_xid43_lookback_s):
-            continue  # wedge evidence: the wedge rule decides (or waits for its workload failure)
-        if suspect is None or onset[0] < suspect[0]:
-            suspect = (*onset, x)
-    if suspect is not None:
-        t, start, x = suspect
+        if wedge_at(onset[0]):
+            # Wedge evidence: the wedge rule decides (or waits for its workload failure). It blocks
+            # until `until`; every later piece no newer than that has its onset there too (blocked),
+            # or at the first onset past it, which the newest of them reaches first: try that one.
+            until = wedge_ts[bisect_right(wedge_ts, onset[0]) - 1] + wedge_window
+            j = bisect_right(app_ts, until)
+            if j - 1 > i:
+                i = j - 1
+                continue
+            i = max(j, i + 1)
+            continue
+        t, start = onset
         found.append((t, Verdict(Classification.GPU_SUSPECT, QUARANTINE,
                                  f"{_pinned_base(state, t, start)} after application-class {describe_xid(x['xid'])} "
                                  f"(no wedge evidence)", [*_pin_ids(state), x.get("id")],
                                  entry=_stats_entry(state, t, start))))
+        break
     t, start = base_onset
-    if not _in_window(wedges, t, policy.wedged_xid43_lookback_s) and not _in_window(apps, t, policy.app_xid_lookback_s):
+    if not wedge_at(t) and not bisect_right(app_ts, t) > bisect_left(app_ts, t - policy.app_xid_lookback_s):
         found.append((t, Verdict(Classification.PHANTOM_LOAD, RECORD,
                                  f"{_pinned_base(state, t, start)} and no application or wedge Xid: phantom load",
                                  _pin_ids(state), entry=_stats_entry(state, t, start))))
