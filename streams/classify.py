@@ -42,6 +42,7 @@ from streams.evidence import (
     fold_processes,
     fold_sample_pin,
     fold_workload,
+    name_by_deaths,
     pending,
     prune,
     sample_stats,
@@ -296,7 +297,7 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
     if x.xid is None:
         return
     app = is_app_class(x.xid) and x.xid not in policy.hardware_xids
-    wl, pod = workload_of(state, x.pid, ts, policy)
+    wl, pod = workload_of(state, x.pid)
     state.xids = added(state.xids, {"ts": ts, "xid": x.xid, "kind": kind, "pid": x.pid, "app": app, "id": x.event_id})
     prune(state, ts, policy)
     xentry = entry(ts, "xid", f"{describe_xid(x.xid)} pid={x.pid} name={x.process_name}",
@@ -339,9 +340,14 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         _evidence(state, xentry, policy)
         return
     occ = {"ts": ts, "last_ts": ts, "pid": x.pid, "wl": wl, "codes": [x.xid], "pod": pod, "id": x.event_id}
+    if pod:
+        occ["by_procs"] = True
     if not x.process_lists:
         occ["nolists"] = True  # collect --no-nvml: no process list will name its pod
     state.occurrences = added(state.occurrences, occ)
+    if not pod and x.pid is not None and state.workload_failures:
+        name_by_deaths(state, policy)  # a death read before its fault (topics are read in parallel)
+        wl, pod = occ["wl"], occ["pod"]
     _raise(state, app_occurrence_verdict(state, occ, x.xid, workload_label(state, x.pid, x.process_name), xentry),
            ts, policy, outputs)
     if pod and x.xid != XID45:

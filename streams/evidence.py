@@ -25,7 +25,7 @@ from schemas.models import GpuProcesses, GpuSample, WorkloadEvent
 from streams.incident import Incident
 from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
 
-__all__ = ["GpuState", "settled", "entry", "failing_pod", "FAILURE_AFTER_FAULT_S", "pending", "nocompute_start", "sustained_pin", "pin_onset", "sample_stats", "prune",
+__all__ = ["GpuState", "settled", "entry", "name_by_deaths", "DEATH_AFTER_FAULT_S", "NAME_WAIT_S", "pending", "nocompute_start", "sustained_pin", "pin_onset", "sample_stats", "prune",
            "workload_of", "fold_sample_pin", "fold_processes", "fold_workload", "event_time", "added", "EMPTY_LIST", "EMPTY_DICT"]
 
 # pid -> pod UID pairs kept per GPU past the newest compute-process list: enough for the PIDs of
@@ -226,47 +226,48 @@ def event_time(state: GpuState, ts: float, own_clock: bool, policy: Policy,
     return ts, 0.0
 
 
-def workload_of(state: GpuState, pid: int | None, ts: float | None = None,
-                policy: Policy | None = None) -> tuple[str | None, str | None]:
-    """(workload identity, pod UID): the pod when the process lists know the PID's pod; else, at
-    time `ts`, the one pod whose failures or restarts on this GPU surround it (`failing_pod`); else
-    the PID."""
+def workload_of(state: GpuState, pid: int | None) -> tuple[str | None, str | None]:
+    """(workload identity, pod UID): the pod when the process lists know the PID's pod, else the
+    PID (`name_by_deaths` may name its pod later)."""
     if pid is None:
         return None, None
     pod = state.pods.get(str(pid))
-    if not pod and ts is not None and policy is not None:
-        pod = failing_pod(state, ts, policy)  # a failure read before its fault (topics in parallel)
     return (f"pod:{pod}" if pod else f"pid:{pid}"), pod
 
 
-def failing_pod(state: GpuState, ts: float, policy: Policy) -> str | None:
-    """The pod that faulted at `ts`, named by `gpu.workloads` when no process list named it: the one
-    pod whose failure or restart on this GPU follows the fault within `FAILURE_AFTER_FAULT_S` (the
-    container dies on its CUDA error). A crash-looping pod dies before the next process list each
-    time, so its PIDs never reach one, but each death names the same pod. Two pods dying there: no
-    answer (None), and each PID counts on its own, as before."""
-    pods = {w["pod_uid"] for w in state.workload_failures
-            if w.get("pod_uid") and -policy.burst_seconds <= w["ts"] - ts <= FAILURE_AFTER_FAULT_S}
-    return next(iter(pods)) if len(pods) == 1 else None
+# How long after its fault a pod's death (a failure or a restart, exit code not 0) still names the
+# faulting pod: the process exits on the CUDA error at once, the kubelet sees the container exit at
+# its next PLEG relist (1 s) and the pod watch reports it within seconds; 30 s leaves room for a
+# loaded kubelet.
+DEATH_AFTER_FAULT_S = 30.0
+# How long a fault no process list named waits, on the GPU's clock, before its workload counts:
+# the death that may name it (30 s), read up to a minute behind the samples (a worker that keeps up).
+NAME_WAIT_S = 90.0
 
 
-# How long after its fault a pod's failure or restart still names the faulting pod, and so how long
-# a fault no process list named waits before it counts as a workload of its own: the process exits
-# on the CUDA error at once, the kubelet sees the container exit at its next PLEG relist (1 s) and
-# the pod watch reports it within seconds; 30 s leaves room for a loaded kubelet.
-FAILURE_AFTER_FAULT_S = 30.0
-
-
-def name_pid_faults(state: GpuState, item: dict, policy: Policy) -> None:
-    """A failure or restart just read: the PID-only faults it explains are that pod's."""
-    pod = item.get("pod_uid")
-    if not pod:
+def name_by_deaths(state: GpuState, policy: Policy) -> None:
+    """Name the faults no process list named by the pods that died right after them. A crash-looping
+    pod dies before the next process list each time, so its PIDs never reach one, but each death
+    names the pod. One death names one fault, the newest before it (within `DEATH_AFTER_FAULT_S`,
+    `burst_seconds` of clock difference after): one pod's restart cannot claim other pods' faults,
+    and two pods dying after two faults are two workloads. Read again from all deaths and faults
+    each time one is read, so the names do not depend on which was read first."""
+    faults = [o for o in state.occurrences if o["pid"] is not None and not o.get("by_procs")]
+    if not faults:
         return
-    for o in state.occurrences:
-        if o["pid"] is not None and (o["wl"] or "").startswith("pid:") \
-                and -FAILURE_AFTER_FAULT_S <= o["ts"] - item["ts"] <= policy.burst_seconds \
-                and failing_pod(state, o["ts"], policy) == pod:
-            o["wl"], o["pod"] = f"pod:{pod}", pod
+    for o in faults:
+        if o.get("by_death"):
+            o["wl"], o["pod"], o["by_death"] = f"pid:{o['pid']}", None, False
+    deaths = sorted((w for w in state.workload_failures if w.get("pod_uid") and w.get("exit_code") != 0),
+                    key=lambda w: (w["ts"], w.get("id") or ""))
+    named: set[int] = set()
+    for w in deaths:
+        before = [o for o in faults if id(o) not in named
+                  and -policy.burst_seconds <= w["ts"] - o["ts"] <= DEATH_AFTER_FAULT_S]
+        if before:
+            o = max(before, key=lambda o: (o["ts"], o.get("id") or ""))
+            named.add(id(o))
+            o["wl"], o["pod"], o["by_death"] = f"pod:{w['pod_uid']}", w["pod_uid"], True
 
 
 # Xid 45-only occurrences kept per GPU (the newest). Xid 45 is the driver cleaning up a preempted
@@ -277,7 +278,7 @@ _XID45_OCCURRENCES_KEPT = 64
 # Application occurrences and workload failures kept per GPU (the newest), past the time windows:
 # a fleet-wide burst of faults from distinct pods grew one GPU's row without end. Two workloads in
 # the window decide the suspect rule, so it has decided long before 128 occurrences; the newest 64
-# failures reach back past any fault a failure names (FAILURE_AFTER_FAULT_S) and any wedge.
+# failures reach back past any fault a death names (DEATH_AFTER_FAULT_S) and any wedge.
 _OCCURRENCES_KEPT = 128
 _FAILURES_KEPT = 64
 
@@ -402,7 +403,7 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
         if learned and o["pid"] is not None and (o["wl"] or "").startswith("pid:"):
             pod = state.pods.get(str(o["pid"]))
             if pod:  # the fault was read before the process list that names its pod
-                o["wl"], o["pod"] = f"pod:{pod}", pod
+                o["wl"], o["pod"], o["by_procs"], o["by_death"] = f"pod:{pod}", pod, True, False
         if (before is None or before < o["ts"]) and state.procs_ts >= o["ts"]:
             settling = True
     kind = snapshot_kind(p)
@@ -431,8 +432,8 @@ def settled(state: GpuState, occ: dict) -> bool:
         return True
     if not occ.get("nolists") and (state.procs_ts is None or state.procs_ts < occ["ts"]):
         return False  # the process list of its time may still name its pod
-    # A fault no process list named waits for the failure or restart that may name its pod
-    return not (occ["wl"] or "").startswith("pid:") or (state.clock or 0) >= occ["ts"] + FAILURE_AFTER_FAULT_S
+    # A fault no process list named waits for the death that may name it (`name_by_deaths`)
+    return occ["pid"] is None or bool(occ.get("by_procs")) or (state.clock or 0) >= occ["ts"] + NAME_WAIT_S
 
 
 def pending(state: GpuState) -> bool:
@@ -450,7 +451,7 @@ def fold_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy) 
             "exit_code": w.exit_code, "event": w.event.value, "id": w.event_id}
     state.workload_failures = added(state.workload_failures, item)
     prune(state, ts, policy)
-    name_pid_faults(state, item, policy)
+    name_by_deaths(state, policy)
     return item
 
 

@@ -67,11 +67,11 @@ def test_one_process_repeating_is_one_workload_recorded_with_its_repeat_count():
 
 
 def test_two_pids_in_ten_minutes_make_a_suspect():
-    # the process list published after the second fault, and 30 s without a pod's failure naming
-    # it (evidence.FAILURE_AFTER_FAULT_S), settle who faulted (neither in a pod)
-    e = run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2), procs(101), sample(129)])
+    # the process list published after the second fault, and 90 s without a pod's death naming it
+    # (evidence.NAME_WAIT_S), settle who faulted (neither in a pod)
+    e = run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2), procs(101), sample(189)])
     assert Classification.GPU_SUSPECT not in classes(e)
-    e = run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2), procs(101), sample(130)])
+    e = run([sample(0), xid(10, 31, pid=1), xid(100, 31, pid=2), procs(101), sample(190)])
     assert classes(e)[-1] == Classification.GPU_SUSPECT
     assert "2 different processes" in e.alerts[-1].summary
 

@@ -443,7 +443,7 @@ def test_a_row_remap_failure_follows_nvidias_xid_64_resolution_and_asks_for_an_r
 
 def test_two_workloads_make_a_suspect_in_whichever_order_their_faults_are_read():
     a, b = xid(12, 13, pid=1), xid(52, 13, pid=2)
-    base = [inventory(), sample(0), procs(0), procs(60), sample(82)]  # +82: 30 s after the second, unnamed
+    base = [inventory(), sample(0), procs(0), procs(60), sample(142)]  # +142: 90 s after the second, unnamed
     for order in ([a, b], [b, a]):
         e = feed(Engine(), base + order)
         quarantine = [c for c in e.commands if c.action == Action.QUARANTINE_GPU]

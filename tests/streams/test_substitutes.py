@@ -10,6 +10,8 @@ evidence substitutes for which), and the answers to closing steps that come afte
 
 from __future__ import annotations
 
+import pytest
+
 from schemas import Action, Classification, ComputeApp, DeviceHolder, GpuProcesses, RemediationResult
 from streams.engine import Engine
 from tests.streams.builders import GPU, NODE, PCI, at, inventory, procs, sample, workload, xid
@@ -46,7 +48,7 @@ def _crash_loop(with_restarts: bool):
         recs.append(xid(t, 13, pid=pid))
         if with_restarts:
             recs.append(workload(t + 2, event="failed" if i == 0 else "restarted", pod="trainer-0"))
-    recs += [empty_list(t) for t in range(5, 60, 5)] + [sample(t) for t in range(5, 60, 5)]
+    recs += [empty_list(t) for t in range(5, 150, 5)] + [sample(t) for t in range(5, 150, 5)]
     return sorted(recs, key=lambda r: r.ts)
 
 
@@ -64,9 +66,9 @@ def test_without_restart_events_distinct_pids_still_count():
     assert Classification.GPU_SUSPECT in classes(e)
 
 
-def test_two_pods_failing_on_the_gpu_name_no_one():
+def test_two_pods_dying_after_two_faults_are_two_workloads():
     recs = [inventory(), sample(0), procs(0), xid(5, 13, pid=1), workload(7, pod="a"), xid(13, 13, pid=2),
-            workload(15, pod="b"), *[empty_list(t) for t in range(5, 40, 5)], *[sample(t) for t in range(5, 40, 5)]]
+            workload(15, pod="b"), *[empty_list(t) for t in range(5, 110, 5)], *[sample(t) for t in range(5, 110, 5)]]
     e = run(sorted(recs, key=lambda r: r.ts))
     assert Action.QUARANTINE_GPU in actions(e)
 
@@ -81,12 +83,47 @@ def test_the_failure_read_before_its_fault_names_it_too():
 
 
 def test_a_fault_no_one_names_counts_on_its_own_once_its_wait_is_over():
-    # a death more than 30 s after the fault names nothing: the PIDs count, stamped at their time
+    # a death more than 30 s after the fault names nothing: the PIDs count 90 s on, stamped at their time
     recs = [inventory(), sample(0), procs(0), xid(5, 13, pid=1), xid(13, 13, pid=2), workload(80, pod="a"),
             *[empty_list(t) for t in range(5, 100, 5)], *[sample(t) for t in range(5, 100, 5)]]
     e = run(sorted(recs, key=lambda r: r.ts))
+    assert Action.QUARANTINE_GPU not in actions(e)  # +95: the second still waits for a death to name it
+    e = run(sorted(recs + [sample(103)], key=lambda r: r.ts))
     quarantine = next(c for c in e.commands if c.action == Action.QUARANTINE_GPU)
     assert quarantine.ts == at(13)
+
+
+def test_one_pods_restart_cannot_claim_other_tenants_faults():
+    """Review finding: two tenants' PID-only faults, then a third pod on the time-sliced GPU restarts
+    once: it named both, and the GPU's two faulting workloads became one. One death names one fault."""
+    recs = [inventory(), sample(0), procs(0), xid(100, 13, pid=601), xid(115, 31, pid=702),
+            workload(118, event="restarted", pod="mallory"),
+            *[empty_list(t) for t in range(5, 260, 5)], *[sample(t) for t in range(5, 260, 5)]]
+    e = run(sorted(recs, key=lambda r: r.ts))
+    assert Action.QUARANTINE_GPU in actions(e)
+    assert sorted(o["wl"] for o in e.states[GPU].occurrences) == ["pid:601", "pod:uid-mallory"]
+
+
+def test_a_clean_exit_names_no_fault():
+    recs = [inventory(), sample(0), procs(0), xid(100, 13, pid=601), xid(115, 31, pid=702),
+            workload(117, event="restarted", pod="mallory").model_copy(update={"exit_code": 0}),
+            workload(118, event="restarted", pod="mallory").model_copy(update={"exit_code": 0}),
+            *[empty_list(t) for t in range(5, 260, 5)], *[sample(t) for t in range(5, 260, 5)]]
+    e = run(sorted(recs, key=lambda r: r.ts))
+    assert sorted(o["wl"] for o in e.states[GPU].occurrences) == ["pid:601", "pid:702"]
+
+
+@pytest.mark.parametrize("lag", [0, 25, 45, 60])
+def test_deaths_read_up_to_a_minute_late_still_name_a_crash_loop(lag):
+    """Review finding: with the pod's deaths read 35 s behind the rest, the crash loop was a
+    quarantine (the wait was 30 s)."""
+    recs = _crash_loop(with_restarts=True)
+    deaths = [r for r in recs if type(r).__name__ == "WorkloadEvent"]
+    others = [r for r in recs if type(r).__name__ != "WorkloadEvent"]
+    others += [sample(t) for t in range(150, 250, 5)]
+    order = sorted(others + deaths, key=lambda r: r.ts.timestamp() + (lag if r in deaths else 0))
+    e = run(order)
+    assert Action.QUARANTINE_GPU not in actions(e)
 
 
 # -- collect --no-nvml: no process list will come --------------------------------------------------
