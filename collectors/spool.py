@@ -13,9 +13,10 @@ Layout of the directory:
                     segment's first seq - 1 is a lower bound that open() trusts when the cursor
                     file is missing, empty or older (issue 9, defect 10).
 
-A torn tail (a crash mid-write) is detected by length and CRC and cut off on open. When the spool
-grows past `max_bytes`, its oldest segment is deleted: the records lost are counted and logged
-(the bound protects the node's disk; see README "Collector" for sizing).
+A torn tail (a crash mid-write, or zeros where a power loss kept the size but not the blocks) is
+detected by length and CRC and cut off on open. When the spool grows past `max_bytes`, its oldest
+segment is deleted: the records lost are counted and logged (the bound protects the node's disk;
+see README "Collector" for sizing).
 """
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ class Spool:
         while pos + _HEADER.size <= len(data):
             length, crc, _seq = _HEADER.unpack_from(data, pos)
             end = pos + _HEADER.size + length
-            if end > len(data) or zlib.crc32(data[pos + _HEADER.size:end]) != crc:
+            # A payload is never shorter than its own header: a zero-filled tail (a power loss can
+            # keep a file's size without its blocks) reads as length 0 and crc32(b"") == 0.
+            if length < _PAYLOAD.size or end > len(data) or zlib.crc32(data[pos + _HEADER.size:end]) != crc:
                 break
             pos = good = end
         if good < len(data):
@@ -164,7 +167,7 @@ class Spool:
         while pos + _HEADER.size <= len(data):
             length, crc, seq = _HEADER.unpack_from(data, pos)
             start, end = pos + _HEADER.size, pos + _HEADER.size + length
-            if end > len(data) or zlib.crc32(data[start:end]) != crc:
+            if length < _PAYLOAD.size or end > len(data) or zlib.crc32(data[start:end]) != crc:
                 return
             yield _decode(seq, data[start:end])
             pos = end
