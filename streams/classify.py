@@ -340,8 +340,6 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         _evidence(state, xentry, policy)
         return
     occ = {"ts": ts, "last_ts": ts, "pid": x.pid, "wl": wl, "codes": [x.xid], "pod": pod, "id": x.event_id}
-    if pod:
-        occ["by_procs"] = True
     if not x.process_lists:
         occ["nolists"] = True  # collect --no-nvml: no process list will name its pod
     state.occurrences = added(state.occurrences, occ)

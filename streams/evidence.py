@@ -245,6 +245,11 @@ DEATH_AFTER_FAULT_S = 30.0
 NAME_WAIT_S = 90.0
 
 
+def _named_by_lists(o: dict) -> bool:
+    """An occurrence whose pod a process list named (never taken back by a death)."""
+    return (o["wl"] or "").startswith("pod:") and not o.get("by_death")
+
+
 def name_by_deaths(state: GpuState, policy: Policy) -> None:
     """Name the faults no process list named by the pods that died right after them. A crash-looping
     pod dies before the next process list each time, so its PIDs never reach one, but each death
@@ -252,7 +257,7 @@ def name_by_deaths(state: GpuState, policy: Policy) -> None:
     `burst_seconds` of clock difference after): one pod's restart cannot claim other pods' faults,
     and two pods dying after two faults are two workloads. Read again from all deaths and faults
     each time one is read, so the names do not depend on which was read first."""
-    faults = [o for o in state.occurrences if o["pid"] is not None and not o.get("by_procs")]
+    faults = [o for o in state.occurrences if o["pid"] is not None and not _named_by_lists(o)]
     if not faults:
         return
     for o in faults:
@@ -262,10 +267,12 @@ def name_by_deaths(state: GpuState, policy: Policy) -> None:
                     key=lambda w: (w["ts"], w.get("id") or ""))
     named: set[int] = set()
     for w in deaths:
-        before = [o for o in faults if id(o) not in named
-                  and -policy.burst_seconds <= w["ts"] - o["ts"] <= DEATH_AFTER_FAULT_S]
-        if before:
-            o = max(before, key=lambda o: (o["ts"], o.get("id") or ""))
+        near = [o for o in faults if id(o) not in named
+                and -policy.burst_seconds <= w["ts"] - o["ts"] <= DEATH_AFTER_FAULT_S]
+        if near:
+            # the newest fault before the death; else (clocks apart) the first just after it
+            o = max(near, key=lambda o: (o["ts"] <= w["ts"], o["ts"] if o["ts"] <= w["ts"] else -o["ts"],
+                                         o.get("id") or ""))
             named.add(id(o))
             o["wl"], o["pod"], o["by_death"] = f"pod:{w['pod_uid']}", w["pod_uid"], True
 
@@ -403,7 +410,7 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
         if learned and o["pid"] is not None and (o["wl"] or "").startswith("pid:"):
             pod = state.pods.get(str(o["pid"]))
             if pod:  # the fault was read before the process list that names its pod
-                o["wl"], o["pod"], o["by_procs"], o["by_death"] = f"pod:{pod}", pod, True, False
+                o["wl"], o["pod"], o["by_death"] = f"pod:{pod}", pod, False
         if (before is None or before < o["ts"]) and state.procs_ts >= o["ts"]:
             settling = True
     kind = snapshot_kind(p)
@@ -433,7 +440,8 @@ def settled(state: GpuState, occ: dict) -> bool:
     if not occ.get("nolists") and (state.procs_ts is None or state.procs_ts < occ["ts"]):
         return False  # the process list of its time may still name its pod
     # A fault no process list named waits for the death that may name it (`name_by_deaths`)
-    return occ["pid"] is None or bool(occ.get("by_procs")) or (state.clock or 0) >= occ["ts"] + NAME_WAIT_S
+    return occ["pid"] is None or occ["wl"] is None or _named_by_lists(occ) \
+        or (state.clock or 0) >= occ["ts"] + NAME_WAIT_S
 
 
 def pending(state: GpuState) -> bool:

@@ -17,19 +17,19 @@ from streams.evidence import (
     EMPTY_LIST,
     ENTRY_RAW_CHARS,
     ENTRY_TEXT_CHARS,
-    FAILURE_AFTER_FAULT_S,
+    DEATH_AFTER_FAULT_S,
+    NAME_WAIT_S,
     NO_PROCESS,
     UNKNOWN,
     GpuState,
     added,
     entry,
     event_time,
-    failing_pod,
     fold_processes,
     fold_run,
     fold_sample_pin,
     fold_workload,
-    name_pid_faults,
+    name_by_deaths,
     nocompute_start,
     pending,
     pin_onset,
@@ -206,31 +206,10 @@ def failure(ts, pod="uid-a", id=None):
 
 def test_the_workload_of_a_pid():
     state = gpu(pods={"7": "pod-7", "8": ""}, workload_failures=[failure(105.0)])
-    assert workload_of(state, None, 100.0, P) == (None, None)
-    assert workload_of(state, 7, 100.0, P) == ("pod:pod-7", "pod-7")
-    assert workload_of(state, 9) == ("pid:9", None)
-    assert workload_of(state, 9, 100.0) == ("pid:9", None)  # no policy: no failure names it
-    assert workload_of(state, 9, None, P) == ("pid:9", None)
-    assert workload_of(state, 9, 100.0, P) == ("pod:uid-a", "uid-a")
-    assert workload_of(state, 8, 100.0, P) == ("pod:uid-a", "uid-a")
-
-
-@pytest.mark.parametrize("failed_at, named", [
-    (95.0, True), (94.9, False), (130.0, True), (130.1, False), (100.0, True),
-])
-def test_the_one_pod_dying_from_burst_before_to_30_s_after_the_fault_is_its_pod(failed_at, named):
-    state = gpu(workload_failures=[failure(failed_at)])
-    assert failing_pod(state, 100.0, P) == ("uid-a" if named else None)
-    assert FAILURE_AFTER_FAULT_S == 30.0
-
-
-def test_two_pods_dying_there_name_no_one_and_a_failure_without_a_pod_names_no_one():
-    assert failing_pod(gpu(workload_failures=[failure(101.0), failure(102.0, "uid-b")]), 100.0, P) is None
-    assert failing_pod(gpu(workload_failures=[failure(101.0), failure(102.0)]), 100.0, P) == "uid-a"
-    assert failing_pod(gpu(workload_failures=[failure(101.0, None), failure(102.0, "")]), 100.0, P) is None
-    assert failing_pod(gpu(workload_failures=[failure(101.0, None), failure(102.0)]), 100.0, P) == "uid-a"
-    assert failing_pod(gpu(workload_failures=[{"ts": 101.0}, failure(103.0)]), 100.0, P) == "uid-a"
-    assert failing_pod(gpu(workload_failures=[failure(96.0)]), 100.0, policy(burst_seconds=3.0)) is None
+    assert workload_of(state, None) == (None, None)
+    assert workload_of(state, 7) == ("pod:pod-7", "pod-7")
+    assert workload_of(state, 9) == ("pid:9", None)  # a death names it later (name_by_deaths), not here
+    assert workload_of(state, 8) == ("pid:8", "")
 
 
 def occ(ts, wl, pid=7, id="o", codes=(13,), last_ts=None, **kw):
@@ -238,28 +217,48 @@ def occ(ts, wl, pid=7, id="o", codes=(13,), last_ts=None, **kw):
             "pod": None, "id": id, **kw}
 
 
-@pytest.mark.parametrize("fault_at, named", [(70.0, True), (69.9, False), (105.0, True), (105.1, False)])
-def test_a_death_names_the_pid_only_faults_from_30_s_before_to_burst_after_it(fault_at, named):
+def _named(state):
+    return [(o["wl"], o["pod"]) for o in state.occurrences]
+
+
+@pytest.mark.parametrize("fault_at, named", [(70.0, True), (69.9, False), (105.0, True), (105.1, False), (100.0, True)])
+def test_a_death_names_the_fault_from_30_s_before_to_burst_after_it(fault_at, named):
     state = gpu(occurrences=[occ(fault_at, "pid:7")], workload_failures=[failure(100.0)])
-    name_pid_faults(state, failure(100.0), P)
-    o = state.occurrences[0]
-    assert (o["wl"], o["pod"]) == (("pod:uid-a", "uid-a") if named else ("pid:7", None))
+    name_by_deaths(state, P)
+    assert _named(state) == [("pod:uid-a", "uid-a") if named else ("pid:7", None)]
+    assert DEATH_AFTER_FAULT_S == 30.0 and NAME_WAIT_S == 90.0
 
 
-def test_a_death_renames_only_pid_faults_that_it_alone_explains():
-    occs = [occ(100.0, "pid:7", id="a"), occ(100.0, "pod:other", id="b"), occ(100.0, None, pid=None, id="c"),
-            occ(100.0, "pid:8", pid=None, id="d"), occ(100.0, None, pid=9, id="e")]
-    state = gpu(occurrences=occs, workload_failures=[failure(101.0)])
-    name_pid_faults(state, failure(101.0), P)
-    assert [(o["wl"], o["pod"]) for o in state.occurrences] == [
-        ("pod:uid-a", "uid-a"), ("pod:other", None), (None, None), ("pid:8", None), (None, None)]
-    two = gpu(occurrences=[occ(100.0, "pid:7")], workload_failures=[failure(101.0), failure(102.0, "uid-b")])
-    name_pid_faults(two, failure(101.0), P)
-    assert two.occurrences[0]["wl"] == "pid:7"
-    nobody = gpu(occurrences=[occ(100.0, "pid:7")], workload_failures=[failure(101.0, None)])
-    name_pid_faults(nobody, failure(101.0, None), P)
-    name_pid_faults(nobody, failure(101.0, ""), P)
-    assert nobody.occurrences[0]["wl"] == "pid:7"
+def test_one_death_names_one_fault_the_newest_before_it():
+    state = gpu(occurrences=[occ(90.0, "pid:7", id="a"), occ(95.0, "pid:8", pid=8, id="b")],
+                workload_failures=[failure(100.0)])
+    name_by_deaths(state, P)
+    assert _named(state) == [("pid:7", None), ("pod:uid-a", "uid-a")]
+    two = gpu(occurrences=[occ(90.0, "pid:7", id="a"), occ(95.0, "pid:8", pid=8, id="b")],
+              workload_failures=[failure(92.0, "uid-b"), failure(100.0)])
+    name_by_deaths(two, P)  # deaths in time order: uid-b's (92) takes 90 (before it), uid-a's (100) takes 95
+    assert _named(two) == [("pod:uid-b", "uid-b"), ("pod:uid-a", "uid-a")]
+
+
+def test_names_come_only_from_deaths_of_a_pod_that_did_not_exit_cleanly():
+    for death in (failure(101.0, None), failure(101.0, ""), {**failure(101.0), "exit_code": 0}):
+        state = gpu(occurrences=[occ(100.0, "pid:7")], workload_failures=[death])
+        name_by_deaths(state, P)
+        assert _named(state) == [("pid:7", None)]
+    state = gpu(occurrences=[occ(100.0, "pid:7")], workload_failures=[{**failure(101.0), "exit_code": 1}])
+    name_by_deaths(state, P)
+    assert _named(state) == [("pod:uid-a", "uid-a")]
+
+
+def test_a_name_from_the_process_lists_is_never_taken_and_a_name_from_a_death_is_read_again():
+    state = gpu(occurrences=[occ(100.0, "pod:p", id="a"), occ(100.0, None, pid=None, id="c"),
+                             occ(99.0, "pod:old", by_death=True, id="d")],
+                workload_failures=[failure(101.0)])
+    name_by_deaths(state, P)
+    assert [o["wl"] for o in state.occurrences] == ["pod:p", None, "pod:uid-a"]
+    state.workload_failures = []
+    name_by_deaths(state, P)  # its death gone (pruned): the name goes with it
+    assert [o["wl"] for o in state.occurrences] == ["pod:p", None, "pid:7"]
 
 
 # -- pruning and the caps --------------------------------------------------------------------------
@@ -511,11 +510,13 @@ def test_settled():
     assert settled(gpu(procs_ts=5.0), occ(5.0, "pod:a")) is True
     assert settled(gpu(), occ(5.0, "pod:a", nolists=True)) is True
     assert settled(gpu(), occ(5.0, None, nolists=True)) is True
-    assert settled(gpu(procs_ts=5.0, clock=34.9), occ(5.0, "pid:7")) is False
-    assert settled(gpu(procs_ts=5.0, clock=35.0), occ(5.0, "pid:7")) is True
+    assert settled(gpu(procs_ts=5.0, clock=94.9), occ(5.0, "pid:7")) is False
+    assert settled(gpu(procs_ts=5.0, clock=95.0), occ(5.0, "pid:7")) is True
+    assert settled(gpu(procs_ts=5.0, clock=94.9), occ(5.0, "pod:a", by_death=True)) is False  # a death's name may move
     assert settled(gpu(procs_ts=5.0), occ(5.0, "pid:7")) is False
-    assert settled(gpu(procs_ts=5.0), occ(-30.0, "pid:7")) is True  # no clock reads as 0
-    assert settled(gpu(clock=35.0), occ(5.0, "pid:7", nolists=True)) is True
+    assert settled(gpu(procs_ts=5.0), occ(-90.0, "pid:7")) is True  # no clock reads as 0
+    assert settled(gpu(clock=94.9), occ(5.0, "pid:7", nolists=True)) is False
+    assert settled(gpu(clock=95.0), occ(5.0, "pid:7", nolists=True)) is True
 
 
 def test_pending():

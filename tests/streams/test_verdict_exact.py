@@ -427,10 +427,10 @@ def test_xid_45_alone_never_counts_but_an_occurrence_with_another_code_does():
 
 def test_a_workload_counts_once_it_is_settled():
     occs = [occ(100.0, "pid:1", "o1"), occ(101.0, "pid:2", "o2")]
-    # the process lists were read through 101 s, but a PID-only fault waits 30 s for a death that names its pod
-    assert suspect_verdict(gpu(occs, procs_ts=101.0, clock=130.0), 101.0, P) is None
-    assert earliest_suspect(gpu(occs, procs_ts=101.0, clock=130.0), P) is None
-    assert earliest_suspect(gpu(occs, procs_ts=101.0, clock=131.0), P)[0] == 101.0
+    # the process lists were read through 101 s, but a PID-only fault waits 90 s for a death that names its pod
+    assert suspect_verdict(gpu(occs, procs_ts=101.0, clock=190.0), 101.0, P) is None
+    assert earliest_suspect(gpu(occs, procs_ts=101.0, clock=190.0), P) is None
+    assert earliest_suspect(gpu(occs, procs_ts=101.0, clock=191.0), P)[0] == 101.0
     pods = [occ(100.0, "pod:a", "o1"), occ(101.0, "pod:b", "o2")]
     assert earliest_suspect(gpu(pods, procs_ts=100.0, clock=500.0), P) is None  # o2's list not read yet
     assert earliest_suspect(gpu(pods, procs_ts=101.0, clock=101.0), P)[0] == 101.0
