@@ -549,3 +549,46 @@ def test_each_remedy_has_its_plan():
         RESET: [Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU],
         REBOOT: [Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE],
     }
+
+
+# -- found by mutation testing (issue 28) -------------------------------------------------------------
+def test_the_one_pass_rule_reads_the_rules_words_only_once_it_holds(monkeypatch):
+    """The sliding window counts exactly what suspect_verdict would: it asks for the verdict's words
+    once, at the occurrence where the rule holds, never at one where it does not (that was the
+    quadratic cost the one pass removed)."""
+    import streams.verdict as verdict
+
+    calls = []
+    real = verdict.suspect_verdict
+
+    def counting(state, ts, policy):
+        calls.append(ts)
+        return real(state, ts, policy)
+
+    monkeypatch.setattr(verdict, "suspect_verdict", counting)
+    quiet = [
+        [occ(0.0, None, "n0"), occ(10.0, None, "n1")],  # two unidentified: one short of three
+        [occ(0.0, None, "n0"), occ(700.0, None, "n1"), occ(710.0, None, "n2")],  # n0 left before n2
+        [occ(0.0, "pod:a", "a"), occ(700.0, "pod:b", "b")],  # a left before b came
+        [occ(0.0, "pod:a", "a0"), occ(1.0, "pod:a", "a1"), occ(700.0, "pod:b", "b")],  # a's two left
+        [occ(0.0, "pod:a", "a"), occ(700.0, "pod:b", "b"), occ(1400.0, "pod:c", "c")],  # each left in turn
+    ]
+    for occs in quiet:
+        calls.clear()
+        assert earliest_suspect(gpu(occs, **SETTLED), P) is None
+        assert calls == [], occs
+    calls.clear()
+    occs = [occ(0.0, "pod:a", "a"), occ(700.0, "pod:b", "b"), occ(1400.0, "pod:c", "c"), occ(1401.0, "pod:d", "d")]
+    assert earliest_suspect(gpu(occs, **SETTLED), P)[0] == 1401.0 and calls == [1401.0]
+
+
+def test_an_application_xid_too_old_for_the_pin_does_not_hide_a_newer_one():
+    got = pinned_verdicts(pinned(xids=[x13(1060.0 - 1801.0, "old"), x13(1100.0, "new")]), P)
+    assert got == [phantom(), suspect(1100.0, 100, "new")]
+
+
+def test_wedge_evidence_that_blocks_one_application_xid_does_not_block_a_later_one_past_its_lookback():
+    p = policy(wedged_xid43_lookback_s=100.0)
+    got = pinned_verdicts(pinned(xids=[recovery_failure(1000.0), x13(950.0, "blocked"), x13(1200.0, "later")]), p)
+    assert [(t, v.classification, v.evidence_ids[-1]) for t, v in got] == [
+        (1060.0, Classification.GPU_WEDGED, "rf"), (1200.0, Classification.GPU_SUSPECT, "later")]
