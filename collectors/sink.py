@@ -193,18 +193,26 @@ class KafkaSink:
             if budget <= 0:
                 return
             if lane.retry:
+                # Read from the oldest retry on: records still in flight before it must not use up
+                # the limit, or a retry falls out of the batch and, being behind sent_through, is
+                # never sent again. Retries over the free slots wait for the next call.
                 retry = set(lane.retry)
                 lane.retry.clear()
-                batch = [r for r in lane.spool.pending(limit=len(retry) + budget) if r.seq in retry]
+                first, last = min(retry), max(retry)
+                batch = [r for r in lane.spool.pending(after=first - 1, limit=last - first + 1) if r.seq in retry]
+                lane.retry.extend(r.seq for r in batch[budget:])
+                batch = batch[:budget]
             else:
                 batch = lane.spool.pending(after=lane.sent_through, limit=budget)
-            for rec in batch:
+            for i, rec in enumerate(batch):
                 try:
                     headers = [self.auth.header(rec.topic, rec.key, rec.value)] if self.auth is not None else None
                     self.producer.produce(rec.topic, value=rec.value, key=rec.key, headers=headers,
                                           on_delivery=self._delivered(lane, rec.seq, rec.topic))
                 except BufferError:
-                    lane.retry.append(rec.seq)
+                    # what the queue did not take goes first next call (the rest of a retry batch
+                    # is behind sent_through: only the retry list can bring it back)
+                    lane.retry.extend(r.seq for r in batch[i:])
                     break
                 self.inflight += 1
                 lane.sent_through = max(lane.sent_through, rec.seq)
