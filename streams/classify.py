@@ -72,6 +72,11 @@ __all__ = ["GpuState", "step", "Output", "RANK", "PLANS"]
 Output = tuple[str, object]  # ("alert" | "command" | "workload_fault", record or dict)
 
 _DISRUPTIVE = NODE_ACTIONS | {Action.RESET_GPU}
+# Incidents whose closing steps are kept until answered (streams.classify._on_closing_result).
+_CLOSING_KEPT = 4
+# A resolution is stamped when it held, at most this long before the sample that showed it; the
+# closing steps' TTL (command_ttl_s, 15 min by default) outlives it.
+RESOLVE_STAMP_SLACK_S = 300.0
 _OWN_CLOCK = frozenset({GpuSample, GpuProcesses, GpuInventory})
 
 
@@ -183,7 +188,7 @@ def _material(s: GpuState) -> tuple:
         len(s.occurrences), len(s.xids), len(s.workload_failures), s.healthy_since is None, s.last_xid_ts,
         s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
         s.procs_ts if s.occurrences else None,  # settles occurrences' workloads (evidence.settled)
-        None if s.closing is None else len(s.closing["commands"]),
+        None if s.closing is None else sum(len(c["commands"]) for c in s.closing.values()), s.compute_floor,
         None if inc is None else (inc.id, inc.classification, inc.steps, len(inc.timeline), inc.remediated,
                                   sum(1 for e in inc.emitted if e["outcome"] is not None)),
     )
@@ -222,7 +227,9 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
         _check_pinned(state, policy, outputs)
     else:
         state.last_unpinned_ts = ts if state.last_unpinned_ts is None else max(state.last_unpinned_ts, ts)
-        if state.healthy_since is None:
+        if state.remap_failure or state.recovery_action:
+            state.healthy_since = None  # NVML still reports the fault: not healthy until it stops
+        elif state.healthy_since is None:
             state.healthy_since = ts
         _check_resolved(state, ts, policy, outputs)
 
@@ -442,8 +449,7 @@ def _climb(state: GpuState, inc: Incident, ts: float, action: Action, why: str, 
 
 def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy, outputs: list) -> None:
     inc = state.incident
-    closed = state.closing
-    if closed and r.incident_id == closed["id"] and (inc is None or inc.id != r.incident_id):
+    if state.closing and r.incident_id in state.closing and (inc is None or inc.id != r.incident_id):
         _on_closing_result(state, r, ts, policy, outputs)
         return
     if inc is None:
@@ -500,27 +506,29 @@ def _on_closing_result(state: GpuState, r: RemediationResult, ts: float, policy:
     arrives after its incident closed. Success ends it; anything else leaves capacity held that
     nobody is told of (the node stays cordoned, the GPU tainted), so it raises an alert on the
     closed incident naming the step and what is left to do."""
-    closed = state.closing
+    closed = state.closing[r.incident_id]
     pending = closed["commands"]
     action = pending.get(r.command_id)
     if action is None or action != r.action.value or r.node != state.node:
         return  # answers no closing step of it (or a repeat): nothing to act on
     del pending[r.command_id]
     if not pending:
-        state.closing = None
-    if r.outcome.value == "succeeded":
-        return
-    inc = Incident(id=closed["id"], classification=closed["classification"], opened_at=ts, remedy=RECORD,
+        del state.closing[r.incident_id]
+        if not state.closing:
+            state.closing = None
+    if r.outcome.value == "succeeded" or (r.detail or "").startswith("dry run"):
+        return  # done, or a dry run's answer: nothing was done that is left to undo
+    inc = Incident(id=r.incident_id, classification=closed["classification"], opened_at=ts, remedy=RECORD,
                    plan=[action], alerts=closed["alerts"])
-    left = ("the node stays cordoned: uncordon it by hand (kubectl uncordon) once checked"
+    left = ("the node may still be cordoned: check it (kubectl get node) and uncordon it by hand if so"
             if action == Action.UNCORDON_NODE.value else
-            "the GPU stays quarantined: remove its taint by hand once checked")
+            "the GPU may still be quarantined: check its taint and remove it by hand if so")
     what = f"{action} {r.outcome.value} after the incident resolved" + (f" ({r.detail})" if r.detail else "")
     inc.note(entry(ts, "remediation", what, command_id=r.command_id, action=action, outcome=r.outcome.value,
                    detail=r.detail, matched=True), policy.evidence_limit)
     outputs.append(("alert", alert(state, inc, ts, f"GPU {state.gpu_index} on {state.node}: {what}; {left}", "updated")))
-    if state.closing is not None:
-        state.closing["alerts"] = inc.alerts
+    if state.closing and r.incident_id in state.closing:
+        state.closing[r.incident_id]["alerts"] = inc.alerts
 
 
 def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -> None:
@@ -533,7 +541,9 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
     since = state.healthy_since if state.last_xid_ts is None else max(state.healthy_since, state.last_xid_ts)
     if ts - since < policy.resolve_after_s:
         return
-    ts = since + policy.resolve_after_s
+    # Stamped when it held, but never more than RESOLVE_STAMP_SLACK_S before the sample that showed
+    # it: a gap in samples would otherwise send closing steps that expired before they were sent.
+    ts = max(since + policy.resolve_after_s, ts - RESOLVE_STAMP_SLACK_S)
     cls = Classification(inc.classification)
     if cls in (Classification.GPU_WEDGED, Classification.GPU_HARDWARE_FAULT) and not inc.remediated:
         return
@@ -549,9 +559,13 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
                                    "resolved")))
     cmds = [command(state, inc, a, ts, policy, "incident resolved", []) for a in closing]
     outputs.extend(("command", c) for c in cmds)
-    # the closing steps are answered after the incident closed: kept until they are (one incident's)
-    state.closing = ({"id": inc.id, "classification": inc.classification, "alerts": inc.alerts,
-                      "commands": {c.command_id: c.action.value for c in cmds}} if cmds else None)
+    # the closing steps are answered after the incident closed: kept until they are, for the newest
+    # few incidents (a later incident resolving must not forget an earlier one's unanswered step)
+    if cmds:
+        closing = dict(state.closing or {})
+        closing[inc.id] = {"classification": inc.classification, "alerts": inc.alerts,
+                           "commands": {c.command_id: c.action.value for c in cmds}}
+        state.closing = dict(list(closing.items())[-_CLOSING_KEPT:])
     state.incident = None
     state.resolved_incidents += 1
     state.occurrences = state.xids = state.workload_failures = EMPTY_LIST

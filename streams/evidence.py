@@ -119,8 +119,8 @@ class GpuState:
     last_unpinned_ts: float | None = None  # newest ok sample that was not pinned: the GPU came back
     last_xid_ts: float | None = None
     incident: Incident | None = None
-    # the resolved incident's closing steps not answered yet: {"id", "classification", "alerts",
-    # "commands": {command_id: action}} (streams.classify._on_closing_result)
+    # resolved incidents' closing steps not answered yet, the newest 4: {incident_id: {"classification",
+    # "alerts", "commands": {command_id: action}}} (streams.classify._on_closing_result)
     closing: dict | None = None
     announced: bool = False
     resolved_incidents: int = 0
@@ -132,6 +132,7 @@ class GpuState:
     # [kind, first ts, last ts] of consecutive process snapshots of one kind (COMPUTE, NO_PROCESS,
     # UNKNOWN), oldest first: when a GPU had a compute process, whatever topic was read first.
     proc_runs: list = field(default_factory=_empty_list)
+    compute_floor: float | None = None  # the end of the newest compute run dropped from proc_runs
     recovery_action: int = 0  # NVML's GPU recovery action, last seen in a sample
     remap_failure: bool = False
     # What must survive a restart as of the end of the last fold (streams.classify._material): the
@@ -347,8 +348,9 @@ def fold_sample_pin(state: GpuState, s: GpuSample, ts: float, policy: Policy) ->
 # device open (README "Verdicts": which evidence substitutes for which).
 COMPUTE, NO_PROCESS, UNKNOWN = 1, 0, -1
 # Runs of snapshot kinds kept per GPU: a pinned GPU alternates kinds rarely (a compute process on
-# a GPU at 100% with 0 MiB is itself rare); 8 runs reach back past any wedge window in practice,
-# and the oldest run dropped only makes a pin's start later (a later verdict, never a false one).
+# a GPU at 100% with 0 MiB is itself rare); 8 runs reach back past any wedge window in practice.
+# A compute run dropped leaves its end as a floor for the pin's start (`compute_floor`), so a
+# dropped run makes a verdict later, never earlier.
 _RUNS_KEPT = 8
 
 
@@ -365,7 +367,8 @@ def snapshot_kind(p: GpuProcesses) -> int:
 def fold_run(state: GpuState, kind: int, ts: float) -> None:
     """Extend the newest run of snapshot kinds, or start one. A GPU's process lists come in order
     (one partition); one read out of order (a collector restarted with its clock stepped back) is
-    kept as a run of its own, in place."""
+    kept as a run of its own, in place, unless a run of its kind already covers it (a snapshot read
+    twice after a failover)."""
     runs = state.proc_runs
     if runs:
         last = runs[-1]
@@ -374,13 +377,23 @@ def fold_run(state: GpuState, kind: int, ts: float) -> None:
                 last[2] = ts
                 return
         else:
+            if any(k == kind and first <= ts <= end for k, first, end in runs):
+                return
             runs.append([kind, ts, ts])
             runs.sort(key=lambda r: (r[1], r[2]))
-            del runs[:-_RUNS_KEPT]
+            _drop_runs(state, runs, len(runs) - _RUNS_KEPT)
             return
     runs = state.proc_runs = added(runs, [kind, ts, ts])
-    if len(runs) > _RUNS_KEPT:
-        del runs[0]
+    _drop_runs(state, runs, len(runs) - _RUNS_KEPT)
+
+
+def _drop_runs(state: GpuState, runs: list, n: int) -> None:
+    """Drop the `n` oldest runs; a compute run dropped leaves its end as the floor of any pin's
+    start (`compute_floor`): forgetting it must never start a pin earlier than it really started."""
+    for kind, _first, last in runs[:max(n, 0)]:
+        if kind == COMPUTE and (state.compute_floor is None or last > state.compute_floor):
+            state.compute_floor = last
+    del runs[:max(n, 0)]
 
 
 def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
@@ -482,7 +495,7 @@ def pin_onset(state: GpuState, needed: float, floor: float | None = None) -> tup
     for _ in range(2 * len(runs) + 2):  # each turn passes a run: it ends
         if cand > read:
             return None
-        start = since
+        start = since if state.compute_floor is None else max(since, state.compute_floor)
         for kind, first, last in runs:  # the newest compute snapshot by then (a run covering T: its end)
             if kind == COMPUTE and first <= cand and last > start:
                 start = last
@@ -501,9 +514,21 @@ def pin_onset(state: GpuState, needed: float, floor: float | None = None) -> tup
 
 
 def nocompute_start(state: GpuState) -> float | None:
-    """Start of the current pinned run without a compute app in any process snapshot, or None."""
-    onset = pin_onset(state, 0.0)
-    return None if onset is None else onset[1]
+    """Start of the current pinned run without a compute app in any process snapshot read so far
+    (samples and process lists both read through it), or None: the pin's start, or the newest
+    compute snapshot since, with a no-process snapshot after it. (Statistics only: the verdicts
+    take their own start at their own time, `pin_onset`.)"""
+    since = state.pinned_since
+    if since is None or state.pinned_last is None or state.procs_ts is None:
+        return None
+    read = min(state.pinned_last, state.procs_ts)
+    start = since if state.compute_floor is None else max(since, state.compute_floor)
+    for kind, first, last in state.proc_runs:
+        if kind == COMPUTE and first <= read:
+            start = max(start, min(last, read))
+    if not any(kind == NO_PROCESS and last > start and first <= read for kind, first, last in state.proc_runs):
+        return None
+    return start
 
 
 def sustained_pin(state: GpuState) -> float:

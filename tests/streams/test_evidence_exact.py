@@ -685,10 +685,6 @@ def test_a_snapshot_read_out_of_order_inside_a_run_goes_after_the_run_it_falls_i
     assert state.proc_runs == [[NO_PROCESS, 10.0, 50.0], [COMPUTE, 30.0, 30.0]]
 
 
-@pytest.mark.xfail(strict=True, reason="nocompute_start returns the start as of the pin's first no-process "
-                   "snapshot (pin_onset with needed=0), not of the current run without compute its docstring names: "
-                   "a compute snapshot later in the pin is not counted, and sample_stats overstates "
-                   "seconds_without_compute")
 def test_seconds_without_compute_count_from_the_newest_compute_snapshot_in_the_pin():
     state = pin(since=1000.0, last=1100.0, procs_ts=1100.0, pin_stats={"util_min": 100.0, "mem_max": 0.0},
                 runs=((NO_PROCESS, 1000.0, 1000.5), (COMPUTE, 1001.0, 1005.0), (NO_PROCESS, 1006.0, 1100.0)))
