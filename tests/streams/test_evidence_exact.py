@@ -690,3 +690,88 @@ def test_seconds_without_compute_count_from_the_newest_compute_snapshot_in_the_p
                 runs=((NO_PROCESS, 1000.0, 1000.5), (COMPUTE, 1001.0, 1005.0), (NO_PROCESS, 1006.0, 1100.0)))
     assert nocompute_start(state) == 1005.0
     assert sample_stats(state)["seconds_without_compute"] == 95.0
+
+
+def test_a_dropped_compute_run_leaves_its_end_as_the_floor_and_no_other_run_does():
+    state = gpu()
+    fold_run(state, COMPUTE, 5.0)
+    assert state.compute_floor is None  # nothing dropped yet
+    for i in range(1, 8):
+        fold_run(state, i % 2 == 0 and COMPUTE or NO_PROCESS, 10.0 * i)
+    assert len(state.proc_runs) == 8 and state.compute_floor is None
+    fold_run(state, COMPUTE, 80.0)  # the ninth run: the compute run at 5 s goes, its end stays
+    assert state.compute_floor == 5.0 and state.proc_runs[0] == [NO_PROCESS, 10.0, 10.0]
+    fold_run(state, NO_PROCESS, 90.0)  # a no-process run goes: the floor stays
+    assert state.compute_floor == 5.0
+    fold_run(state, COMPUTE, 25.0)  # read out of order, in place: the oldest (compute, 20 s) goes
+    assert state.compute_floor == 20.0 and len(state.proc_runs) == 8
+
+
+def test_a_snapshot_read_twice_inside_a_run_of_its_kind_adds_no_run():
+    state = gpu(proc_runs=[[NO_PROCESS, 10.0, 20.0], [COMPUTE, 30.0, 40.0]])
+    for ts in (10.0, 15.0, 20.0):
+        fold_run(state, NO_PROCESS, ts)
+    assert state.proc_runs == [[NO_PROCESS, 10.0, 20.0], [COMPUTE, 30.0, 40.0]]
+    fold_run(state, COMPUTE, 15.0)  # inside a run of the other kind: a run of its own
+    assert state.proc_runs == [[NO_PROCESS, 10.0, 20.0], [COMPUTE, 15.0, 15.0], [COMPUTE, 30.0, 40.0]]
+
+
+def test_a_fault_a_process_list_names_is_the_lists_for_good():
+    state = gpu(occurrences=[occ(5.0, "pid:7", id="a")])
+    fold_processes(state, plist(4, [(7, "uid-7")]), 4.0)
+    assert state.occurrences == [{"ts": 5.0, "last_ts": 5.0, "pid": 7, "wl": "pod:uid-7", "codes": [13], "pod": "uid-7",
+                                  "id": "a", "by_death": False}]
+    name_by_deaths(state, P)  # no death: a name from the lists is not taken back
+    assert state.occurrences[0]["wl"] == "pod:uid-7"
+
+
+def test_a_name_from_a_death_that_is_gone_is_taken_back_whole():
+    state = gpu(occurrences=[occ(99.0, "pod:old", by_death=True, id="d")])
+    state.occurrences[0]["pod"] = "old"
+    name_by_deaths(state, P)
+    assert state.occurrences == [{"ts": 99.0, "last_ts": 99.0, "pid": 7, "wl": "pid:7", "codes": [13], "pod": None,
+                                  "id": "d", "by_death": False}]
+
+
+def test_one_fault_is_named_by_one_death_only():
+    state = gpu(occurrences=[occ(95.0, "pid:7", id="a")], workload_failures=[failure(100.0), failure(101.0, "uid-b")])
+    name_by_deaths(state, P)
+    assert _named(state) == [("pod:uid-a", "uid-a")]
+
+
+def test_deaths_at_one_instant_name_faults_in_the_order_of_their_ids():
+    for deaths in ([failure(100.0, "uid-b", "b"), failure(100.0, "uid-a", "a")],
+                   [failure(100.0, "uid-a", "a"), failure(100.0, "uid-b", "b")]):
+        state = gpu(occurrences=[occ(90.0, "pid:7", id="f90"), occ(95.0, "pid:8", pid=8, id="f95")],
+                    workload_failures=deaths)
+        name_by_deaths(state, P)  # "a" first takes the newest fault before it
+        assert _named(state) == [("pod:uid-b", "uid-b"), ("pod:uid-a", "uid-a")]
+    state = gpu(occurrences=[occ(90.0, "pid:7", id="f90"), occ(95.0, "pid:8", pid=8, id="f95")],
+                workload_failures=[failure(100.0, "uid-a", "A"), failure(100.0, "uid-n", None)])
+    name_by_deaths(state, P)  # a death without an id sorts first
+    assert _named(state) == [("pod:uid-a", "uid-a"), ("pod:uid-n", "uid-n")]
+
+
+def test_a_death_names_a_fault_at_its_own_instant_before_an_older_one():
+    state = gpu(occurrences=[occ(95.0, "pid:7", id="older"), occ(100.0, "pid:8", pid=8, id="same")],
+                workload_failures=[failure(100.0)])
+    name_by_deaths(state, P)
+    assert _named(state) == [("pid:7", None), ("pod:uid-a", "uid-a")]
+
+
+def test_with_no_fault_before_it_a_death_names_the_first_just_after():
+    state = gpu(occurrences=[occ(104.0, "pid:7", id="later"), occ(102.0, "pid:8", pid=8, id="first")],
+                workload_failures=[failure(100.0)])
+    name_by_deaths(state, P)
+    assert _named(state) == [("pid:7", None), ("pod:uid-a", "uid-a")]
+
+
+def test_faults_at_one_instant_are_named_in_the_order_of_their_ids():
+    state = gpu(occurrences=[occ(95.0, "pid:7", id="a"), occ(95.0, "pid:8", pid=8, id="b")],
+                workload_failures=[failure(100.0)])
+    name_by_deaths(state, P)  # the greater id
+    assert _named(state) == [("pid:7", None), ("pod:uid-a", "uid-a")]
+    state = gpu(occurrences=[occ(95.0, "pid:7", id=None), occ(95.0, "pid:8", pid=8, id="A")],
+                workload_failures=[failure(100.0)])
+    name_by_deaths(state, P)  # a fault without an id is the least
+    assert _named(state) == [("pid:7", None), ("pod:uid-a", "uid-a")]
