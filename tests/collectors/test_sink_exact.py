@@ -33,12 +33,14 @@ class FakeProducer:
         self.sent: list[SimpleNamespace] = []  # every produce() call, in order
         self.undelivered: list[SimpleNamespace] = []
         self.capacity: int | None = None  # produce() raises BufferError past this many undelivered
+        self.refuse = 0  # the next this many produce() calls raise BufferError
         self.polls: list[float] = []
         self.flushes: list[float] = []
         self.clock: Clock | None = None  # flush() waits its whole timeout on it: no report comes
 
     def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
-        if self.capacity is not None and len(self.undelivered) >= self.capacity:
+        if self.refuse or (self.capacity is not None and len(self.undelivered) >= self.capacity):
+            self.refuse = max(0, self.refuse - 1)
             raise BufferError("Local: Queue full")
         msg = SimpleNamespace(topic=topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
         self.sent.append(msg)
@@ -271,10 +273,11 @@ def test_a_permanent_error_drops_the_record_and_moves_on(make_sink, code, caplog
 def test_an_error_that_says_it_is_not_retriable_drops_the_record(make_sink):
     sink = make_sink()
     sink.publish(XID)
+    sink.publish(XID)
     sink.poll()
     sink.producer.deliver(err=KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "no", retriable=False))
-    assert sink.dropped_permanent == 1 and sink.failed == 0
-    assert sink.lanes["critical"].spool.acked_through == 1
+    assert sink.dropped_permanent == 2 and sink.failed == 0
+    assert sink.lanes["critical"].spool.acked_through == 2
 
 
 def test_a_failing_callback_is_logged_and_the_rest_still_run(make_sink, caplog):
@@ -289,7 +292,7 @@ def test_a_failing_callback_is_logged_and_the_rest_still_run(make_sink, caplog):
     sink.poll()
     sink.producer.deliver()
     sink.poll()
-    assert fired == [2] and "ack callback failed" in caplog.text
+    assert fired == [2] and messages(caplog, logging.ERROR) == ["ack callback failed"]
 
 
 def test_published_counts_per_topic(make_sink):
@@ -371,7 +374,7 @@ def test_retries_come_before_new_records_and_within_the_budget(make_sink):
     sink.poll()
     assert len(prod.sent) == 6 and sink.inflight == 3
     lane = sink.lanes["critical"]
-    assert lane.sent_through == 3 and lane.retry == []
+    assert lane.sent_through == 3 and lane.retry == [] and sink.failed == 3
     prod.deliver()
     sink.poll()
     assert lane.spool.acked_through == 3 and len(prod.sent) == 9 and lane.sent_through == 6
@@ -570,13 +573,14 @@ def test_stdout_sink_prints_topic_key_and_value_and_acknowledges_at_once():
     fired = []
     sink.publish(XID, on_ack=lambda: fired.append(1))
     sink.publish(SAMPLE)
+    sink.publish(XID)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and out.getvalue().endswith("\n")
+    assert len(lines) == 3 and out.getvalue().endswith("\n")
     first = orjson.loads(lines[0])
     assert first == {"topic": "t.gpu.xid", "key": SETTINGS.topics.for_record(XID)[1].decode(),
                      "value": orjson.loads(orjson.dumps(to_dict(XID)))}
     assert fired == [1]
-    assert sink.stats() == {"published": {"t.gpu.xid": 1, "t.gpu.samples": 1}, "spool_depth": 0, "dropped": 0}
+    assert sink.stats() == {"published": {"t.gpu.xid": 2, "t.gpu.samples": 1}, "spool_depth": 0, "dropped": 0}
     assert sink.flush() is True
 
 
@@ -678,3 +682,31 @@ def test_a_full_queue_in_the_middle_of_a_retry_keeps_the_rest_for_later(make_sin
     prod.deliver()
     sink.poll()
     assert sink.lanes["critical"].spool.acked_through == 3
+
+
+def test_a_full_queue_on_one_lane_does_not_stop_the_other(make_sink):
+    """librdkafka drains its queue from its own thread: the next produce() may well succeed."""
+    sink = make_sink()
+    sink.publish(XID)
+    sink.publish(SAMPLE)
+    sink.producer.refuse = 1
+    sink.poll()
+    assert [m.topic for m in sink.producer.sent] == ["t.gpu.samples"]
+    assert sink.lanes["critical"].retry == [1] and sink.inflight == 1
+
+
+def test_retries_further_apart_than_a_default_read_are_all_sent(make_sink):
+    """The retry read spans from the oldest retry to the newest, however many records that is."""
+    sink = make_sink(max_inflight=10_005)
+    for _ in range(10_003):
+        sink.publish(SAMPLE)
+    sink.poll()
+    prod = sink.producer
+    first, last = prod.undelivered.pop(0), prod.undelivered.pop()
+    first.on_delivery(retriable(), first)
+    last.on_delivery(retriable(), last)
+    sink.poll()
+    assert len(prod.sent) == 10_005 and sink.lanes["telemetry"].retry == []
+    prod.deliver()
+    sink.poll()
+    assert sink.lanes["telemetry"].spool.acked_through == 10_003

@@ -232,8 +232,16 @@ def test_write_durably_leaves_a_0644_file_with_exactly_the_new_bytes(tmp_path, m
     finally:
         os.umask(old)
     assert target.read_bytes() == b"1234567" and chunks == [3, 3, 1]
-    assert target.stat().st_mode & 0o777 == 0o644
     assert not (tmp_path / "cursor.tmp").exists()
+
+
+def test_write_durably_creates_a_file_readable_by_all_writable_by_its_owner(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_durably(tmp_path / "cursor", b"1")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "cursor").stat().st_mode & 0o777 == 0o644
 
 
 # -- the bound -----------------------------------------------------------------------------
@@ -290,14 +298,13 @@ def test_a_single_segment_over_the_bound_is_never_deleted(tmp_path):
 
 def test_segments_deleted_by_gc_leave_room_under_the_bound(tmp_path):
     sp = Spool(tmp_path, segment_bytes=4096, max_bytes=BOUND)
-    for _ in range(5):
-        seqs = fill(sp, 32)
-        for s in seqs:
-            sp.ack(s)
-        sp.sync()
-    assert sp.dropped == 0
-    fill(sp, 4)
-    assert sp.dropped == 0 and sp.depth == 4
+    fill(sp, 34)  # 1-32 and 33-34: 4352 bytes
+    for s in range(1, 33):
+        sp.ack(s)
+    sp.sync()  # GC deletes 1-32: 256 bytes left
+    assert segs(tmp_path) == [33]
+    fill(sp, 31)  # 33-64 full, 65 opens a new segment: 4224 bytes, under the bound
+    assert segs(tmp_path) == [33, 65] and sp.dropped == 0 and sp.depth == 33
 
 
 # -- garbage collection --------------------------------------------------------------------
@@ -358,6 +365,9 @@ def test_the_disk_path_skips_segments_that_are_all_below_the_floor(tmp_path, mon
     reads.paths.clear()
     assert [r.seq for r in fresh.pending(after=95)] == [96, 97, 98, 99, 100]
     assert reads.paths == [65, 97]
+    reads.paths.clear()
+    assert [r.seq for r in fresh.pending(after=96)] == [97, 98, 99, 100]
+    assert reads.paths == [97]
 
 
 def test_memory_that_starts_after_the_floor_is_not_trusted(tmp_path):
@@ -455,15 +465,17 @@ def test_a_torn_first_record_leaves_an_empty_segment_that_takes_new_records(tmp_
     assert msg == f"spool: cutting a torn tail of {REC - 1} bytes off {seg.name} (crash during a write)"
 
 
-def test_a_torn_header_past_the_end_is_cut(tmp_path):
+def test_a_torn_header_past_the_end_is_cut(tmp_path, caplog):
     sp = Spool(tmp_path)
     fill(sp, 2)
     sp.close()
     seg = last_seg(tmp_path)
     with seg.open("ab") as fh:  # a whole header whose payload never reached the disk
         fh.write(struct.pack("<IIQ", 100, 0, 3) + b"abc")
-    again = Spool(tmp_path)
+    again = Spool(tmp_path, name="spool/critical")
     assert again.torn == 1 and seg.stat().st_size == 2 * REC
+    (msg,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert msg == f"spool/critical: cutting a torn tail of 19 bytes off {seg.name} (crash during a write)"
     assert again.append("t", None, b"new") == 3
     again.close()
     assert [r.seq for r in Spool(tmp_path).pending()] == [1, 2, 3]
@@ -537,3 +549,26 @@ def test_a_stray_file_is_ignored_and_named(tmp_path, caplog):
     assert [r.seq for r in again.pending()] == [1]
     (msg,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert msg == f"spool/telemetry: ignoring stray file {stray}"
+
+
+def test_the_smallest_record_is_a_record(tmp_path):
+    """No topic, no key, no value: a payload of exactly its 6-byte header, the shortest valid one."""
+    sp = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
+    fill(sp, 32)
+    sp.append("", None, b"")  # the first record of segment 33
+    sp.append("", None, b"")
+    sp.close()
+    again = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
+    assert again.torn == 0 and again.last_seq == 34
+    assert [(r.seq, r.topic, r.key, r.value) for r in again.pending(after=32)] == [(33, "", None, b""), (34, "", None, b"")]
+
+
+def test_a_zero_filled_tail_in_an_older_segment_ends_that_segment(tmp_path):
+    sp = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
+    fill(sp, 33)  # 1-32, 33
+    sp.close()
+    first = tmp_path / f"{1:020d}.seg"
+    data = first.read_bytes()
+    first.write_bytes(data[: 30 * REC] + bytes(2 * REC))  # 31 and 32 never reached the disk
+    again = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
+    assert [r.seq for r in again.pending(limit=100)] == [*range(1, 31), 33]
