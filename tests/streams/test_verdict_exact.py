@@ -592,3 +592,39 @@ def test_wedge_evidence_that_blocks_one_application_xid_does_not_block_a_later_o
     got = pinned_verdicts(pinned(xids=[recovery_failure(1000.0), x13(950.0, "blocked"), x13(1200.0, "later")]), p)
     assert [(t, v.classification, v.evidence_ids[-1]) for t, v in got] == [
         (1060.0, Classification.GPU_WEDGED, "rf"), (1200.0, Classification.GPU_SUSPECT, "later")]
+
+
+# A compute process from 1300 to 1400 s restarts the pin's span: a piece of evidence read during it
+# holds only at 1460 s, when the pin had 60 s without compute again.
+GAP = [[NO_PROCESS, 1000.0, 1200.0], [COMPUTE, 1300.0, 1400.0], [NO_PROCESS, 1401.0, 2000.0]]
+
+
+def test_an_application_xid_too_old_by_the_time_the_pin_held_again_is_skipped_for_a_newer_one():
+    p = policy(app_xid_lookback_s=100.0)
+    got = pinned_verdicts(pinned(runs=GAP, xids=[x13(1350.0, "old"), x13(1420.0, "new")]), p)
+    assert [(t, v.classification, v.evidence_ids[-1]) for t, v in got] == [
+        (1060.0, Classification.PHANTOM_LOAD, "p-last"), (1460.0, Classification.GPU_SUSPECT, "new")]
+    got = pinned_verdicts(pinned(runs=GAP, xids=[x13(1320.0, "old"), x13(1350.0, "older")]), p)
+    assert [(t, v.classification) for t, v in got] == [(1060.0, Classification.PHANTOM_LOAD)]
+
+
+def test_wedge_evidence_too_old_by_the_time_the_pin_held_again_is_no_wedge():
+    p = policy(wedged_xid43_lookback_s=100.0)
+    got = pinned_verdicts(pinned(runs=GAP, xids=[recovery_failure(1350.0)]), p)
+    assert [(t, v.classification) for t, v in got] == [(1060.0, Classification.PHANTOM_LOAD)]
+    got = pinned_verdicts(pinned(runs=GAP, xids=[recovery_failure(1370.0)]), p)
+    assert [(t, v.classification) for t, v in got] == [(1060.0, Classification.PHANTOM_LOAD),
+                                                       (1460.0, Classification.GPU_WEDGED)]
+
+
+@pytest.mark.xfail(strict=True, reason="streams/verdict.py pinned_verdicts: after wedge evidence blocks an earlier "
+                   "application Xid, the jump to the newest Xid no newer than the block's end names that one, not the "
+                   "first piece that holds at the same onset (without the blocked Xid the same row names the first)")
+def test_the_first_application_xid_that_holds_names_the_suspect_after_a_blocked_one():
+    runs = [[NO_PROCESS, 1000.0, 1070.0], [COMPUTE, 1080.0, 1120.0], [NO_PROCESS, 1121.0, 2000.0]]
+    p = policy(wedged_xid43_lookback_s=100.0)
+    unblocked = pinned_verdicts(pinned(runs=runs, xids=[x13(1085.0, "c"), x13(1090.0, "b")]), p)
+    assert [(t, v.evidence_ids[-1]) for t, v in unblocked] == [(1060.0, "p-last"), (1180.0, "c")]
+    blocked = pinned_verdicts(pinned(runs=runs, xids=[recovery_failure(1000.0), x13(1050.0, "a"), x13(1085.0, "c"),
+                                                      x13(1090.0, "b")]), p)
+    assert [(t, v.evidence_ids[-1]) for t, v in blocked] == [(1060.0, "rf"), (1180.0, "c")]
