@@ -775,3 +775,41 @@ def test_faults_at_one_instant_are_named_in_the_order_of_their_ids():
                 workload_failures=[failure(100.0)])
     name_by_deaths(state, P)  # a fault without an id is the least
     assert _named(state) == [("pid:7", None), ("pod:uid-a", "uid-a")]
+
+
+def test_no_run_without_compute_now_when_the_newest_snapshot_read_has_a_compute_process():
+    state = pin(last=100.0, procs_ts=100.0, runs=((NO_PROCESS, 0.0, 50.0), (COMPUTE, 100.0, 100.0)))
+    assert nocompute_start(state) is None
+    state = pin(last=100.0, procs_ts=100.0, runs=((COMPUTE, 0.0, 50.0), (NO_PROCESS, 100.0, 100.0)))
+    assert nocompute_start(state) == 50.0  # a no-process snapshot at the newest read
+    # a no-process snapshot only at the pin's first instant is not one after its start (as pin_onset)
+    state = pin(since=0.0, runs=((NO_PROCESS, -10.0, 0.0),))
+    assert nocompute_start(state) is None and pin_onset(state, 0.0) is None
+
+
+def test_a_pin_read_through_the_instant_zero_counts_its_seconds():
+    state = pin(since=-20.0, last=0.0, procs_ts=5.0, runs=((NO_PROCESS, -20.0, 5.0),))
+    assert sustained_pin(state) == 20.0
+    state = pin(since=-20.0, last=5.0, procs_ts=0.0, runs=((NO_PROCESS, -20.0, 0.0),))
+    assert sustained_pin(state) == 20.0
+    assert settled(gpu(procs_ts=5.0), occ(-89.5, "pid:7")) is False  # no clock reads as 0, not 1
+
+
+def test_the_caps_break_ties_of_time_by_id_a_missing_id_first():
+    tied = [occ(1.0, "pid:1", pid=1, id=None, codes=(45,)), occ(1.0, "pid:2", pid=2, id="A", codes=(45,))]
+    rest = [occ(float(i), f"pid:{i}", pid=i, id=f"t{i:03}", codes=(45,)) for i in range(10, 73)]
+    state = gpu(occurrences=tied + rest)  # 65 Xid 45-only: the one without an id goes
+    prune(state, 100.0, P)
+    assert [o["id"] for o in state.occurrences[:1]] == ["A"] and len(state.occurrences) == 64
+    tied = [occ(1.0, "pid:1", pid=1, id=None), occ(1.0, "pid:2", pid=2, id="A")]
+    rest = [occ(float(i), f"pid:{i}", pid=i, id=f"o{i:03}") for i in range(10, 137)]
+    state = gpu(occurrences=tied + rest)  # 129 application occurrences
+    prune(state, 200.0, P)
+    assert state.occurrences[0]["id"] == "A" and len(state.occurrences) == 128
+
+
+def test_at_the_cap_the_occurrences_keep_the_order_they_were_read_in():
+    occs = [occ(float(200 - i), f"pid:{i}", pid=i, id=f"o{i:03}") for i in range(128)]
+    state = gpu(occurrences=list(occs))
+    prune(state, 250.0, P)
+    assert [o["id"] for o in state.occurrences] == [o["id"] for o in occs]
