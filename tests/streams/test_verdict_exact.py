@@ -628,3 +628,19 @@ def test_the_first_application_xid_that_holds_names_the_suspect_after_a_blocked_
     blocked = pinned_verdicts(pinned(runs=runs, xids=[recovery_failure(1000.0), x13(1050.0, "a"), x13(1085.0, "c"),
                                                       x13(1090.0, "b")]), p)
     assert [(t, v.evidence_ids[-1]) for t, v in blocked] == [(1060.0, "rf"), (1180.0, "c")]
+
+
+def test_after_a_blocked_application_xid_the_next_one_that_holds_is_a_suspect_at_its_own_time():
+    p = policy(wedged_xid43_lookback_s=100.0)
+    # the block of wedge evidence at 1030 s ends at 1130 s; a later piece at 1500 s blocks only after it
+    xids = [recovery_failure(1030.0, "rf1"), recovery_failure(1500.0, "rf2"), x13(1050.0, "a"), x13(1140.0, "c"),
+            x13(1550.0, "z")]
+    got = pinned_verdicts(pinned(xids=xids), p)
+    assert [(t, v.classification, v.evidence_ids[-1]) for t, v in got] == [
+        (1060.0, Classification.GPU_WEDGED, "rf1"), (1140.0, Classification.GPU_SUSPECT, "c")]
+    # several blocked pieces up to the block's end, then one that holds once a compute run ended
+    runs = [[NO_PROCESS, 1000.0, 1070.0], [COMPUTE, 1080.0, 1120.0], [NO_PROCESS, 1121.0, 2000.0]]
+    xids = [recovery_failure(1000.0), x13(1050.0, "a"), x13(1085.0, "c"), x13(1090.0, "b")]
+    got = pinned_verdicts(pinned(runs=runs, xids=xids), p)
+    assert [(t, v.classification) for t, v in got] == [(1060.0, Classification.GPU_WEDGED),
+                                                       (1180.0, Classification.GPU_SUSPECT)]
