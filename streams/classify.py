@@ -51,7 +51,7 @@ from streams.evidence import (
 )
 from streams.hardware import REBOOT, RECORD, RESET
 from streams.incident import Incident
-from streams.policy import GUARD_MIN_PINNED_SAMPLES, Policy, is_app_class
+from streams.policy import Policy, is_app_class
 from streams.render import alert, command, describe_xid, dt, hid
 from streams.verdict import (
     PLANS,
@@ -90,11 +90,13 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     if before is None:  # a row just loaded or made: nothing folded into it here yet
         before = _material(state)
     outputs: list[Output] = []
+    kind = type(record)
+    own = kind in _OWN_CLOCK
     # a fault no process list named waits on the GPU's clock (evidence.settled): read before it moves
-    waiting = bool(state.occurrences) and type(record) in _OWN_CLOCK and pending(state)
+    waiting = own and bool(state.occurrences) and pending(state)
     ts = record.ts.timestamp()
     skew = 0.0
-    if type(record) in _OWN_CLOCK:  # the common case, inlined: the collector's readings move the clock
+    if own:  # the common case, inlined: the collector's readings move the clock
         clock = state.clock
         if clock is None or ts > clock:
             state.clock = ts
@@ -110,7 +112,7 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     # A row keeps the strings it has while a record repeats them, and shares node and PCI names
     # (interned): not a fresh copy from every record, which left the strings of every row
     # scattered over the heap a catch-up had grown (issue 12: memory per GPU).
-    if not isinstance(record, RemediationResult):  # a result names a node; the GPU's node is its own
+    if kind is not RemediationResult:  # a result names a node; the GPU's node is its own
         if record.node and record.node != state.node:
             state.node = sys.intern(record.node)
     uuid = getattr(record, "gpu_uuid", None)
@@ -119,8 +121,9 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     pci = getattr(record, "pci_bus_id", None)
     if pci and pci != state.pci_bus_id:
         state.pci_bus_id = sys.intern(pci)
-    if getattr(record, "gpu_index", None) is not None:
-        state.gpu_index = record.gpu_index  # type: ignore[attr-defined]
+    index = getattr(record, "gpu_index", None)
+    if index is not None:
+        state.gpu_index = index
     if skew:
         against = "when it was read" if getattr(record, "observed_at", None) else "this GPU's clock"
         direction = "ahead of" if skew > 0 else "behind"
@@ -128,11 +131,11 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
                                f"{dt(record.ts.timestamp()).isoformat()}, {abs(skew):.0f} s {direction} {against}: "
                                f"taken at {dt(ts).isoformat()}", event_id=record.event_id, skew_s=round(skew, 1)),
                   policy)
-    if isinstance(record, GpuSample):
+    if kind is GpuSample:
         _on_sample(state, record, ts, policy, outputs)
         if waiting:  # the clock moved: a fault no process list named may count now
             _check_suspect(state, policy, outputs)
-    elif isinstance(record, GpuProcesses):
+    elif kind is GpuProcesses:
         if (fold_processes(state, record, ts) or waiting) and state.occurrences:
             _check_suspect(state, policy, outputs)
         if state.pinned_since is not None:
@@ -163,33 +166,43 @@ _PHASES: dict[str, int] = {}  # key -> _phase(key): two look-ups per record, not
 
 
 def _material(s: GpuState) -> tuple:
-    """What must survive a restart; counters that only feed statistics are left out. (On the hot
-    path: twice per record, so attribute reads and one dict look-up only.)"""
-    inc = s.incident
+    """What must survive a restart; counters that only feed statistics are left out. On the hot
+    path (once per record), so it reads little on a quiet GPU: the facts of a pin, and those of
+    faults, incidents and closing steps, are each one nested tuple, None while there are none
+    (issue 22: the pure path's speed; a healthy GPU's sample or process list reads 15 fields)."""
     ps = s.pinned_since
+    runs = s.proc_runs
     ph = _PHASES.get(s.key)
     if ph is None:
         ph = _PHASES[s.key] = _phase(s.key)
+    # the GPU's clock judges skewed stamps: kept to the minute (after a restart a record stamped
+    # within a minute of the skew bound may be judged against a clock up to a minute older). Each
+    # GPU's minute starts at its own second: on one shared minute every GPU's row changed in the
+    # same second, a burst of one changelog record per GPU that stalled the agents behind faust's
+    # producer buffer (issue 12: latency outliers on the minute)
+    clock = s.clock
+    unpinned = s.last_unpinned_ts
+    inc = s.incident
+    occ = s.occurrences
     return (
-        s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status, ps,
-        s.pinned_samples < GUARD_MIN_PINNED_SAMPLES and s.pinned_samples,
-        # while pinned, the newest snapshot with and without compute decide the wedge: kept exactly
-        # (a pinned GPU is rare); otherwise only whether one was seen since the pin started
-        s.last_compute_ts if ps is not None else None, s.last_nocompute_ts if ps is not None else None,
-        len(s.proc_runs), s.proc_runs[-1][0] if s.proc_runs else None,
-        s.proc_runs[-1][2] if ps is not None and s.proc_runs else None,
-        # the GPU's clock judges skewed stamps: kept to the minute (after a restart a record
-        # stamped within a minute of the skew bound may be judged against a clock up to a minute
-        # older). Each GPU's minute starts at its own second: on one shared minute every GPU's
-        # row changed in the same second, a burst of one changelog record per GPU that stalled
-        # the agents behind faust's producer buffer (issue 12: latency outliers on the minute)
-        None if s.clock is None else int((s.clock + ph) // 60),
-        s.last_unpinned_ts is not None and int((s.last_unpinned_ts + ph) // 60),
-        len(s.occurrences), len(s.xids), len(s.workload_failures), s.healthy_since is None, s.last_xid_ts,
-        s.announced, len(s.pods), s.recovery_action, s.remap_failure, len(s.pending_notes),
-        s.procs_ts if s.occurrences else None,  # settles occurrences' workloads (evidence.settled)
-        None if s.closing is None else sum(len(c["commands"]) for c in s.closing.values()), s.compute_floor,
-        None if inc is None else (inc.id, inc.classification, inc.steps, len(inc.timeline), inc.remediated,
+        s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status,
+        None if clock is None else int((clock + ph) // 60),
+        unpinned is not None and int((unpinned + ph) // 60),
+        s.healthy_since is None, len(runs), runs[-1][0] if runs else None, s.announced, len(s.pods),
+        # While pinned, every fact of the pin is kept exactly: the newest pinned sample and process
+        # list read bound when the wedge is decided (evidence.pin_onset), and the evidence shows the
+        # pin's counts. A pinned GPU is rare; its row is written at each of its records. (Left out
+        # before, a restart decided a wedge a few records late and showed "samples: 4" for 61.)
+        None if ps is None else (ps, s.pinned_last, s.procs_ts, s.pinned_samples, s.proc_snapshots,
+                                 s.last_compute_ts, s.last_nocompute_ts, runs[-1][2] if runs else None),
+        None if not (occ or s.xids or s.workload_failures or s.last_xid_ts is not None or s.pending_notes
+                     or s.recovery_action or s.remap_failure or s.closing is not None
+                     or s.compute_floor is not None) else (
+            len(occ), len(s.xids), len(s.workload_failures), s.last_xid_ts, s.recovery_action, s.remap_failure,
+            len(s.pending_notes),
+            s.procs_ts if occ else None,  # settles occurrences' workloads (evidence.settled)
+            None if s.closing is None else sum(len(c["commands"]) for c in s.closing.values()), s.compute_floor),
+        None if inc is None else (inc.id, inc.classification, inc.steps, inc.noted, inc.remediated,
                                   sum(1 for e in inc.emitted if e["outcome"] is not None)),
     )
 

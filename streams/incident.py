@@ -50,6 +50,9 @@ class Incident:
     recommendation: str | None = None
     sample_stats: dict | None = None
     steps: int = 0  # commands emitted in all: the next step's number (RECORDs past the cap are not kept)
+    # timeline entries noted in all: a full timeline drops one as it takes one, at the same length,
+    # and the row must still be written (streams.classify._material)
+    noted: int = 0
 
     # -- the ladder ------------------------------------------------------------------------------
     def top_rung(self) -> int:
@@ -94,6 +97,7 @@ class Incident:
     def note(self, entry: dict, limit: int) -> None:
         tl = self.timeline
         tl.append(entry)
+        self.noted += 1
         if len(tl) > limit:
             del tl[_KEEP_HEAD: len(tl) - limit + _KEEP_HEAD]
 

@@ -120,6 +120,7 @@ def test_the_timeline_keeps_its_first_10_and_its_newest_lines(n, limit, kept):
     for i in range(n):
         inc.note({"i": i}, limit)
     assert [e["i"] for e in inc.timeline] == kept
+    assert inc.noted == n  # counted past the limit: the row is written again (streams.classify._material)
 
 
 def test_an_incident_reads_back_from_its_row():
@@ -129,5 +130,6 @@ def test_an_incident_reads_back_from_its_row():
     row = inc.to_dict()
     assert set(row) == {"id", "classification", "opened_at", "remedy", "plan", "emitted", "timeline", "alerts",
                         "last_alert_at", "hardware", "remediated", "reset_ok_at", "reboot_ok_at", "recommendation",
-                        "sample_stats", "steps"}
+                        "sample_stats", "steps", "noted"}
+    assert row["noted"] == 1
     assert Incident.from_dict({**row, "unknown": 1}) == inc
