@@ -32,7 +32,7 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.vocab import NODE_ACTIONS, Action, Classification
+from schemas.vocab import NODE_ACTIONS, Action, Classification, SampleStatus
 from streams.evidence import (
     EMPTY_LIST,
     GpuState,
@@ -78,6 +78,7 @@ _CLOSING_KEPT = 4
 # closing steps' TTL (command_ttl_s, 15 min by default) outlives it.
 RESOLVE_STAMP_SLACK_S = 300.0
 _OWN_CLOCK = frozenset({GpuSample, GpuProcesses, GpuInventory})
+_STATUS = {m: m.value for m in SampleStatus}
 
 
 # -- the fold -----------------------------------------------------------------------------------
@@ -115,13 +116,16 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
     if kind is not RemediationResult:  # a result names a node; the GPU's node is its own
         if record.node and record.node != state.node:
             state.node = sys.intern(record.node)
-    uuid = getattr(record, "gpu_uuid", None)
+    if own:  # a sample, process list and inventory all carry these three
+        uuid, pci, index = record.gpu_uuid, record.pci_bus_id, record.gpu_index  # type: ignore[union-attr]
+    else:
+        uuid = getattr(record, "gpu_uuid", None)
+        pci = getattr(record, "pci_bus_id", None)
+        index = getattr(record, "gpu_index", None)
     if uuid and not state.gpu_uuid and not key.count("/"):
         state.gpu_uuid = key if uuid == key else uuid
-    pci = getattr(record, "pci_bus_id", None)
     if pci and pci != state.pci_bus_id:
         state.pci_bus_id = sys.intern(pci)
-    index = getattr(record, "gpu_index", None)
     if index is not None:
         state.gpu_index = index
     if skew:
@@ -217,10 +221,12 @@ def _evidence(state: GpuState, item: dict, policy: Policy) -> None:
 
 # -- records ------------------------------------------------------------------------------------
 def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs: list) -> None:
-    state.last_sample_ts = max(ts, state.last_sample_ts or ts)
+    last = state.last_sample_ts
+    if last is None or ts >= last:  # as max(ts, last) did: the newer float object when equal
+        state.last_sample_ts = ts
     if s.memory_total_mib and s.memory_total_mib != state.memory_total_mib:
         state.memory_total_mib = s.memory_total_mib  # a new float only when it changed (issue 12)
-    status = s.status.value
+    status = _STATUS[s.status]  # the enum's .value is a descriptor call: a dict look-up is cheaper
     if status in ("lost", "reset_required") and state.status != status:
         state.status = status
         remedy = REBOOT if status == "lost" else RESET
@@ -234,17 +240,30 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
         state.status = status
         return
     state.status = "ok"
-    _hardware_signals(state, s, ts, policy, outputs)
-    if fold_sample_pin(state, s, ts, policy):
+    action = s.recovery_action
+    if (action is not None and action != state.recovery_action) or bool(s.remapped_rows_failure) != state.remap_failure \
+            or s.remapped_rows_pending:  # most samples change none of these: no call
+        _hardware_signals(state, s, ts, policy, outputs)
+    util = s.utilization_gpu_pct
+    # A sample below the pin's utilization on a GPU with no pin to end is not pinned: no call
+    if (util is not None and util >= policy.pinned_util_pct) or state.pinned_since is not None \
+            or state.pinned_samples or state.pin_ids:
+        pinned = fold_sample_pin(state, s, ts, policy)
+    else:
+        pinned = False
+    if pinned:
         state.healthy_since = None
         _check_pinned(state, policy, outputs)
     else:
-        state.last_unpinned_ts = ts if state.last_unpinned_ts is None else max(state.last_unpinned_ts, ts)
+        last = state.last_unpinned_ts
+        if last is None or ts > last:
+            state.last_unpinned_ts = ts
         if state.remap_failure or state.recovery_action:
             state.healthy_since = None  # NVML still reports the fault: not healthy until it stops
         elif state.healthy_since is None:
             state.healthy_since = ts
-        _check_resolved(state, ts, policy, outputs)
+        if state.incident is not None:
+            _check_resolved(state, ts, policy, outputs)
 
 
 def _hardware_signals(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs: list) -> None:

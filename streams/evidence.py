@@ -400,7 +400,8 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
     """Fold a process snapshot; True when it settled an application occurrence's workload (see
     `settled`), so the suspect rule must look again."""
     before = state.procs_ts
-    state.procs_ts = ts if before is None else max(before, ts)
+    if before is None or ts > before:
+        state.procs_ts = ts
     compute = p.compute_apps
     learned = False
     if compute is not None:
@@ -426,15 +427,21 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
                 o["wl"], o["pod"], o["by_death"] = f"pod:{pod}", pod, False
         if (before is None or before < o["ts"]) and state.procs_ts >= o["ts"]:
             settling = True
-    kind = snapshot_kind(p)
-    fold_run(state, kind, ts)
+    kind = (COMPUTE if compute else NO_PROCESS) if compute is not None else snapshot_kind(p)
+    runs = state.proc_runs
+    if runs and runs[-1][0] == kind and ts >= runs[-1][2]:
+        runs[-1][2] = ts  # fold_run's common case, inlined: the newest run goes on
+    else:
+        fold_run(state, kind, ts)
     if kind == UNKNOWN:
         # NVML could not list them and no holder scan says nobody has the device open: unknown is
         # neither "a job is running" nor "no compute process" (issue 9, defect 7).
         return settling
     if kind == COMPUTE:
         # A process NVML registered as compute: it is probably really running (incident.md).
-        state.last_compute_ts = max(ts, state.last_compute_ts or ts)
+        last = state.last_compute_ts
+        if last is None or ts >= last:  # as max(ts, last) did: the newer float object when equal
+            state.last_compute_ts = ts
     else:
         if state.last_nocompute_ts is None or ts >= state.last_nocompute_ts:
             state.last_nocompute_ts, state.nocompute_id = ts, p.event_id
