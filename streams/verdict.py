@@ -122,7 +122,7 @@ def pinned_verdicts(state: GpuState, policy: Policy) -> list[tuple[float, Verdic
             t = onset[0]
             found.append((t, _wedged(state, t, onset[1], _in_window(wedges, t, wedge_window), policy)))
             break
-    i = bisect_left(app_ts, earliest - policy.app_xid_lookback_s)
+    i = first = bisect_left(app_ts, earliest - policy.app_xid_lookback_s)
     while i < len(apps):
         x = apps[i]
         onset = pin_onset(state, needed, x["ts"])
@@ -143,6 +143,20 @@ def pinned_verdicts(state: GpuState, policy: Policy) -> list[tuple[float, Verdic
             i = max(j, i + 1)
             continue
         t, start = onset
+        if i > first:
+            # A jump past blocked pieces may land on a later piece of the same onset: the suspect is
+            # the first piece that holds at `t` (onsets rise with the piece's time, and so does
+            # being recent enough), whichever piece the jump tried.
+            lo, hi = first, i
+            while lo < hi:
+                mid = (lo + hi) // 2
+                m = apps[mid]
+                o = pin_onset(state, needed, m["ts"]) if m["ts"] >= t - policy.app_xid_lookback_s else None
+                if o is not None and o[0] >= t:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            x = apps[lo]
         found.append((t, Verdict(Classification.GPU_SUSPECT, QUARANTINE,
                                  f"{_pinned_base(state, t, start)} after application-class {describe_xid(x['xid'])} "
                                  f"(no wedge evidence)", [*_pin_ids(state), x.get("id")],

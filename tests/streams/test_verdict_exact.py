@@ -617,9 +617,6 @@ def test_wedge_evidence_too_old_by_the_time_the_pin_held_again_is_no_wedge():
                                                        (1460.0, Classification.GPU_WEDGED)]
 
 
-@pytest.mark.xfail(strict=True, reason="streams/verdict.py pinned_verdicts: after wedge evidence blocks an earlier "
-                   "application Xid, the jump to the newest Xid no newer than the block's end names that one, not the "
-                   "first piece that holds at the same onset (without the blocked Xid the same row names the first)")
 def test_the_first_application_xid_that_holds_names_the_suspect_after_a_blocked_one():
     runs = [[NO_PROCESS, 1000.0, 1070.0], [COMPUTE, 1080.0, 1120.0], [NO_PROCESS, 1121.0, 2000.0]]
     p = policy(wedged_xid43_lookback_s=100.0)
