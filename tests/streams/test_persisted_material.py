@@ -5,7 +5,14 @@ written bytes before every record must give exactly the outputs of folding in me
 
 `_material` reads little on a quiet GPU (issue 22: the pure path's speed); these tests are what
 would notice a fact it stopped comparing. Scenarios of the library (in the order published and in
-one read order mixed as a worker reads its topics) and a generated flood with executors answering.
+read orders mixed as a worker that keeps up reads its topics) and generated floods with executors
+answering.
+
+Kept to the minute, as the GPU's clock is: the newest process snapshot of a GPU that is not pinned
+(its time and id, the end of its run of snapshot kinds). A healthy GPU's row is written about once a
+minute, not at each process list; when one topic is read minutes ahead of another and the worker
+restarts, the pin that follows may show that snapshot up to a minute old (README "Known limits").
+So the mixed orders here keep every topic within a minute of the others (`max_lag_s=60`).
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ def fold_both(records: list) -> tuple[list, list]:
 @pytest.mark.parametrize("name", NAMES)
 def test_a_row_written_only_when_changed_decides_as_the_fold_in_memory(name):
     records = records_of(name)
-    for order in (records, interleave(records, random.Random(22))):
+    for order in (records, *(interleave(records, random.Random(seed), max_lag_s=60) for seed in (22, 23))):
         live, restarted = fold_both(order)
         assert any(kind == "alert" for kind, _ in live), "the scenario decides something"
         assert restarted == live
