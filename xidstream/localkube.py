@@ -73,6 +73,50 @@ def kube_version() -> str:
     return match.group(1)
 
 
+def build_go_binary(module_dir: Path, binary: Path, what: str, log: Any) -> Path:
+    """`go build` of a wrapper module of k8s.io/kubernetes (deploy/local/kube or node) into binary,
+    once, with the version stamped as upstream's release builds do. `log(text)` records output."""
+    if binary.exists():
+        return binary
+    go = shutil.which("go")
+    if not go:
+        raise LocalKubeError(f"go not found: the Go toolchain (1.24+) is needed once to build {what} "
+                             "(https://go.dev/dl/, or `apt-get install golang-go` where it is 1.24+)")
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
+    match = re.match(r"go(\d+)\.(\d+)", out)
+    if match and (int(match.group(1)), int(match.group(2))) < (1, 24):
+        raise LocalKubeError(f"{what} {kube_version()} needs Go 1.24+, found {out} ({go})")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    with (binary.parent / f".{binary.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: the second waits, then finds it
+        if binary.exists():
+            return binary
+        version = kube_version()
+        major, minor = version.lstrip("v").split(".")[:2]
+        ldflags = " ".join([
+            "-s", "-w",
+            f"-X k8s.io/component-base/version.gitVersion={version}",
+            f"-X k8s.io/component-base/version.gitMajor={major}",
+            f"-X k8s.io/component-base/version.gitMinor={minor}",
+            "-X k8s.io/component-base/version.gitTreeState=clean",
+            f"-X k8s.io/component-base/version.buildDate={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
+        ])
+        tmp = binary.with_suffix(".tmp")
+        cmd = [go, "build", "-trimpath", "-buildvcs=false", "-o", str(tmp), "-ldflags", ldflags, "."]
+        log(f"building {what} {version} into {binary}: {' '.join(cmd)}")
+        print(f"building {what} {version} from source (once; 2-8 min on 2 cores) ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        env = {k: v for k, v in os.environ.items() if k != "GOFLAGS"}
+        proc = subprocess.run(cmd, cwd=module_dir, capture_output=True, text=True, env=env)
+        log(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise LocalKubeError(f"building {what} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}")
+        tmp.rename(binary)
+        log(f"built {binary} in {time.monotonic() - started:.0f}s, {binary.stat().st_size / 1e6:.0f} MB")
+    return binary
+
+
 # -- a handle on a running API server -------------------------------------------------------------
 @dataclass
 class KubeHandle:
@@ -198,7 +242,10 @@ class LocalKube:
     etcd_peer_port: int = 12380
     host: str = "127.0.0.1"
     state_dir: Path = None  # type: ignore[assignment]
+    etcd_host: str = "127.0.0.1"  # etcd has no authentication here: loopback only, whatever `host` is
     cache_dir: Path = None  # type: ignore[assignment]
+    # (user, groups) given a static token too, e.g. a kubelet's ("system:node:NAME", ("system:nodes",))
+    extra_users: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir or default_state_dir())
@@ -211,7 +258,7 @@ class LocalKube:
 
     @property
     def etcd_url(self) -> str:
-        return f"http://{self.host}:{self.etcd_port}"
+        return f"http://{self.etcd_host}:{self.etcd_port}"
 
     @property
     def binary(self) -> Path:
@@ -259,51 +306,7 @@ class LocalKube:
         self._etcd()
         if self.binary.exists():
             return self.binary
-        go = shutil.which("go")
-        if not go:
-            raise LocalKubeError(
-                "go not found: the Go toolchain (1.24+) is needed once to build kube-apiserver "
-                "(https://go.dev/dl/, or `apt-get install golang-go` where it is 1.24+)"
-            )
-        out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True).stdout.strip()
-        match = re.match(r"go(\d+)\.(\d+)", out)
-        if match and (int(match.group(1)), int(match.group(2))) < (1, 24):
-            raise LocalKubeError(f"kube-apiserver {kube_version()} needs Go 1.24+, found {out} ({go})")
-        self.binary.parent.mkdir(parents=True, exist_ok=True)
-        # One build at a time (two test sessions, or `make` and a test): the second waits.
-        with (self.binary.parent / ".build.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.binary.exists():
-                return self.binary
-            version = kube_version()
-            major, minor = version.lstrip("v").split(".")[:2]
-            ldflags = " ".join([
-                "-s", "-w",
-                f"-X k8s.io/component-base/version.gitVersion={version}",
-                f"-X k8s.io/component-base/version.gitMajor={major}",
-                f"-X k8s.io/component-base/version.gitMinor={minor}",
-                "-X k8s.io/component-base/version.gitTreeState=clean",
-                f"-X k8s.io/component-base/version.buildDate={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
-            ])
-            tmp = self.binary.with_suffix(".tmp")
-            cmd = [go, "build", "-trimpath", "-buildvcs=false", "-o", str(tmp), "-ldflags", ldflags, "."]
-            self._log(f"building kube-apiserver {version} into {self.binary} (3-5 min on 2 cores): {' '.join(cmd)}")
-            print(f"building kube-apiserver {version} from source (once; 3-5 min on 2 cores) ...",
-                  file=sys.stderr, flush=True)
-            started = time.monotonic()
-            env = {k: v for k, v in os.environ.items() if k != "GOFLAGS"}
-            proc = subprocess.run(cmd, cwd=KUBE_DIR, capture_output=True, text=True, env=env)
-            self._log(proc.stdout + proc.stderr)
-            if proc.returncode != 0:
-                tmp.unlink(missing_ok=True)
-                raise LocalKubeError(
-                    f"building kube-apiserver failed (exit {proc.returncode}); see {self.log_file}:\n"
-                    f"{(proc.stdout + proc.stderr)[-2000:]}"
-                )
-            tmp.rename(self.binary)
-            self._log(f"built {self.binary} in {time.monotonic() - started:.0f}s, "
-                      f"{self.binary.stat().st_size / 1e6:.0f} MB")
-        return self.binary
+        return build_go_binary(KUBE_DIR, self.binary, "kube-apiserver", self._log)
 
     def _etcd(self) -> str:
         etcd = shutil.which("etcd")
@@ -355,7 +358,8 @@ class LocalKube:
                 "[server]\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
                 "extendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
                 "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-                "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1\n"
+                "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:10.0.0.1"
+                + ("" if self.host == "127.0.0.1" else f",IP:{self.host}") + "\n"
             )
             self._openssl("genrsa", "-out", "ca.key", "2048")
             self._openssl("req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "3650",
@@ -370,9 +374,11 @@ class LocalKube:
             self._openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub")
             (pki / "server.crt.tmp").rename(pki / "server.crt")
         if not self.token_file.exists():
+            extra = "".join(f'{secrets.token_hex(24)},{user},{user},"{",".join(groups)}"\n'
+                            for user, groups in self.extra_users)
             self.token_file.write_text(
                 f'{secrets.token_hex(24)},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
-                f"{secrets.token_hex(24)},{NOBODY_USER},{NOBODY_USER}\n"
+                f"{secrets.token_hex(24)},{NOBODY_USER},{NOBODY_USER}\n" + extra
             )
             os.chmod(self.token_file, 0o600)
 
@@ -420,9 +426,9 @@ class LocalKube:
             pass
         return pid
 
-    def _port_in_use(self, port: int) -> bool:
+    def _port_in_use(self, port: int, host: str | None = None) -> bool:
         try:
-            with socket.create_connection((self.host, port), timeout=0.5):
+            with socket.create_connection((host or self.host, port), timeout=0.5):
                 return True
         except OSError:
             return False
@@ -463,14 +469,14 @@ class LocalKube:
             return
         etcd = self._etcd()
         for port in (self.etcd_port, self.etcd_peer_port):
-            if self._port_in_use(port):
-                raise LocalKubeError(f"port {self.host}:{port} is in use by another process (not our etcd); "
+            if self._port_in_use(port, self.etcd_host):
+                raise LocalKubeError(f"port {self.etcd_host}:{port} is in use by another process (not our etcd); "
                                      f"stop it or choose other ports (--etcd-port)")
         if not keep_data:
             shutil.rmtree(self.etcd_data, ignore_errors=True)
         # ETCD_* variables (e.g. from /etc/default/etcd in a shell) would override our flags.
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
-        peer = f"http://{self.host}:{self.etcd_peer_port}"
+        peer = f"http://{self.etcd_host}:{self.etcd_peer_port}"
         proc = self._spawn("etcd", [
             etcd, "--name", "xidstream", "--data-dir", str(self.etcd_data),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
@@ -512,8 +518,10 @@ class LocalKube:
             "--enable-admission-plugins=NodeRestriction,PodSecurity",
             "--feature-gates=DRADeviceTaints=true",
             "--runtime-config=resource.k8s.io/v1alpha3=true",
-            # the kubernetes Service cannot have a loopback endpoint; no one needs it here
-            "--endpoint-reconciler-type=none",
+            # The kubernetes Service cannot have a loopback endpoint; on a bridge address (a real
+            # node's, `xidstream node`) pods reach the API server through it.
+            "--endpoint-reconciler-type=" + ("none" if self.host == "127.0.0.1" else "lease"),
+            "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
             "--v=1",
         ]
