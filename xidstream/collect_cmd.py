@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sink", choices=["kafka", "stdout"], default="kafka", help="where records go (stdout: JSON lines)")
     p.add_argument("--kernel-log", default="kmsg", metavar="SRC",
                    help="kmsg (default), kmsg:PATH, journal, file:PATH, - (stdin), or none")
+    p.add_argument("--accept-injected-kmsg", action="store_true",
+                   help="END-TO-END TESTS ONLY: count /dev/kmsg lines written by userspace (facility 1) as the "
+                        "kernel's, so a test can inject an Xid; any root process on the node can then forge one")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
     p.add_argument("--once", action="store_true", help="one sample of everything, publish, exit")
     p.add_argument("--scenario", help="drive fake NVML and kernel-log sources from a scenario file")
@@ -257,6 +260,9 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.sources.kernel import open_kernel_source
     from collectors.sources.procfs import ProcFs
 
+    if args.accept_injected_kmsg:
+        log.warning("--accept-injected-kmsg: lines written to /dev/kmsg by userspace count as the kernel's; "
+                    "for end-to-end tests only, never on a node that runs tenants' pods")
     nvml = None
     if not args.no_nvml:
         import pynvml  # NVIDIA's nvidia-ml-py
@@ -266,7 +272,8 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     kernel = None
     if args.kernel_log != "none":
         try:
-            kernel = open_kernel_source(args.kernel_log, state, since=since.timestamp() if since else None)
+            kernel = open_kernel_source(args.kernel_log, state, since=since.timestamp() if since else None,
+                                        accept_injected=args.accept_injected_kmsg)
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
     import os

@@ -330,6 +330,10 @@ class Parsed:
 _NOTHING = Parsed([])
 
 
+# The parse_as of kmsg lines from a collector started with --accept-injected-kmsg (tests only).
+INJECTED_KMSG = "kmsg-accept-injected"
+
+
 def parse_line_checked(line: str, source: str | None = None) -> Parsed:
     """`parse_line`, saying why a line that names the driver gave no record. `source` is the
     `LogLine.source` the line came from: "kmsg" and "journal" lines are single kernel records (no
@@ -347,6 +351,10 @@ def parse_line_checked(line: str, source: str | None = None) -> Parsed:
         # line from them without one cannot have its writer checked, so it does not count.
         if source == "kmsg" and facility is None:
             facility = -1
+        if source == INJECTED_KMSG:
+            # `collect --accept-injected-kmsg`, for end-to-end tests only: a root harness writes the
+            # incident's lines to the real /dev/kmsg, which stamps them facility 1 (user).
+            source, facility = "kmsg", (-1 if facility is None else 0 if facility in (0, 1) else facility)
         if source == "journal" and transport is False:
             transport = None
         if facility is not None and facility != 0:

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from collectors.parse.kernel import INJECTED_KMSG
 from collectors.spool import write_durably
 
 __all__ = [
@@ -96,8 +97,10 @@ class KmsgSource:
     name = "kmsg"
 
     def __init__(self, path: str | Path = "/dev/kmsg", cursor_file: Path | None = None,
-                 boot_id_path: str | Path = "/proc/sys/kernel/random/boot_id") -> None:
+                 boot_id_path: str | Path = "/proc/sys/kernel/random/boot_id", accept_injected: bool = False) -> None:
         self.path = Path(path)
+        # Tests only: lines a root harness writes to /dev/kmsg (facility 1) count as the kernel's.
+        self.parse_as = INJECTED_KMSG if accept_injected else None
         self.cursor_file = cursor_file
         try:
             self.boot_id = Path(boot_id_path).read_text().strip()
@@ -155,7 +158,7 @@ class KmsgSource:
                 if seq <= self.skip_through:
                     continue
             history = m is not None and int(m.group(2)) < self._history_before_us
-            lines.append(LogLine(text, seq, "kmsg", history))
+            lines.append(LogLine(text, seq, "kmsg", history, parse_as=self.parse_as))
         return lines
 
     def commit(self, cursor: Any) -> None:
@@ -199,15 +202,41 @@ class _ThreadedLines:
         return out
 
 
+# Where journald keeps its files: persistent, then volatile (systemd-journald.service(8)).
+JOURNAL_DIRS = ("/var/log/journal", "/run/log/journal")
+
+
+def _has_journal_files(dirs: tuple[str, ...]) -> bool:
+    """True when one of `dirs` holds a *.journal file (directly or in a machine-id folder)."""
+    for top in dirs:
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.endswith(".journal"):
+                return True
+            if entry.is_dir(follow_symlinks=False):
+                try:
+                    if any(e.name.endswith(".journal") for e in os.scandir(entry.path)):
+                        return True
+                except OSError:
+                    continue
+    return False
+
+
 class JournalSource:
     """``journalctl -k -o json -f`` with its cursor."""
 
     name = "journal"
 
     def __init__(self, cursor_file: Path | None = None, journalctl: str = "journalctl",
-                 extra_args: list[str] | None = None, since: float | None = None) -> None:
+                 extra_args: list[str] | None = None, since: float | None = None,
+                 journal_dirs: tuple[str, ...] | None = JOURNAL_DIRS) -> None:
         """`since`: on a first start, look back to this epoch time instead of the current boot's
-        start (``--backfill``); 0 reads the whole kernel journal."""
+        start (``--backfill``); 0 reads the whole kernel journal. `journal_dirs`: where journald
+        keeps its files (None: not checked, e.g. with --directory in extra_args)."""
+        self.journal_dirs = journal_dirs
         exe = shutil.which(journalctl)
         if exe is None:
             raise OSError(errno.ENOENT, f"{journalctl} not found: use --kernel-log kmsg or file:PATH")
@@ -242,11 +271,19 @@ class JournalSource:
 
     @property
     def failed(self) -> str | None:
-        """Why no more lines will come (journalctl exited and its output is read), else None."""
+        """Why no lines come (journalctl exited and its output is read, or there is no journal to
+        read), else None: the collector's readiness and `xidstream_collector_source_up`."""
         rc = self.proc.poll()
-        if rc is None or not self._lines.eof:
-            return None
-        return f"journalctl exited with status {rc}"
+        if rc is not None and self._lines.eof:
+            return f"journalctl exited with status {rc}"
+        if self.journal_dirs is not None and not _has_journal_files(self.journal_dirs):
+            # journalctl -f on a host without journal files waits forever, printing nothing: seen
+            # with the chart's journal mode on a node that logs the kernel elsewhere (its hostPath
+            # volumes are DirectoryOrCreate, so the folders exist, empty). Checked on every call:
+            # journald may start writing later.
+            return (f"no journal files under {' or '.join(self.journal_dirs)}: this host does not keep kernel "
+                    f"messages in journald (use --kernel-log kmsg, or collector.kernelLog kmsg in the chart)")
+        return None
 
     def commit(self, cursor: Any) -> None:
         if cursor:
@@ -482,13 +519,17 @@ class MemoryKernelSource:
         pass
 
 
-def open_kernel_source(spec: str, state_dir: Path, since: float | None = None) -> KernelSource:
+def open_kernel_source(spec: str, state_dir: Path, since: float | None = None,
+                       accept_injected: bool = False) -> KernelSource:
     """`kmsg`, `journal`, `file:PATH` or `-` (stdin), as given to --kernel-log. `since`: how far a
-    first start looks back (epoch seconds; None: the current boot; 0: everything, ``--backfill``)."""
+    first start looks back (epoch seconds; None: the current boot; 0: everything, ``--backfill``).
+    `accept_injected` (kmsg only, end-to-end tests only): userspace writes to /dev/kmsg count."""
+    if accept_injected and not spec.startswith("kmsg"):
+        raise ValueError("--accept-injected-kmsg works with --kernel-log kmsg only")
     if spec == "kmsg":
-        return KmsgSource(cursor_file=state_dir / "kmsg.cursor")
+        return KmsgSource(cursor_file=state_dir / "kmsg.cursor", accept_injected=accept_injected)
     if spec.startswith("kmsg:"):
-        return KmsgSource(spec[5:], cursor_file=state_dir / "kmsg.cursor")
+        return KmsgSource(spec[5:], cursor_file=state_dir / "kmsg.cursor", accept_injected=accept_injected)
     if spec == "journal":
         return JournalSource(cursor_file=state_dir / "journal.cursor", since=since)
     if spec.startswith("file:"):

@@ -232,3 +232,32 @@ def test_the_kmsg_cursor_is_written_then_fsynced_then_renamed(tmp_path, monkeypa
     assert ("fsync", str(cur) + ".tmp") in events[:i]  # the new cursor's bytes are on disk first
     assert ("fsync", str(tmp_path)) in events[i:]  # then the rename itself
     assert KmsgSource(log, cursor_file=cur, boot_id_path=boot).read()[0].cursor == 12
+
+
+def test_injected_kmsg_lines_count_only_with_the_test_switch(tmp_path):
+    """A root harness's write to /dev/kmsg arrives with facility 1 (prio 12 = user.warning): refused
+    by default (a tenant must not forge an Xid), counted with --accept-injected-kmsg (make e2e);
+    a facility other than kernel or user stays refused even then."""
+    from collectors.parse.kernel import parse_line_checked
+
+    log, boot = tmp_path / "kmsg", tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    log.write_text(f"12,7,1000,-;{XID}\n" f"4,8,1001,-;{XID}\n" f"28,9,1002,-;{XID}\n")
+    by_default = [parse_line_checked(ln.text, ln.parse_as or ln.source)
+                  for ln in KmsgSource(log, boot_id_path=boot).read()]
+    assert [(len(p.records), p.refused) for p in by_default] == [(0, "facility"), (1, None), (0, "facility")]
+    injected = [parse_line_checked(ln.text, ln.parse_as or ln.source)
+                for ln in KmsgSource(log, boot_id_path=boot, accept_injected=True).read()]
+    assert [(len(p.records), p.refused) for p in injected] == [(1, None), (1, None), (0, "facility")]
+    assert injected[0].records[0].xid == 13
+    # still one record per kmsg line: no glued messages split out of a userspace write
+    glued = f"12,10,1003,-;{XID} NVRM: Xid (PCI:0000:02:00): 79, pid=2, name=b, gone\n"
+    log.write_text(glued)
+    [line] = KmsgSource(log, boot_id_path=boot, accept_injected=True).read()
+    assert [r.xid for r in parse_line_checked(line.text, line.parse_as).records] == [13]
+    try:
+        open_kernel_source("journal", tmp_path, accept_injected=True)
+    except ValueError as exc:
+        assert "kmsg only" in str(exc)
+    else:
+        raise AssertionError("--accept-injected-kmsg with journal must be refused")

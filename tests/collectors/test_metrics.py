@@ -150,3 +150,32 @@ def test_journalctl_exiting_makes_the_kernel_log_down(tmp_path):
     assert not ok
     assert "kernel_log: down (journalctl exited with status 1)" in body
     c.stop()
+
+
+def test_a_journal_mode_collector_without_journal_files_is_not_ready(tmp_path):
+    """Issue 21: with the chart's journal mode on a host that keeps no journal (the hostPath folders
+    are created empty), `journalctl -f` runs forever printing nothing, and the collector said
+    Ready while reading nothing. Readiness now means a journal to read."""
+    exe = tmp_path / "journalctl"
+    exe.write_text("#!/bin/sh\nexec sleep 30\n")  # what the real one does there: waits, prints nothing
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    persistent, volatile = tmp_path / "var-log-journal", tmp_path / "run-log-journal"
+    persistent.mkdir()
+    volatile.mkdir()
+    source = JournalSource(tmp_path / "cursor.json", journalctl=str(exe),
+                           journal_dirs=(str(persistent), str(volatile)))
+    metrics = CollectorMetrics()
+    c = Collector(CollectorConfig(node="n"), MemorySink(), kernel=source, metrics=metrics)
+    try:
+        c.start(datetime.now(timezone.utc))
+        c.tick(datetime.now(timezone.utc))
+        ok, body = metrics.readiness()
+        assert not ok
+        assert f"kernel_log: down (no journal files under {persistent} or {volatile}" in body
+        (volatile / "0123456789abcdef").mkdir()
+        (volatile / "0123456789abcdef" / "system.journal").write_bytes(b"LPKSHHRH")
+        c.tick(datetime.now(timezone.utc))
+        ok, body = metrics.readiness()
+        assert "kernel_log: down" not in body
+    finally:
+        c.stop()
