@@ -28,7 +28,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from executors.gate import DRY_RUN_PREFIX
-from executors.kube import (device_taint_rule_resource, discover_version, is_daemonset_pod, is_mirror_pod,
+from executors.kube import (device_taint_rule_resource, discover_version, is_daemonset_pod, is_mirror_pod, kept_by_drain,
                             node_or_none, pods_on_node, record_event)
 from schemas.base import plain_text
 from schemas.models import RemediationCommand
@@ -119,8 +119,9 @@ def _incidents(holders: dict[str, dict]) -> str:
 
 class ClusterActions:
     def __init__(self, client: Client, *, drain_timeout: float = 120.0, eviction_retry: float = 2.0,
-                 managed_labels: tuple[str, ...] = MANAGED_NODE_LABELS) -> None:
+                 managed_labels: tuple[str, ...] = MANAGED_NODE_LABELS, keep_namespaces: tuple[str, ...] = ()) -> None:
         self.client = client
+        self.keep_namespaces = tuple(keep_namespaces)
         self.managed_labels = tuple(managed_labels)
         self.drain_timeout = drain_timeout
         self.eviction_retry = eviction_retry
@@ -273,8 +274,12 @@ class ClusterActions:
             return "failed", f"precondition failed: node {cmd.node} is not cordoned; nothing was evicted"
         pods = pods_on_node(self.client, cmd.node)
         kept = [p for p in pods if is_daemonset_pod(p) or is_mirror_pod(p)]
-        todo = [p for p in pods if p not in kept]
+        own = [p for p in pods if p not in kept and kept_by_drain(p, self.keep_namespaces)]
+        todo = [p for p in pods if p not in kept and p not in own]
         kept_txt = f"; kept {len(kept)} DaemonSet/mirror pod(s): {', '.join(_names(kept))}" if kept else ""
+        if own:
+            kept_txt += (f"; kept {len(own)} pod(s) of namespace(s) {', '.join(self.keep_namespaces)} "
+                         f"(--drain-keep-namespace): {', '.join(_names(own))}")
         if dry_run:
             return "refused", (f"{DRY_RUN_PREFIX}evict {len(todo)} pod(s) from node {cmd.node} through the Eviction "
                                f"API (PodDisruptionBudgets honoured): {', '.join(_names(todo)) or 'none'}{kept_txt}")

@@ -103,6 +103,15 @@ def is_mirror_pod(pod: Any) -> bool:
     return "kubernetes.io/config.mirror" in (pod.metadata.annotations or {})
 
 
+def kept_by_drain(pod: Any, keep_namespaces: tuple[str, ...] = ()) -> bool:
+    """What a drain leaves on the node: DaemonSet pods (their controller ignores a cordon), mirror
+    pods, and pods of `keep_namespaces` (--drain-keep-namespace: xidstream's own namespace in the
+    chart, so a drain never evicts the processor and the cluster executor carrying out the incident;
+    on a one-node cluster they would stay Pending behind the cordon and the loop would stop, as seen
+    on the real node of `make e2e`). They hold no GPU: the chart's Deployments request none."""
+    return is_daemonset_pod(pod) or is_mirror_pod(pod) or pod.metadata.namespace in keep_namespaces
+
+
 def pods_on_node(client: Client, node: str) -> list[Any]:
     """Pods bound to `node` that still run or may run (not Succeeded/Failed)."""
     pods = client.list(Pod, namespace="*", fields={"spec.nodeName": node})

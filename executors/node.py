@@ -25,7 +25,7 @@ from lightkube import Client
 from collectors.nvml import GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable
 from collectors.sources.procfs import ProcFs
 from executors.gate import DRY_RUN_PREFIX
-from executors.kube import is_daemonset_pod, is_mirror_pod, node_or_none, pods_on_node, record_event
+from executors.kube import kept_by_drain, node_or_none, pods_on_node, record_event
 from schemas.base import normalize_pci, plain_text
 from schemas.models import RemediationCommand
 from schemas.vocab import Action
@@ -133,8 +133,10 @@ class NodeActions:
                  reboot_sentinel: str | Path = DEFAULT_REBOOT_SENTINEL, *,
                  collector_release: NvmlRelease | None = None, release_timeout: float = 10.0,
                  release_hold: float = 300.0, precondition_wait: float = DEFAULT_PRECONDITION_WAIT,
-                 precondition_poll: float = 2.0) -> None:
+                 precondition_poll: float = 2.0, keep_namespaces: tuple[str, ...] = ()) -> None:
         self.client = client
+        # the cluster executor's --drain-keep-namespace: its pods do not make the node "not drained"
+        self.keep_namespaces = tuple(keep_namespaces)
         self.node = node
         self.gpu_ops = gpu_ops
         self.reboot_sentinel = Path(reboot_sentinel)
@@ -177,7 +179,7 @@ class NodeActions:
         why = [] if node.spec.unschedulable else ["not cordoned"]
         # an evicted pod still terminating counts: its processes may hold the GPU until the kubelet
         # has stopped them
-        if any(not is_daemonset_pod(p) and not is_mirror_pod(p) for p in pods_on_node(self.client, self.node)):
+        if any(not kept_by_drain(p, self.keep_namespaces) for p in pods_on_node(self.client, self.node)):
             why.append("not drained")
         return why
 
@@ -219,7 +221,7 @@ class NodeActions:
                 # the kubelet has stopped them
                 left = [f"{p.metadata.namespace}/{p.metadata.name}"
                         + (" (terminating)" if p.metadata.deletionTimestamp else "")
-                        for p in pods_on_node(self.client, self.node) if not is_daemonset_pod(p) and not is_mirror_pod(p)]
+                        for p in pods_on_node(self.client, self.node) if not kept_by_drain(p, self.keep_namespaces)]
                 if left:
                     failed.append(f"node {self.node} is not drained: {len(left)} pod(s) still on it: {', '.join(left[:10])}")
         gpu = None

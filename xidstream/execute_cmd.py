@@ -133,7 +133,8 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
         from executors.cluster import MANAGED_NODE_LABELS
 
         actions = ClusterActions(client, drain_timeout=args.drain_timeout,
-                                 managed_labels=tuple(args.managed_node_label or MANAGED_NODE_LABELS))
+                                 managed_labels=tuple(args.managed_node_label or MANAGED_NODE_LABELS),
+                                 keep_namespaces=tuple(args.drain_keep_namespace))
     else:
         from executors.node import NodeActions, NvmlGpuOps
 
@@ -147,7 +148,8 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
 
         actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel,
                               collector_release=NvmlRelease(args.collector_state_dir),
-                              release_timeout=args.release_timeout, precondition_wait=args.precondition_wait)
+                              release_timeout=args.release_timeout, precondition_wait=args.precondition_wait,
+                              keep_namespaces=tuple(args.drain_keep_namespace))
     state = Path(args.state_dir)
     return Executor(scope=args.scope, keys=keys, actions=actions, state_dir=state, apply=args.apply,
                     node=args.node if args.scope == "node" else None, approval_keys=approval_keys)
@@ -279,6 +281,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cluster scope: act only on nodes with one of these labels, never on control-plane nodes "
                         "(repeat; default nvidia.com/gpu.present and feature.node.kubernetes.io/pci-10de.present, "
                         "the chart's GPU-node selector)")
+    p.add_argument("--drain-keep-namespace", action="append", default=[], metavar="NS",
+                   help="a drain never evicts pods of this namespace, and RESET_GPU's 'drained' precondition ignores "
+                        "them (repeat; the chart gives its own namespace: the processor and the cluster executor "
+                        "must outlive the drain they carry out)")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="cluster scope: seconds a drain waits on blocking PodDisruptionBudgets (default 120)")
     p.add_argument("--reboot-sentinel", default="/var/run/reboot-required", help="node scope: kured's sentinel file (default /var/run/reboot-required)")
     p.add_argument("--collector-state-dir", default=".xidstream/collector",

@@ -216,6 +216,34 @@ def test_drain_evicts_workloads_and_keeps_the_daemonset_pod(kube, executor, keys
     assert "XidstreamDrain" in [e["reason"] for e in node_events(kube, node)]
 
 
+def test_drain_keeps_the_pods_of_a_kept_namespace_and_the_reset_precondition_ignores_them(kube, keys, ns, tmp_path):
+    """The chart runs its processor and cluster executor with --drain-keep-namespace <release ns>:
+    on the real node of `make e2e` the executor evicted both, itself mid-drain, and on a one-node
+    cluster they stayed Pending behind the cordon (nothing finished the incident)."""
+    from executors.node import NodeActions
+
+    key, verify = keys
+    own = f"xs-own-{RUN}"
+    kube.ensure_namespace(own)
+    actions = ClusterActions(make_client(kube.kubeconfig), drain_timeout=3.0, eviction_retry=0.5,
+                             keep_namespaces=(own,))
+    executor = Executor(scope="cluster", keys=verify, actions=actions, state_dir=tmp_path / "state", apply=True)
+    node = make_node(kube, "keepns")
+    make_pod(kube, ns, f"job-{RUN}", node)
+    make_pod(kube, own, f"processor-{RUN}", node)
+    cordon(kube, executor, key, node)
+    r = executor.handle(key.sign(command(node, "DRAIN_NODE")))
+    assert r.outcome == Outcome.succeeded, r.detail
+    assert r.detail.startswith(f"drained node {node}: evicted 1 pod(s): {ns}/job-{RUN}; "), r.detail
+    assert r.detail.endswith(f"; kept 1 pod(s) of namespace(s) {own} (--drain-keep-namespace): {own}/processor-{RUN}")
+    status, pod = kube.request("GET", f"/api/v1/namespaces/{own}/pods/processor-{RUN}")
+    assert status == 200 and not pod["metadata"].get("deletionTimestamp")
+    kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/job-{RUN}?gracePeriodSeconds=0")  # the kubelet's part
+    client = make_client(kube.kubeconfig)
+    assert NodeActions(client, node, None, keep_namespaces=(own,))._node_not_ready() == []
+    assert NodeActions(client, node, None)._node_not_ready() == ["not drained"]  # without it: the pod counts
+
+
 def test_drain_blocked_by_a_pdb_fails_naming_the_pods_and_forces_nothing(kube, executor, keys, ns):
     key, _ = keys
     node = make_node(kube, "pdb")
