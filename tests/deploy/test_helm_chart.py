@@ -496,3 +496,62 @@ def test_the_admission_policy_confines_the_cluster_executor_to_managed_gpu_nodes
     # The admin is not confined: the policy names only the executor's service account.
     assert kube.request("PATCH", f"/api/v1/nodes/vap-{RUN}-plain", {"spec": {"unschedulable": True}},
                         content_type="application/merge-patch+json")[0] == 200
+
+
+def test_node_namespace_moves_the_node_pods_and_lets_the_release_namespace_be_restricted(helm):
+    """Issue 21: Pod Security cannot exempt one workload of a namespace; nodeNamespace.name puts the
+    node DaemonSet (and what it uses) in a namespace of its own, privileged, so the release's can
+    enforce `restricted`. Everything else stays in the release's namespace."""
+    objs, _ = render(helm, "--set", "nodeNamespace.name=xs-node", "--set", "namespace.create=true",
+                     "--set", "namespace.podSecurity.enforce=restricted", "--set", "identity.enabled=true",
+                     "--set", "identity.processorKey=" + "ab" * 32)
+    where = {(o["kind"], o["metadata"]["name"]): o["metadata"].get("namespace") for o in objs}
+    node_side = {("ServiceAccount", "xs-xidstream-node"), ("DaemonSet", "xs-xidstream-node"),
+                 ("Service", "xs-xidstream-collector-metrics"), ("NetworkPolicy", "xs-xidstream-node")}
+    for key, ns in where.items():
+        if key[0] in ("Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"):
+            continue
+        if key[0] == "RoleBinding":  # the Events' bindings: where Node events go
+            assert ns == "default", key
+            continue
+        assert ns == ("xs-node" if key in node_side else "xidstream"), (key, ns)
+    kinds = by_kind(objs)
+    assert kinds["RoleBinding"]["xs-xidstream-node-events"]["subjects"][0]["namespace"] == "xs-node"
+    subjects = kinds["ClusterRoleBinding"]["xs-xidstream-node"]["subjects"]
+    assert subjects == [{"kind": "ServiceAccount", "name": "xs-xidstream-node", "namespace": "xs-node"}]
+    args = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
+    assert args[args.index("--node-service-account") + 1] == "xs-node/xs-xidstream-node"
+    assert args[args.index("--drain-keep-namespace") + 1] == "xidstream"
+    node_args = containers(kinds["DaemonSet"]["xs-xidstream-node"])["node-executor"]["args"]
+    assert node_args[node_args.index("--drain-keep-namespace") + 1] == "xidstream"
+    levels = {n: o["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] for n, o in kinds["Namespace"].items()}
+    assert levels == {"xidstream": "restricted", "xs-node": "privileged"}
+
+
+def test_the_reboot_sentinel_folder_is_xidstreams_own_not_the_hosts_var_run(helm):
+    """Issue 21: the node executor mounted the host's /var/run read-write (the container runtime's
+    socket is there) to write kured's sentinel; now a folder of its own, created if missing."""
+    objs, _ = render(helm)
+    ds = by_kind(objs)["DaemonSet"]["xs-xidstream-node"]
+    host_paths = {v["name"]: v["hostPath"] for v in pod_spec(ds)["volumes"] if "hostPath" in v}
+    assert host_paths["reboot-sentinel"] == {"path": "/var/run/xidstream", "type": "DirectoryOrCreate"}
+    assert not {"/var/run", "/run"} & {hp["path"] for hp in host_paths.values()}
+    assert pod_spec(ds)["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_install_without_the_runtime_class_fails_naming_the_value_to_set(kube, helm, tmp_path):
+    """Issue 21: the default nvml.mode runtimeClass on a cluster without that RuntimeClass left every
+    node pod at `RuntimeClass "nvidia" not found`; an install now fails at once and says what to set.
+    `helm template` (no cluster) still renders."""
+    missing = f"xs-missing-{RUN}"
+    cmd = [helm, "install", f"xsrc{RUN}", str(CHART), "-n", "default", "--kubeconfig", str(kube.kubeconfig),
+           "--set", f"nvml.runtimeClassName={missing}", "--dry-run=server"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert f'this cluster has no RuntimeClass "{missing}"' in proc.stderr
+    assert "nvml.mode=hostLibrary" in proc.stderr and "nvml.mode=none" in proc.stderr
+    proc = subprocess.run(cmd[:-1] + ["--set", "nvml.mode=none", "--dry-run=server"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    render(helm, "--set", f"nvml.runtimeClassName={missing}")  # no cluster: no lookup, renders

@@ -167,3 +167,9 @@ helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version }}
 - {{ $ctx.Values.identity.processorKey | quote }}
 {{- end }}
 {{- end -}}
+
+
+{{/* The node DaemonSet's namespace: nodeNamespace.name, else the release's. */}}
+{{- define "xidstream.nodeNamespace" -}}
+{{- .Values.nodeNamespace.name | default .Release.Namespace -}}
+{{- end -}}
