@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
 
-.PHONY: demo demo-cluster test venv jars kube helm image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
+.PHONY: demo demo-cluster test e2e venv jars kube helm image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
 
 venv: $(VENV)/.installed
 
@@ -58,6 +58,15 @@ demo-cluster: jars kube
 # The test session starts the broker and the API server once (tests/conftest.py) and stops them.
 test: jars kube helm
 	$(BIN)/pytest -q
+
+# The chart on a real single-node cluster (kubelet + containerd, root): the image built with buildah
+# on a debootstrap base, `helm install`, an Xid 79 written to /dev/kmsg, the node cordoned and
+# drained by the real kubelet (README "End to end on a real node"). Installs Debian's containerd,
+# runc, buildah, debootstrap, CNI plugins and iptables with apt-get when missing; builds the node
+# binary once (2-8 min). E2E_RUNS=10 repeats the Xid 79 and prints the median latencies.
+E2E_RUNS ?= 1
+e2e: jars kube helm
+	$(XS) e2e --runs $(E2E_RUNS)
 
 broker-start: jars
 	$(XS) broker start

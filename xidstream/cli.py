@@ -39,7 +39,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _broker(args: argparse.Namespace, settings: Settings) -> int:
     from xidstream.localbroker import LocalBroker
 
-    broker = LocalBroker(port=args.port, secure=args.secure)
+    broker = LocalBroker(port=args.port, secure=args.secure, host=args.host)
     if args.action == "fetch":
         print(f"Kafka jars in {broker.fetch()}")
     elif args.action == "start":
@@ -168,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["fetch", "start", "stop", "status", "reset"])
     p.add_argument("--port", type=int, default=None, help="client port (controller: port+1); default 19092, "
                                                           "19392 with --secure")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address it listens on and advertises (default 127.0.0.1; pods on a CNI bridge cannot "
+                        "reach loopback: give the bridge's address, e.g. the one `xidstream node up` prints)")
     p.add_argument("--secure", action="store_true",
                    help="the separate SASL_SSL instance (.xidstream/broker-secure/): TLS, SCRAM-SHA-512 users "
                         "collector, processor, executor, admin, ACLs; writes clients/ROLE.properties")
@@ -248,6 +251,18 @@ def _kube(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _node(sub: argparse._SubParsersAction) -> None:
+    from xidstream.localnode import register
+
+    register(sub)
+
+
+def _e2e(sub: argparse._SubParsersAction) -> None:
+    from xidstream.node_e2e import register
+
+    register(sub)
+
+
 def _executors(sub: argparse._SubParsersAction) -> None:
     from xidstream.execute_cmd import register
 
@@ -266,7 +281,7 @@ def _exporters(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _executors,
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _node, _e2e, _executors,
                                                                        _demo_cluster, _exporters]
 
 

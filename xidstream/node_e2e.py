@@ -1,0 +1,514 @@
+"""`xidstream e2e` (`make e2e`): the chart on a real node, from a kernel line to a drained node.
+
+    the image built (buildah, Containerfile) -> `xidstream node up` (kubelet + containerd) -> the
+    broker on the node's bridge -> `helm install` of deploy/helm/xidstream -> tenants' pods ->
+    an Xid 79 written to the host's real /dev/kmsg -> the collector (DaemonSet) -> Kafka -> the
+    processor (Deployment) -> signed commands -> the cluster executor (Deployment) cordons and
+    drains through the API server, the real kubelet stops the evicted pods -> results
+
+Checked on the API server and the topics, each a step of the printed timeline; any missed step
+ends the run non-zero. The collector runs with `--accept-injected-kmsg`: a line root writes to
+/dev/kmsg has facility 1 (user), which the collector refuses without that test-only switch.
+
+Each run starts on a fresh cluster (etcd wiped) and a fresh broker; `--runs N` repeats the Xid 79
+part N times on one cluster (uncordoning and restoring the tenants in between) and prints the
+median time from the kernel line to the cordon and to the last eviction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from schemas.errors import XidstreamError
+from xidstream.localbroker import REPO_ROOT, LocalBroker, default_cache_dir
+from xidstream.localnode import BRIDGE_IP, BROKER_PORT, PAUSE_IMAGE, PROJECT_IMAGE, LocalNode
+
+__all__ = ["register", "run_e2e"]
+
+NAMESPACE = "xidstream"        # processor, cluster executor, topics Job: Pod Security `restricted`
+NODE_NAMESPACE = "xidstream-node"  # the node DaemonSet: `privileged` (hostPID, hostPath, /dev/kmsg)
+TENANT = "tenant"
+CHART = REPO_ROOT / "deploy" / "helm" / "xidstream"
+HELM_VERSION = "v3.16.4"  # the Makefile's
+# The incident: GPU 0 falls off the bus (NVIDIA's Xid catalog: 79, RESTART_BM). The first line is
+# the driver's own PCI -> UUID line, which keys the record without NVML. {bus} differs per run.
+XID79 = ["NVRM: GPU at PCI:0000:{bus}:00: GPU-e2e{bus}00-0000-4000-8000-00000000{bus}{bus}",
+         "NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+         "NVRM: GPU 0000:{bus}:00.0: GPU has fallen off the bus."]
+
+
+class E2eError(XidstreamError):
+    """A step of the end-to-end run did not happen."""
+
+
+@dataclass
+class Timeline:
+    t0: float = field(default_factory=time.time)
+    steps: list[tuple[float, str]] = field(default_factory=list)
+
+    def mark(self, text: str, at: float | None = None) -> float:
+        at = time.time() if at is None else at
+        self.steps.append((at, text))
+        print(f"  +{at - self.t0:7.2f}s  {text}", flush=True)
+        return at
+
+
+def _helm() -> str:
+    cached = default_cache_dir() / f"helm-{HELM_VERSION}" / "helm"
+    helm = str(cached) if cached.exists() else shutil.which("helm")
+    if not helm:
+        raise E2eError("helm not found: `make helm` builds it into ~/.cache/xidstream")
+    return helm
+
+
+def _ok(status: int, body: Any, what: str, allowed: tuple[int, ...] = (200, 201)) -> Any:
+    if status not in allowed:
+        raise E2eError(f"{what}: HTTP {status}: {body}")
+    return body
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise E2eError(f"{what}: not within {timeout:g}s")
+        time.sleep(poll)
+
+
+def check_image_commands(image: str = PROJECT_IMAGE) -> list[str]:
+    """Every `xidstream` subcommand's --help inside the built image (an import missing from the
+    image, like exporters/ once, fails here). Returns the commands checked."""
+    from xidstream.cli import build_parser
+
+    commands = sorted(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no API
+    ctr = subprocess.run(["buildah", "from", "--pull-never", image], capture_output=True, text=True)
+    if ctr.returncode != 0:
+        raise E2eError(f"buildah from {image}: {ctr.stderr.strip()}")
+    name = ctr.stdout.strip()
+    try:
+        script = "set -e; " + "; ".join(f"xidstream {c} --help >/dev/null || {{ echo FAILED {c}; exit 1; }}"
+                                        for c in commands)
+        run = subprocess.run(["buildah", "run", "--network", "none", name, "--", "sh", "-c", script],
+                             capture_output=True, text=True, timeout=300)
+        if run.returncode != 0:
+            raise E2eError(f"a subcommand fails in {image}: {(run.stdout + run.stderr)[-1500:]}")
+    finally:
+        subprocess.run(["buildah", "rm", name], capture_output=True)
+    return commands
+
+
+def _values(node: LocalNode, workdir: Path) -> Path:
+    host = workdir / "host"  # what the chart would put in the host's /var/lib and /var/run
+    values = {
+        "image": {"repository": PROJECT_IMAGE.rsplit(":", 1)[0], "tag": PROJECT_IMAGE.rsplit(":", 1)[1],
+                  "pullPolicy": "Never"},
+        "kafka": {"bootstrap": f"{BRIDGE_IP}:{BROKER_PORT}", "partitions": 2},
+        "nvml": {"mode": "none"},
+        "collector": {"kernelLog": "kmsg", "privileged": True, "extraArgs": ["--accept-injected-kmsg"],
+                      "stateHostPath": str(host / "var-lib-xidstream"), "podResourcesPath": str(node.pod_resources)},
+        # privileged: false as in values-secure.yaml (no GPU here to reset)
+        "nodeExecutor": {"apply": True, "privileged": False, "rebootSentinelHostDir": str(host / "var-run-xidstream")},
+        "nodeNamespace": {"name": NODE_NAMESPACE},
+        "processor": {"replicas": 1, "policy": {"dry_run": False},
+                      "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
+        "clusterExecutor": {"apply": True, "drainTimeout": 20},
+        "metrics": {"serviceMonitor": {"enabled": False}},
+    }
+    path = workdir / "values-e2e.yaml"
+    path.write_text(json.dumps(values, indent=2))  # JSON is YAML
+    return path
+
+
+def _secret(name: str, files: dict[str, Path]) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in files.items()}}
+
+
+def _helm_cmd(node: LocalNode, workdir: Path, verb: str, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [_helm(), verb, "xidstream", *([str(CHART)] if verb in ("install", "upgrade") else []),
+           "--namespace", NAMESPACE, "--kubeconfig", str(node.kubeconfig), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with (workdir / "helm.log").open("a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}\n")
+    return proc
+
+
+def check_runtime_class_refused(node: LocalNode, workdir: Path, tl: Timeline) -> None:
+    """The chart's default nvml.mode (runtimeClass) on a cluster without that RuntimeClass fails at
+    install, naming the value to set, instead of leaving every node pod unstartable."""
+    proc = _helm_cmd(node, workdir, "install", "-f", str(_values(node, workdir)), "--set", "nvml.mode=runtimeClass",
+                     "--dry-run=server")
+    out = proc.stdout + proc.stderr
+    if proc.returncode == 0 or 'no RuntimeClass "nvidia"' not in out or "nvml.mode=none" not in out:
+        raise E2eError(f"helm install with nvml.mode runtimeClass and no RuntimeClass did not fail as it should "
+                       f"(exit {proc.returncode}): {out[-800:]}")
+    tl.mark("helm install with the default nvml.mode on a cluster without the nvidia RuntimeClass: refused "
+            "(names nvml.runtimeClassName / hostLibrary / none)")
+
+
+def _pod_of(kube: Any, component: str) -> dict | None:
+    ns = NODE_NAMESPACE if component == "node" else NAMESPACE
+    body = _ok(*kube.request("GET", f"/api/v1/namespaces/{ns}/pods?labelSelector="
+                                    f"app.kubernetes.io%2Fcomponent%3D{component}"), f"{component} pods")
+    live = [p for p in body["items"] if not p["metadata"].get("deletionTimestamp")]
+    return live[0] if len(live) == 1 else None
+
+
+def check_upgrade(node: LocalNode, workdir: Path, tl: Timeline) -> None:
+    """`helm upgrade` to a changed policy rolls the processor; the journal kernel-log mode on this
+    host, which keeps no journal files, leaves the collector Running but not Ready, saying why."""
+    kube = node.kube.handle()
+    processor = _pod_of(kube, "processor")
+    proc = _helm_cmd(node, workdir, "upgrade", "--reuse-values", "--set", "processor.policy.suspect_occurrences=4",
+                     "--set", "collector.kernelLog=journal", "--set", "collector.privileged=false",
+                     "--set-json", "collector.extraArgs=[]")  # --accept-injected-kmsg is for kmsg only
+    if proc.returncode != 0:
+        raise E2eError(f"helm upgrade failed: {(proc.stdout + proc.stderr)[-1500:]}")
+
+    def rolled() -> dict | None:
+        pod = _pod_of(kube, "processor")
+        ready = pod and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+        return pod if ready and pod["metadata"]["name"] != processor["metadata"]["name"] else None
+
+    new = _wait("the processor rolled after a policy change", rolled, 180, 1)
+    tl.mark(f"helm upgrade of the policy: processor {processor['metadata']['name']} replaced by "
+            f"{new['metadata']['name']} (checksum/policy)")
+
+    def blind_collector() -> str | None:
+        pod = _pod_of(kube, "node")
+        if not pod or pod["status"].get("phase") != "Running" or not pod["status"].get("podIP"):
+            return None
+        args = next(c["args"] for c in pod["spec"]["containers"] if c["name"] == "collector")
+        if "journal" not in args:
+            return None
+        try:
+            import urllib.error
+            import urllib.request
+
+            urllib.request.urlopen(f"http://{pod['status']['podIP']}:9464/readyz", timeout=2)
+        except urllib.error.HTTPError as exc:  # 503: not ready, the body says why
+            body = exc.read().decode()
+            return body if "no journal files" in body else None
+        except OSError:
+            return None
+        return None
+
+    why = _wait("the journal-mode collector not Ready on a host without journal files", blind_collector, 180, 1)
+    reason = next(line for line in why.splitlines() if "no journal files" in line)
+    tl.mark(f"collector in journal mode on this journal-less host: Running, not Ready: {reason[:120]}")
+
+
+def _container(pod: dict, name: str) -> dict:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == name)
+
+
+def check_privileges(node: LocalNode, tl: Timeline) -> None:
+    """What each container runs with, read back from the live pods, and the real admission and
+    kernel refusing what the chart does not grant."""
+    kube = node.kube.handle()
+    problems = []
+    for component, container in (("processor", "processor"), ("cluster-executor", "executor")):
+        pod = _pod_of(kube, component)
+        psc, csc = pod["spec"].get("securityContext") or {}, _container(pod, container).get("securityContext") or {}
+        want = {"runAsNonRoot": psc.get("runAsNonRoot") is True, "seccomp RuntimeDefault":
+                (psc.get("seccompProfile") or {}).get("type") == "RuntimeDefault",
+                "no privilege escalation": csc.get("allowPrivilegeEscalation") is False,
+                "capabilities drop ALL": (csc.get("capabilities") or {}).get("drop") == ["ALL"]
+                and not (csc.get("capabilities") or {}).get("add"),
+                "read-only root": csc.get("readOnlyRootFilesystem") is True}
+        problems += [f"{component}: not {k}" for k, ok in want.items() if not ok]
+    node_pod = _pod_of(kube, "node")
+    nsc = _container(node_pod, "node-executor").get("securityContext") or {}
+    if nsc.get("privileged") or (nsc.get("capabilities") or {}).get("add") != ["SYS_PTRACE"] or \
+            (node_pod["spec"].get("securityContext") or {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
+        problems.append(f"node-executor: expected unprivileged, SYS_PTRACE only, RuntimeDefault seccomp: {nsc}")
+    if any(v["hostPath"]["path"] in ("/var/run", "/run") for v in node_pod["spec"]["volumes"] if "hostPath" in v):
+        problems.append("the node pod mounts the host's /var/run (the container runtime's socket)")
+    if problems:
+        raise E2eError("; ".join(problems))
+    tl.mark("live pods: processor and cluster executor non-root, RuntimeDefault seccomp, no capabilities, read-only "
+            "root; node executor unprivileged with SYS_PTRACE only; no host /var/run mounted")
+
+    # Pod Security admission on the release's namespace refuses what the node pod needs.
+    status, body = kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wants-host-pid"},
+        "spec": {"hostPID": True, "containers": [{"name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}]}})
+    if status != 403 or 'violates PodSecurity "restricted' not in str((body or {}).get("message")):
+        raise E2eError(f"a hostPID pod in {NAMESPACE} was not refused by Pod Security: HTTP {status}: {body}")
+    tl.mark(f"Pod Security admission refused a hostPID pod in {NAMESPACE} (restricted)")
+
+    # The kernel refuses /dev/kmsg to a container with the node executor's privileges (the device
+    # cgroup), as the collector's kmsg mode needs its privileged container for.
+    spec = {"restartPolicy": "Never", "hostPID": True, "nodeName": node.node,
+            "tolerations": [{"operator": "Exists"}],
+            "securityContext": node_pod["spec"].get("securityContext") or {},
+            "containers": [{"name": "probe", "image": PROJECT_IMAGE, "imagePullPolicy": "Never",
+                            "command": ["python3", "-c", "open('/dev/kmsg', 'rb').read(1)"],
+                            "securityContext": nsc, "terminationMessagePolicy": "FallbackToLogsOnError",
+                            "volumeMounts": [{"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}]}],
+            "volumes": [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}}]}
+    _ok(*kube.request("POST", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kmsg-probe"}, "spec": spec}), "probe pod")
+
+    def finished() -> dict | None:
+        pod = _ok(*kube.request("GET", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods/kmsg-probe"), "probe pod")
+        state = ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("terminated")
+        return state
+
+    done = _wait("the /dev/kmsg probe pod to finish", finished, 90, 0.5)
+    kube.request("DELETE", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods/kmsg-probe?gracePeriodSeconds=0")
+    if done.get("exitCode") == 0 or "Operation not permitted" not in (done.get("message") or ""):
+        raise E2eError(f"a container with the node executor's privileges could open /dev/kmsg: {done}")
+    tl.mark("a container with the node executor's privileges cannot open /dev/kmsg: "
+            + (done.get("message") or "").strip().splitlines()[-1][:100])
+
+
+def install(node: LocalNode, workdir: Path, tl: Timeline) -> None:
+    from schemas.signing import generate_keys
+
+    kube = node.kube.handle()
+    priv, pub, _ = generate_keys(workdir / "keys")
+    for ns, level in ((NAMESPACE, "restricted"), (NODE_NAMESPACE, "privileged")):
+        _ok(*kube.request("POST", "/api/v1/namespaces", {
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {f"pod-security.kubernetes.io/{m}": level
+                                                for m in ("enforce", "warn", "audit")}}}), f"namespace {ns}")
+        _ok(*kube.request("POST", f"/api/v1/namespaces/{ns}/secrets",
+                          _secret("xidstream-verify", {"signing.pub": pub})), "verify secret")
+    _ok(*kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets",
+                      _secret("xidstream-signing", {"signing.key": priv})), "signing secret")
+    proc = _helm_cmd(node, workdir, "install", "-f", str(_values(node, workdir)), "--wait", "--timeout", "5m")
+    if proc.returncode != 0:
+        raise E2eError(f"helm install failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}\n"
+                       f"{_pods_report(kube)}")
+    tl.mark(f"helm install: the DaemonSet ({NODE_NAMESPACE}, Pod Security privileged) and both Deployments "
+            f"({NAMESPACE}, restricted) Ready")
+
+
+def _pods_report(kube: Any) -> str:
+    status, body = kube.request("GET", "/api/v1/pods")
+    if status != 200:
+        return ""
+    lines = []
+    for p in body["items"]:
+        cs = p["status"].get("containerStatuses") or []
+        waiting = "; ".join(f"{c['name']}: {json.dumps(c.get('state'))[:200]}" for c in cs if not c.get("ready"))
+        lines.append(f"  {p['metadata']['namespace']}/{p['metadata']['name']}: {p['status'].get('phase')} {waiting}")
+    return "pods:\n" + "\n".join(lines)
+
+
+def tenants(kube: Any) -> None:
+    """Other tenants' work on the node: a trainer whose PodDisruptionBudget blocks any eviction, a
+    notebook that nothing protects, and a DaemonSet pod (a drain keeps it)."""
+    kube.ensure_namespace(TENANT)
+    spec = {"containers": [{"name": "main", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}],
+            "terminationGracePeriodSeconds": 5}
+    for name in ("trainer", "notebook"):
+        _ok(*kube.request("POST", f"/apis/apps/v1/namespaces/{TENANT}/deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": spec}}}), f"deployment {name}")
+    _ok(*kube.request("POST", f"/apis/apps/v1/namespaces/{TENANT}/daemonsets", {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "node-agent"},
+        "spec": {"selector": {"matchLabels": {"app": "node-agent"}},
+                 "template": {"metadata": {"labels": {"app": "node-agent"}}, "spec": spec}}}), "daemonset")
+    _ok(*kube.request("POST", f"/apis/policy/v1/namespaces/{TENANT}/poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "trainer"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}}}), "pdb")
+
+
+def tenant_pods(kube: Any) -> dict[str, dict]:
+    body = _ok(*kube.request("GET", f"/api/v1/namespaces/{TENANT}/pods"), "tenant pods")
+    return {p["metadata"]["name"]: p for p in body["items"]}
+
+
+def _running(kube: Any) -> dict[str, dict] | None:
+    pods = {p["metadata"]["labels"]["app"]: p for p in tenant_pods(kube).values()
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+    return pods if len(pods) == 3 else None
+
+
+def write_kmsg(lines: list[str], path: str = "/dev/kmsg") -> float:
+    """Each line one write, as the kernel's printk would emit them; returns the wall clock."""
+    at = time.time()
+    with open(path, "w") as fh:  # noqa: PTH123 - one write() per record
+        for line in lines:
+            fh.write(f"<3>{line}\n")  # facility 0 asked; the kernel makes it 1 (user) for a write
+            fh.flush()
+    return at
+
+
+@dataclass
+class Run:
+    kernel_at: float
+    cordoned_at: float | None = None
+    last_eviction_at: float | None = None
+
+
+def xid79_run(node: LocalNode, bootstrap: str, tl: Timeline, bus: str, timeout: float = 90.0) -> Run:
+    """One Xid 79 on the real node; waits for the cordon, the evictions (done by the kubelet) and
+    the results; returns the times."""
+    from xidstream.demo_cluster import ClosedLoop, _Reader
+    from xidstream.settings import Settings
+    from schemas.vocab import Action
+
+    kube = node.kube.handle()
+    before = _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
+    loop = ClosedLoop(node=node.node, namespace=TENANT, t0=time.time())
+    reader = _Reader(Settings(bootstrap=bootstrap, partitions=2, node=node.node), loop)
+    reader.read(0.5)
+    seen = {r.event_id for r in loop.results} | {c.event_id for c in loop.commands}
+    run = Run(kernel_at=write_kmsg([line.format(bus=bus) for line in XID79]))
+    tl.mark(f"Xid 79 of GPU at PCI 0000:{bus}:00 written to /dev/kmsg", run.kernel_at)
+
+    def fresh(recs: list) -> list:
+        return [r for r in recs if r.event_id not in seen]
+
+    def cordoned() -> float | None:
+        reader.read(0.05)
+        node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")
+        return time.time() if node_obj["spec"].get("unschedulable") else None
+
+    run.cordoned_at = _wait("the node cordoned (spec.unschedulable)", cordoned, timeout, 0)
+    gone = {"notebook": before["notebook"]["metadata"]["name"]}
+
+    def evicted() -> float | None:
+        reader.read(0.05)
+        pods = tenant_pods(kube)
+        return time.time() if all(n not in pods for n in gone.values()) else None
+
+    run.last_eviction_at = _wait("the notebook pod evicted and stopped by the kubelet", evicted, timeout, 0)
+
+    def answered(action: Action) -> Callable[[], Any]:
+        def check() -> Any:
+            reader.read(0.2)
+            return next((r for r in fresh(loop.results) if r.action == action), None)
+        return check
+
+    for action in (Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE):
+        _wait(f"a result for {action.value}", answered(action), timeout, 0)
+    lines = [(loop.arrived[c.event_id], f"command {c.action.value} (step {c.step}) read on gpu.remediation, signed by "
+                                        f"{c.key_id}") for c in fresh(loop.commands)]
+    lines += [(loop.arrived[r.event_id], f"result {r.action.value}: {r.outcome.value.upper()} ({r.detail[:160]})")
+              for r in fresh(loop.results)]
+    lines += [(run.cordoned_at, f"node {node.node} cordoned on the API server (seen by polling it)"),
+              (run.last_eviction_at, f"tenant pod {gone['notebook']} evicted, stopped by the kubelet and gone")]
+    for at, text in sorted(lines):
+        tl.mark(text, at)
+    drain = next(r for r in fresh(loop.results) if r.action == Action.DRAIN_NODE)
+    trainer = before["trainer"]["metadata"]["name"]
+    agent = before["node-agent"]["metadata"]["name"]
+    pods = tenant_pods(kube)
+    problems = []
+    if drain.outcome.value != "failed" or trainer not in (drain.detail or ""):
+        problems.append(f"the drain's result does not name the PDB-blocked pod {trainer} as failed: {drain.detail}")
+    if trainer not in pods:
+        problems.append(f"the PDB-protected pod {trainer} was removed")
+    if agent not in pods or pods[agent]["metadata"].get("deletionTimestamp"):
+        problems.append(f"the DaemonSet pod {agent} was not kept")
+    own = _ok(*kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods"), "xidstream pods")["items"]
+    lost = [p["metadata"]["name"] for p in own
+            if p["status"].get("phase") != "Running" or p["metadata"].get("deletionTimestamp")]
+    if lost:
+        problems.append(f"xidstream's own pods did not outlive the drain: {', '.join(lost)}")
+    events = _ok(*kube.request("GET", f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{node.node}"),
+                 "events")["items"]
+    reasons = sorted({e.get("reason", "") for e in events if e.get("reason", "").startswith("Xidstream")})
+    if not reasons:
+        problems.append("no xidstream Event on the Node")
+    else:
+        tl.mark(f"Events on node {node.node}: {', '.join(reasons)}")
+    reader.close()
+    if problems:
+        raise E2eError("; ".join(problems))
+    return run
+
+
+def restore(node: LocalNode) -> None:
+    """Between runs, the operator's part: lift xidstream's cordon (unschedulable, its NoSchedule
+    taint and its annotation) so the evicted tenant comes back."""
+    from executors.cluster import CORDON_ANNOTATION, TAINT_KEY
+
+    kube = node.kube.handle()
+    node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")
+    taints = [t for t in node_obj["spec"].get("taints") or [] if t["key"] != TAINT_KEY]
+    _ok(*kube.request("PATCH", f"/api/v1/nodes/{node.node}",
+                      {"metadata": {"annotations": {CORDON_ANNOTATION: None}},
+                       "spec": {"unschedulable": None, "taints": taints}},
+                      content_type="application/merge-patch+json"), "uncordon")
+
+
+def run_e2e(runs: int = 1, keep: bool = False) -> int:
+    tl = Timeline()
+    node = LocalNode()
+    workdir = node.state_dir / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"== xidstream e2e: the chart on a real node (work: {workdir})", flush=True)
+    archive = node.build_image()
+    tl.mark(f"image {PROJECT_IMAGE} built from the Containerfile")
+    checked = check_image_commands()
+    tl.mark(f"every subcommand's --help ran inside the image ({len(checked)}: {', '.join(checked)})")
+    node.down()  # a fresh cluster: etcd is wiped by the API server's start
+    broker = LocalBroker(host=BRIDGE_IP, port=BROKER_PORT, state_dir=node.state_dir / "broker")
+    try:
+        node.up(images=[(archive, PROJECT_IMAGE)])
+        tl.mark(f"node {node.node} Ready (kubelet, containerd, API server on {node.kube.server})")
+        broker.fetch()
+        broker.reset()
+        broker.start()
+        tl.mark(f"broker up on {broker.bootstrap}")
+        check_runtime_class_refused(node, workdir, tl)
+        install(node, workdir, tl)
+        check_privileges(node, tl)
+        kube = node.kube.handle()
+        tenants(kube)
+        _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
+        tl.mark("tenants running: trainer (PDB minAvailable 1), notebook, node-agent (DaemonSet)")
+        done: list[Run] = []
+        for i in range(runs):
+            bus = f"{0x3b + i:02x}"
+            done.append(xid79_run(node, broker.bootstrap, tl, bus))
+            restore(node)
+        check_upgrade(node, workdir, tl)
+        cordon = [r.cordoned_at - r.kernel_at for r in done]
+        evict = [r.last_eviction_at - r.kernel_at for r in done]
+        print(f"\n== {len(done)} run(s) of an Xid 79: kernel line -> node cordoned p50 {statistics.median(cordon):.2f}s "
+              f"(min {min(cordon):.2f}, max {max(cordon):.2f}); -> last eviction done p50 "
+              f"{statistics.median(evict):.2f}s (min {min(evict):.2f}, max {max(evict):.2f})", flush=True)
+        return 0
+    except XidstreamError as exc:
+        print(f"\nE2E FAILED: {exc}", file=sys.stderr)
+        try:
+            print(_pods_report(node.kube.handle()), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - a report only
+            pass
+        print(f"logs: {node.state_dir}/*.log, {workdir}", file=sys.stderr)
+        return 1
+    finally:
+        if not keep:
+            broker.stop()
+            node.down()
+
+
+def _e2e_command(args: argparse.Namespace, settings: Any) -> int:
+    return run_e2e(runs=args.runs, keep=args.keep)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("e2e", help="the chart on a real single-node cluster, an Xid 79 through /dev/kmsg (root)")
+    p.add_argument("--runs", type=int, default=1, help="Xid 79 runs on one cluster; prints the median latencies")
+    p.add_argument("--keep", action="store_true", help="leave the node and the broker running afterwards")
+    p.set_defaults(handler=_e2e_command)
