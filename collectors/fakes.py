@@ -37,7 +37,7 @@ from typing import Any
 
 from pynvml import NVMLLibraryMismatchError  # a plain Exception in nvidia-ml-py, not an NVMLError
 
-__all__ = ["FakePynvml", "FakeGpu", "FakeProcess"]
+__all__ = ["FakePynvml", "FakeGpu", "FakeProcess", "FilePynvml"]
 
 
 class _NVMLError(Exception):
@@ -379,3 +379,64 @@ class FakePynvml:
 
     def nvmlEventSetFree(self, event_set: _FakeEventSet) -> None:
         event_set.gpus.clear()
+
+
+class FilePynvml(FakePynvml):
+    """`FakePynvml` whose GPUs a JSON file describes, re-read whenever it changes: what
+    `collect --fake-nvml FILE` runs on, so that an end-to-end test on a machine without a GPU can
+    drive the real collector in its pod (make e2e writes the file on the host, in the collector's
+    state folder) while everything else, the kernel log included, is real. Tests only.
+
+        {"gpus": [{"index": 0, "uuid": "GPU-...", "pci_bus_id": "00000000:3B:00.0",
+                   "utilization_gpu_pct": 100, "memory_used_mib": 0, "power_w": 110,
+                   "processes": [{"pid": 4242, "name": "python3", "used_memory_mib": 900}]}]}
+
+    Any FakeGpu field may be given; a GPU keeps its handle across re-reads (matched by index).
+    A file that cannot be read or parsed keeps the last good state and is counted in `bad_reads`."""
+
+    def __init__(self, path: str, **kw: Any) -> None:
+        from pathlib import Path
+
+        self.path = Path(path)
+        self._stamp: tuple[int, int] | None = None
+        self.bad_reads = 0
+        super().__init__([], **kw)
+        self._reload()
+        if not self.gpus:
+            raise ValueError(f"--fake-nvml {path}: no GPUs in it ({{\"gpus\": [...]}})")
+
+    def _reload(self) -> None:
+        import json
+
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp:
+                return
+            raw = json.loads(self.path.read_text())
+            specs = raw["gpus"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.bad_reads += 1
+            return
+        self._stamp = stamp
+        known = {g.index: g for g in self.gpus}
+        fields = set(FakeGpu.__dataclass_fields__)
+        gpus = []
+        for spec in specs:
+            values = {k: v for k, v in spec.items() if k in fields}
+            values["processes"] = [FakeProcess(**p) for p in spec.get("processes", [])]
+            gpu = known.get(values.get("index"))
+            if gpu is None:
+                gpu = FakeGpu(**values)
+            else:
+                for key, value in values.items():
+                    setattr(gpu, key, value)
+            gpus.append(gpu)
+        self.gpus = gpus
+        for spec in specs:  # "xids": [43] queues NVML Xid events once per write of the file
+            for xid in spec.get("xids", []):
+                self.inject_xid(spec["index"], int(xid))
+
+    def _check(self, fn: str, gpu: FakeGpu | None = None) -> None:
+        self._reload()  # a stat() per call: the file's changes show at the next read, whichever it is
+        super()._check(fn, gpu)

@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--accept-injected-kmsg", action="store_true",
                    help="END-TO-END TESTS ONLY: count /dev/kmsg lines written by userspace (facility 1) as the "
                         "kernel's, so a test can inject an Xid; any root process on the node can then forge one")
+    p.add_argument("--fake-nvml", metavar="FILE",
+                   help="END-TO-END TESTS ONLY: GPUs from a JSON file re-read when it changes "
+                        "(collectors.fakes.FilePynvml), for a machine without a GPU")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
     p.add_argument("--once", action="store_true", help="one sample of everything, publish, exit")
     p.add_argument("--scenario", help="drive fake NVML and kernel-log sources from a scenario file")
@@ -264,7 +267,16 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
         log.warning("--accept-injected-kmsg: lines written to /dev/kmsg by userspace count as the kernel's; "
                     "for end-to-end tests only, never on a node that runs tenants' pods")
     nvml = None
-    if not args.no_nvml:
+    if args.fake_nvml:
+        from collectors.fakes import FilePynvml
+
+        log.warning("--fake-nvml %s: GPUs are what that file says, not NVML; for end-to-end tests only",
+                    args.fake_nvml)
+        try:
+            nvml = NvmlReader(FilePynvml(args.fake_nvml))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    elif not args.no_nvml:
         import pynvml  # NVIDIA's nvidia-ml-py
 
         nvml = NvmlReader(pynvml)

@@ -301,3 +301,37 @@ def test_a_gpu_lost_or_needing_a_reset_during_the_inventory_read_is_not_ok(statu
     assert a.name is None and any("inventory" in n for n in a.notes)
     assert b.status == "ok" and b.name == "NVIDIA GPU"
     assert reader.error_count == 0  # a health answer, said by the status, not counted as an error
+
+
+def test_file_pynvml_follows_its_file_and_keeps_the_last_good_state(tmp_path):
+    """`collect --fake-nvml FILE` (make e2e): the real NvmlReader over GPUs a JSON file describes;
+    a rewrite shows at the next read, a torn or bad file keeps the last good state."""
+    import json
+
+    from collectors.fakes import FilePynvml
+    from collectors.nvml import NvmlReader
+
+    path = tmp_path / "fake-nvml.json"
+    gpu = {"index": 0, "uuid": "GPU-e2e", "pci_bus_id": "00000000:3B:00.0", "utilization_gpu_pct": 40,
+           "memory_used_mib": 900, "processes": [{"pid": 4242, "name": "python3", "used_memory_mib": 900}]}
+    path.write_text(json.dumps({"gpus": [gpu]}))
+    reader = NvmlReader(FilePynvml(str(path)))
+    [ident] = reader.init()
+    assert (ident.uuid, ident.pci_bus_id) == ("GPU-e2e", "0000:3b:00")
+    first = reader.sample(ident).values
+    assert first["utilization_gpu_pct"] == 40 and first["memory_used_mib"] == 900
+    import os
+
+    path.write_text(json.dumps({"gpus": [dict(gpu, utilization_gpu_pct=100, memory_used_mib=0, processes=[])]}))
+    os.utime(path, ns=(1, 2))  # a new stamp even within the same mtime tick
+    pinned = reader.sample(ident).values
+    assert pinned["utilization_gpu_pct"] == 100 and pinned["memory_used_mib"] == 0
+    path.write_text("{not json")
+    assert reader.sample(ident).values["utilization_gpu_pct"] == 100  # the last good state
+    assert reader.nvml.bad_reads >= 1
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"gpus": []}')
+    import pytest
+
+    with pytest.raises(ValueError, match="no GPUs"):
+        FilePynvml(str(empty))
