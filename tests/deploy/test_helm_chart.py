@@ -246,7 +246,9 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
     shipped = set(all_versions())
     args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
     objs, _ = render(helm, *args)
-    assert len(objs) == 22  # 17, the three NetworkPolicies, the admission policy and its binding
+    # 17, the three NetworkPolicies, the admission policy and its binding; secure: the node namespace
+    expected = 22 + (values == "secure")
+    assert len(objs) == expected
     checked = 0
     for version in KUBE_VERSIONS:
         assert version in shipped, f"kubernetes-validate ships no schemas for {version} (it would fall back)"
@@ -254,7 +256,7 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
             # raises ValidationError (with the path) on any schema error or unknown field
             kubernetes_validate.validate(obj, version, strict=True)
             checked += 1
-    assert checked == 22 * len(KUBE_VERSIONS)
+    assert checked == expected * len(KUBE_VERSIONS)
 
 
 # -- the real API server -------------------------------------------------------------------------------
@@ -320,8 +322,8 @@ def test_every_object_is_accepted_by_a_server_side_dry_run_under_pod_security(ku
     # Pod Security Admission enforces on Pods: every workload's pod, created (dry run) in this namespace.
     workloads = [o for o in rest if o["kind"] in ("DaemonSet", "Deployment", "Job")]
     assert len(workloads) == 4
-    for w in workloads:
-        status, body = _dry_run_pod(kube, _as_pod(w, ns))
+    for w in workloads:  # values-secure.yaml puts the node pod in a namespace of its own
+        status, body = _dry_run_pod(kube, _as_pod(w, w["metadata"]["namespace"]))
         assert status == 201, (w["metadata"]["name"], body.get("message"))
 
 
@@ -374,7 +376,7 @@ def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
         for version in (KUBE_VERSIONS[0], KUBE_VERSIONS[-1]):
             out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
-            assert out.stdout.count("INFO") == 22, out.stdout
+            assert out.stdout.count("INFO") == 22 + (values == "secure"), out.stdout
 
 
 @pytest.mark.parametrize("values", ["default", "secure"])
