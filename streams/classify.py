@@ -573,6 +573,11 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
     since = state.healthy_since if state.last_xid_ts is None else max(state.healthy_since, state.last_xid_ts)
     if ts - since < policy.resolve_after_s:
         return
+    if state.occurrences and pending(state):
+        # A fault whose workload is not yet named (evidence.settled, up to NAME_WAIT_S) may still make
+        # a verdict: with resolve_after_s below that wait (60 s against 90 s on the real node of
+        # make e2e) three processes faulting GPU 0 resolved as healthy and the quarantine was lost.
+        return
     # Stamped when it held, but never more than RESOLVE_STAMP_SLACK_S before the sample that showed
     # it: a gap in samples would otherwise send closing steps that expired before they were sent.
     ts = max(since + policy.resolve_after_s, ts - RESOLVE_STAMP_SLACK_S)
