@@ -495,7 +495,8 @@ state = "{self.state_dir / 'containerd' / 'state'}"
         ran |= self.kube.stop()
         from xidstream.localbroker import LocalBroker  # `xidstream e2e --keep` leaves its broker on the bridge
 
-        ran |= LocalBroker(host=BRIDGE_IP, port=BROKER_PORT, state_dir=self.state_dir / "broker").stop()
+        for name in ("broker", "broker-secure"):
+            ran |= LocalBroker(host=BRIDGE_IP, state_dir=self.state_dir / name, secure=name.endswith("secure")).stop()
         self._unmount_under(self.kubelet_root, self.state_dir / "containerd", self.containerd_root)
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
         for line in netns:

@@ -35,6 +35,7 @@ from xidstream.localnode import BRIDGE_IP, BROKER_PORT, PAUSE_IMAGE, PROJECT_IMA
 
 __all__ = ["register", "run_e2e"]
 
+RUNTIME_CLASS = "xidstream-e2e"
 NAMESPACE = "xidstream"        # processor, cluster executor, topics Job: Pod Security `restricted`
 NODE_NAMESPACE = "xidstream-node"  # the node DaemonSet: `privileged` (hostPID, hostPath, /dev/kmsg)
 TENANT = "tenant"
@@ -45,6 +46,49 @@ HELM_VERSION = "v3.16.4"  # the Makefile's
 XID79 = ["NVRM: GPU at PCI:0000:{bus}:00: GPU-e2e{bus}00-0000-4000-8000-00000000{bus}{bus}",
          "NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
          "NVRM: GPU 0000:{bus}:00.0: GPU has fallen off the bus."]
+
+
+# The fake NVML's GPUs (collect --fake-nvml, on the host in the collector's state folder): the
+# motivating incident's two GPUs, GPU 1 the one that wedges (../shared/reference/incident.md).
+GPU0 = {"index": 0, "uuid": "GPU-3f1a9c2e-7b44-4d1e-9e0a-5c2b8d7f6a10", "pci_bus_id": "00000000:01:00.0",
+        "name": "NVIDIA GeForce RTX 5090 D", "memory_total_mib": 32607}
+GPU1 = {"index": 1, "uuid": "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81", "pci_bus_id": "00000000:02:00.0",
+        "name": "NVIDIA GeForce RTX 5090 D", "memory_total_mib": 32607}
+BUSY = {"utilization_gpu_pct": 92, "utilization_memory_pct": 55, "memory_used_mib": 21004, "power_w": 420}
+IDLE = {"utilization_gpu_pct": 0, "utilization_memory_pct": 0, "memory_used_mib": 0, "power_w": 30, "processes": []}
+# The motivating incident's kernel lines (scenarios/motivating-incident.yaml), as the driver prints them.
+NAMING = ["NVRM: GPU at PCI:0000:01:00: GPU-3f1a9c2e-7b44-4d1e-9e0a-5c2b8d7f6a10",
+          "NVRM: GPU at PCI:0000:02:00: GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"]
+WEDGE = [
+    "NVRM: Xid (PCI:0000:02:00): 13, pid=4242, name=python3, Graphics SM Warp Exception on (GPC 2, TPC 1, SM 0): Out Of Range Address",
+    "NVRM: Xid (PCI:0000:02:00): 13, pid=4242, name=python3, Graphics SM Global Exception on (GPC 2, TPC 1, SM 0): Multiple Warp Errors",
+    "NVRM: Xid (PCI:0000:02:00): 31, pid=4242, name=python3, channel 0x00000018, intr 00000000. MMU Fault: ENGINE GRAPHICS GPC2 "
+    "GPCCLIENT_T1_3 faulted @ 0x7f2e_1c000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE",
+    "NVRM: Xid (PCI:0000:02:00): 43, pid=4242, name=python3, Ch 00000018",
+    "NVRM: GPU1 refcntRequestReference_IMPL: Failed to enter state 1",
+]
+MMU_FAULT = ("NVRM: Xid (PCI:0000:01:00): 31, pid={pid}, name=python, channel 0x00000012, intr 00000000. MMU Fault: "
+             "ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f1e_4a000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ")
+
+
+class FakeNvml:
+    """The JSON file the collector's --fake-nvml reads (collectors.fakes.FilePynvml)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.gpus = {0: dict(GPU0, **BUSY, processes=[{"pid": 3101, "name": "python3", "used_memory_mib": 14000}]),
+                     1: dict(GPU1, **BUSY, processes=[{"pid": 4242, "name": "python3", "used_memory_mib": 20480}])}
+        self.write()
+
+    def set(self, index: int, **values: Any) -> None:
+        self.gpus[index].update(values)
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"gpus": [self.gpus[i] for i in sorted(self.gpus)]}))
+        tmp.rename(self.path)  # the collector never reads half a file
 
 
 class E2eError(XidstreamError):
@@ -116,17 +160,22 @@ def _values(node: LocalNode, workdir: Path) -> Path:
         "image": {"repository": PROJECT_IMAGE.rsplit(":", 1)[0], "tag": PROJECT_IMAGE.rsplit(":", 1)[1],
                   "pullPolicy": "Never"},
         "kafka": {"bootstrap": f"{BRIDGE_IP}:{BROKER_PORT}", "partitions": 2},
-        "nvml": {"mode": "none"},
-        "collector": {"kernelLog": "kmsg", "privileged": True, "extraArgs": ["--accept-injected-kmsg"],
+        # NVML from the fake file (no GPU here); the RuntimeClass mode with a class whose handler is
+        # plain runc, as the NVIDIA one would be on a GPU node
+        "nvml": {"mode": "runtimeClass", "runtimeClassName": RUNTIME_CLASS},
+        "collector": {"kernelLog": "kmsg", "privileged": True,
+                      "extraArgs": ["--accept-injected-kmsg", "--fake-nvml", "/var/lib/xidstream/fake-nvml.json"],
                       "stateHostPath": str(host / "var-lib-xidstream"), "podResourcesPath": str(node.pod_resources)},
         # privileged: false as in values-secure.yaml (no GPU here to reset)
-        "nodeExecutor": {"apply": True, "privileged": False, "rebootSentinelHostDir": str(host / "var-run-xidstream")},
+        "nodeExecutor": {"apply": True, "privileged": False, "preconditionWait": 30, "rebootSentinelHostDir": str(host / "var-run-xidstream")},
         "nodeNamespace": {"name": NODE_NAMESPACE},
-        "processor": {"replicas": 1, "policy": {"dry_run": False},
+        # resolve_after_s 60 (default 300): the quarantine's release within the run
+        "processor": {"replicas": 1, "policy": {"dry_run": False, "resolve_after_s": 60},
                       "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
         "clusterExecutor": {"apply": True, "drainTimeout": 20},
         "metrics": {"serviceMonitor": {"enabled": False}},
     }
+    (host / "var-lib-xidstream").mkdir(parents=True, exist_ok=True)
     path = workdir / "values-e2e.yaml"
     path.write_text(json.dumps(values, indent=2))  # JSON is YAML
     return path
@@ -150,7 +199,7 @@ def check_runtime_class_refused(node: LocalNode, workdir: Path, tl: Timeline) ->
     """The chart's default nvml.mode (runtimeClass) on a cluster without that RuntimeClass fails at
     install, naming the value to set, instead of leaving every node pod unstartable."""
     proc = _helm_cmd(node, workdir, "install", "-f", str(_values(node, workdir)), "--set", "nvml.mode=runtimeClass",
-                     "--dry-run=server")
+                     "--set", "nvml.runtimeClassName=nvidia", "--dry-run=server")
     out = proc.stdout + proc.stderr
     if proc.returncode == 0 or 'no RuntimeClass "nvidia"' not in out or "nvml.mode=none" not in out:
         raise E2eError(f"helm install with nvml.mode runtimeClass and no RuntimeClass did not fail as it should "
@@ -290,6 +339,9 @@ def install(node: LocalNode, workdir: Path, tl: Timeline) -> None:
                           _secret("xidstream-verify", {"signing.pub": pub})), "verify secret")
     _ok(*kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets",
                       _secret("xidstream-signing", {"signing.key": priv})), "signing secret")
+    _ok(*kube.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS}, "handler": "runc"}),
+        "runtime class")
     proc = _helm_cmd(node, workdir, "install", "-f", str(_values(node, workdir)), "--wait", "--timeout", "5m")
     if proc.returncode != 0:
         raise E2eError(f"helm install failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}\n"
@@ -358,57 +410,76 @@ class Run:
     last_eviction_at: float | None = None
 
 
-def xid79_run(node: LocalNode, bootstrap: str, tl: Timeline, bus: str, timeout: float = 90.0) -> Run:
-    """One Xid 79 on the real node; waits for the cordon, the evictions (done by the kubelet) and
-    the results; returns the times."""
-    from xidstream.demo_cluster import ClosedLoop, _Reader
-    from xidstream.settings import Settings
+class _Topics:
+    """Commands, results and alerts of the run, read from the topics (no consumer group), each
+    stamped with when it was read; only what arrived after `mark()` counts as this run's."""
+
+    def __init__(self, bootstrap: str, node: str, kafka_extra: dict | None = None) -> None:
+        from xidstream.demo_cluster import ClosedLoop, _Reader
+        from xidstream.settings import Settings
+
+        self.loop = ClosedLoop(node=node, namespace=TENANT, t0=time.time())
+        settings = Settings(bootstrap=bootstrap, partitions=2, node=node, kafka_extra=dict(kafka_extra or {}))
+        self.reader = _Reader(settings, self.loop)
+        self.seen: set[str] = set()
+
+    def mark(self) -> None:
+        self.reader.read(0.5)
+        self.seen = {r.event_id for r in (*self.loop.results, *self.loop.commands, *self.loop.alerts)}
+
+    def fresh(self, recs: list) -> list:
+        return [r for r in recs if r.event_id not in self.seen]
+
+    def result(self, action: Any) -> Callable[[], Any]:
+        def check() -> Any:
+            self.reader.read(0.2)
+            return next((r for r in self.fresh(self.loop.results) if r.action == action), None)
+        return check
+
+    def timeline(self, tl: Timeline, extra: list[tuple[float, str]]) -> None:
+        lines = [(self.loop.arrived[c.event_id], f"command {c.action.value} (step {c.step}) read on gpu.remediation, "
+                                                 f"signed by {c.key_id}") for c in self.fresh(self.loop.commands)]
+        lines += [(self.loop.arrived[r.event_id], f"result {r.action.value}: {r.outcome.value.upper()} ({r.detail[:160]})")
+                  for r in self.fresh(self.loop.results)]
+        for at, text in sorted(lines + extra):
+            tl.mark(text, at)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def node_run(node: LocalNode, topics: _Topics, tl: Timeline, what: str, inject: Callable[[], float],
+             actions: tuple[str, ...], timeout: float = 90.0) -> Run:
+    """One incident whose plan cordons and drains the node: `inject()` writes its evidence (kernel
+    lines, fake NVML) and returns when the kernel line went out; waits for the cordon, the eviction
+    done by the kubelet and a result for each of `actions`; checks what the drain kept."""
     from schemas.vocab import Action
 
     kube = node.kube.handle()
     before = _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
-    loop = ClosedLoop(node=node.node, namespace=TENANT, t0=time.time())
-    reader = _Reader(Settings(bootstrap=bootstrap, partitions=2, node=node.node), loop)
-    reader.read(0.5)
-    seen = {r.event_id for r in loop.results} | {c.event_id for c in loop.commands}
-    run = Run(kernel_at=write_kmsg([line.format(bus=bus) for line in XID79]))
-    tl.mark(f"Xid 79 of GPU at PCI 0000:{bus}:00 written to /dev/kmsg", run.kernel_at)
-
-    def fresh(recs: list) -> list:
-        return [r for r in recs if r.event_id not in seen]
+    topics.mark()
+    run = Run(kernel_at=inject())
+    tl.mark(what, run.kernel_at)
 
     def cordoned() -> float | None:
-        reader.read(0.05)
+        topics.reader.read(0.05)
         node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")
         return time.time() if node_obj["spec"].get("unschedulable") else None
 
     run.cordoned_at = _wait("the node cordoned (spec.unschedulable)", cordoned, timeout, 0)
-    gone = {"notebook": before["notebook"]["metadata"]["name"]}
+    notebook = before["notebook"]["metadata"]["name"]
 
     def evicted() -> float | None:
-        reader.read(0.05)
-        pods = tenant_pods(kube)
-        return time.time() if all(n not in pods for n in gone.values()) else None
+        topics.reader.read(0.05)
+        return time.time() if notebook not in tenant_pods(kube) else None
 
     run.last_eviction_at = _wait("the notebook pod evicted and stopped by the kubelet", evicted, timeout, 0)
-
-    def answered(action: Action) -> Callable[[], Any]:
-        def check() -> Any:
-            reader.read(0.2)
-            return next((r for r in fresh(loop.results) if r.action == action), None)
-        return check
-
-    for action in (Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE):
-        _wait(f"a result for {action.value}", answered(action), timeout, 0)
-    lines = [(loop.arrived[c.event_id], f"command {c.action.value} (step {c.step}) read on gpu.remediation, signed by "
-                                        f"{c.key_id}") for c in fresh(loop.commands)]
-    lines += [(loop.arrived[r.event_id], f"result {r.action.value}: {r.outcome.value.upper()} ({r.detail[:160]})")
-              for r in fresh(loop.results)]
-    lines += [(run.cordoned_at, f"node {node.node} cordoned on the API server (seen by polling it)"),
-              (run.last_eviction_at, f"tenant pod {gone['notebook']} evicted, stopped by the kubelet and gone")]
-    for at, text in sorted(lines):
-        tl.mark(text, at)
-    drain = next(r for r in fresh(loop.results) if r.action == Action.DRAIN_NODE)
+    for action in actions:
+        _wait(f"a result for {action}", topics.result(Action(action)), timeout, 0)
+    topics.timeline(tl, [(run.cordoned_at, f"node {node.node} cordoned on the API server (seen by polling it)"),
+                         (run.last_eviction_at, f"tenant pod {notebook} evicted, stopped by the kubelet and gone")])
+    results = {r.action.value: r for r in topics.fresh(topics.loop.results)}
+    drain = results["DRAIN_NODE"]
     trainer = before["trainer"]["metadata"]["name"]
     agent = before["node-agent"]["metadata"]["name"]
     pods = tenant_pods(kube)
@@ -424,6 +495,10 @@ def xid79_run(node: LocalNode, bootstrap: str, tl: Timeline, bus: str, timeout: 
             if p["status"].get("phase") != "Running" or p["metadata"].get("deletionTimestamp")]
     if lost:
         problems.append(f"xidstream's own pods did not outlive the drain: {', '.join(lost)}")
+    reset = results.get("RESET_GPU")
+    if "RESET_GPU" in actions and (reset.outcome.value != "refused" or "not drained" not in (reset.detail or "")
+                                   or trainer not in (reset.detail or "")):
+        problems.append(f"RESET_GPU was not refused on its drained precondition naming {trainer}: {reset.detail}")
     events = _ok(*kube.request("GET", f"/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3D{node.node}"),
                  "events")["items"]
     reasons = sorted({e.get("reason", "") for e in events if e.get("reason", "").startswith("Xidstream")})
@@ -431,10 +506,79 @@ def xid79_run(node: LocalNode, bootstrap: str, tl: Timeline, bus: str, timeout: 
         problems.append("no xidstream Event on the Node")
     else:
         tl.mark(f"Events on node {node.node}: {', '.join(reasons)}")
-    reader.close()
     if problems:
         raise E2eError("; ".join(problems))
     return run
+
+
+def wedge_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml) -> Run:
+    """The motivating incident on GPU 1: Xid 13 -> 31 -> 43 from pid 4242, the driver's failed
+    recovery, then 100% SM, 0 MiB and no process (the fake NVML) for the policy's 60 s."""
+    def inject() -> float:
+        write_kmsg(NAMING)
+        at = write_kmsg(WEDGE)
+        fake.set(1, utilization_gpu_pct=100, utilization_memory_pct=0, memory_used_mib=0, power_w=110, processes=[])
+        return at
+
+    run = node_run(node, topics, tl, "the motivating incident's Xid 13/31/43 of GPU 1 written to /dev/kmsg; NVML "
+                   "then shows 100% SM, 0 MiB, no process", inject, ("CORDON_NODE", "DRAIN_NODE", "RESET_GPU"), 180)
+    wedged = [a for a in topics.fresh(topics.loop.alerts) if a.classification.value == "GPU_WEDGED"]
+    if not wedged:
+        raise E2eError("no GPU_WEDGED alert for GPU 1")
+    tl.mark(f"alert GPU_WEDGED: {wedged[-1].summary[:150]}", topics.loop.arrived[wedged[0].event_id])
+    return run
+
+
+def xid79_run(node: LocalNode, topics: _Topics, tl: Timeline, bus: str) -> Run:
+    """An Xid 79 (fallen off the bus) of a GPU at PCI bus `bus`: cordon, drain, reboot."""
+    return node_run(node, topics, tl, f"Xid 79 of GPU at PCI 0000:{bus}:00 written to /dev/kmsg",
+                    lambda: write_kmsg([line.format(bus=bus) for line in XID79]),
+                    ("CORDON_NODE", "DRAIN_NODE", "REBOOT_NODE"))
+
+
+def _device_taint_rules(kube: Any) -> tuple[str, list[dict]]:
+    from executors.kube import discover_version, make_client
+
+    version = discover_version(make_client(str(kube.kubeconfig)), "resource.k8s.io", "devicetaintrules")
+    if not version:
+        raise E2eError("the API server serves no resource.k8s.io DeviceTaintRule version")
+    body = _ok(*kube.request("GET", f"/apis/resource.k8s.io/{version}/devicetaintrules"), "device taint rules")
+    return version, [r for r in body["items"] if r["metadata"]["name"].startswith("xidstream")]
+
+
+def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml) -> None:
+    """Three processes fault GPU 0 (Xid 31), one after another: the GPU is quarantined with a
+    DeviceTaintRule of the served resource.k8s.io version, the node keeps working; once GPU 0 is
+    healthy for the policy's resolve_after_s the rule is deleted (RELEASE_GPU)."""
+    from schemas.vocab import Action
+
+    kube = node.kube.handle()
+    topics.mark()
+    started = time.time()
+    for pid in (5101, 5102, 5103):
+        fake.set(0, **BUSY, processes=[{"pid": pid, "name": "python", "used_memory_mib": 9000}])
+        time.sleep(2.5)  # a process list names the PID before it faults, as NVML would have
+        write_kmsg([MMU_FAULT.format(pid=pid)])
+        tl.mark(f"Xid 31 of GPU 0 from pid {pid} written to /dev/kmsg")
+        time.sleep(4)  # apart by more than the policy's burst_seconds (5): separate faults, not one burst
+    fake.set(0, **IDLE)
+    quarantined = _wait("a result for QUARANTINE_GPU", topics.result(Action.QUARANTINE_GPU), 150, 0)
+    version, rules = _device_taint_rules(kube)
+    if quarantined.outcome.value != "succeeded" or not rules:
+        raise E2eError(f"QUARANTINE_GPU: {quarantined.outcome.value}: {quarantined.detail}; rules {rules}")
+    node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")
+    if node_obj["spec"].get("unschedulable"):
+        raise E2eError("a quarantine of one GPU cordoned the node")
+    selector = rules[0]["spec"]["deviceSelector"]
+    released = _wait("a result for RELEASE_GPU after GPU 0 was healthy", topics.result(Action.RELEASE_GPU), 150, 0)
+    _, left = _device_taint_rules(kube)
+    topics.timeline(tl, [(quarantined_at := topics.loop.arrived[quarantined.event_id],
+                          f"DeviceTaintRule {rules[0]['metadata']['name']} ({version}) on the API server: "
+                          f"device {selector.get('device')} of pool {selector.get('pool')}; node still schedulable")])
+    if released.outcome.value != "succeeded" or left:
+        raise E2eError(f"RELEASE_GPU: {released.outcome.value}: {released.detail}; rules left {left}")
+    tl.mark(f"quarantine {quarantined_at - started:.1f}s after the first fault, release "
+            f"{topics.loop.arrived[released.event_id] - quarantined_at:.1f}s later (resolve_after_s 60)")
 
 
 def restore(node: LocalNode) -> None:
@@ -449,6 +593,51 @@ def restore(node: LocalNode) -> None:
                       {"metadata": {"annotations": {CORDON_ANNOTATION: None}},
                        "spec": {"unschedulable": None, "taints": taints}},
                       content_type="application/merge-patch+json"), "uncordon")
+
+
+SECURE_PORT = BROKER_PORT + 300
+SECURE_VALUES = CHART / "values-secure.yaml"
+KAFKA_SECRETS = {"collector": NODE_NAMESPACE, "executor": NODE_NAMESPACE, "processor": NAMESPACE,
+                 "cluster-executor": NAMESPACE, "admin": NAMESPACE}
+
+
+def _gone(kube: Any, namespaces: tuple[str, ...]) -> bool:
+    return all(not _ok(*kube.request("GET", f"/api/v1/namespaces/{ns}/pods"), "pods")["items"] for ns in namespaces)
+
+
+def secure_phase(node: LocalNode, workdir: Path, tl: Timeline) -> LocalBroker:
+    """`helm uninstall`, then the chart again with values-secure.yaml on the SASL_SSL broker (TLS,
+    a SCRAM user and ACLs per role, each role's librdkafka file in a Secret), and one Xid 79 through it."""
+    kube = node.kube.handle()
+    proc = _helm_cmd(node, workdir, "uninstall", "--wait", "--timeout", "3m")
+    if proc.returncode != 0:
+        raise E2eError(f"helm uninstall failed: {(proc.stdout + proc.stderr)[-1500:]}")
+    _wait("xidstream's pods gone after helm uninstall", lambda: _gone(kube, (NAMESPACE, NODE_NAMESPACE)), 120, 1)
+    _, rules = _device_taint_rules(kube)
+    node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")
+    tl.mark(f"helm uninstall: every xidstream pod gone; left on the cluster: {len(rules)} DeviceTaintRule(s), "
+            f"node {'cordoned' if node_obj['spec'].get('unschedulable') else 'schedulable'}")
+    secure = LocalBroker(host=BRIDGE_IP, port=SECURE_PORT, secure=True, state_dir=node.state_dir / "broker-secure")
+    secure.reset()  # a fresh CA and users: the certificate names the bridge's address
+    secure.start()
+    tl.mark(f"SASL_SSL broker up on {secure.bootstrap} (TLS, SCRAM-SHA-512 user and ACLs per role)")
+    for role, ns in KAFKA_SECRETS.items():
+        props = dict(secure.client_config(role), **{"ssl.ca.location": "/etc/xidstream/kafka/ca.crt"})
+        files = {"client.properties": "".join(f"{k}={v}\n" for k, v in props.items()).encode(),
+                 "ca.crt": secure.ca_file.read_bytes()}
+        _ok(*kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"xidstream-kafka-{role}"},
+            "data": {k: base64.b64encode(v).decode() for k, v in files.items()}}), f"kafka secret {role}")
+    # values-secure.yaml as a platform team would start from it, then this node's values; a single
+    # broker cannot hold 3 replicas, and this host keeps no journal (kmsg, as the plain run)
+    proc = _helm_cmd(node, workdir, "install", "-f", str(SECURE_VALUES), "-f", str(workdir / "values-e2e.yaml"),
+                     "--set", f"kafka.bootstrap={secure.bootstrap}", "--set", "kafka.replicationFactor=null",
+                     "--set", "kafka.minInsyncReplicas=null", "--wait", "--timeout", "5m")
+    if proc.returncode != 0:
+        raise E2eError(f"helm install with values-secure.yaml failed: {(proc.stdout + proc.stderr)[-2000:]}\n"
+                       f"{_pods_report(kube)}")
+    tl.mark("helm install with values-secure.yaml: every component Ready on the SASL_SSL broker")
+    return secure
 
 
 def run_e2e(runs: int = 1, keep: bool = False) -> int:
@@ -471,18 +660,33 @@ def run_e2e(runs: int = 1, keep: bool = False) -> int:
         broker.start()
         tl.mark(f"broker up on {broker.bootstrap}")
         check_runtime_class_refused(node, workdir, tl)
+        fake = FakeNvml(workdir / "host" / "var-lib-xidstream" / "fake-nvml.json")
         install(node, workdir, tl)
         check_privileges(node, tl)
         kube = node.kube.handle()
         tenants(kube)
         _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
         tl.mark("tenants running: trainer (PDB minAvailable 1), notebook, node-agent (DaemonSet)")
-        done: list[Run] = []
-        for i in range(runs):
-            bus = f"{0x3b + i:02x}"
-            done.append(xid79_run(node, broker.bootstrap, tl, bus))
+        topics = _Topics(broker.bootstrap, node.node)
+        try:
+            wedge_run(node, topics, tl, fake)
             restore(node)
+            done: list[Run] = []
+            for i in range(runs):
+                done.append(xid79_run(node, topics, tl, f"{0x3b + i:02x}"))
+                restore(node)
+            quarantine_run(node, topics, tl, fake)
+        finally:
+            topics.close()
         check_upgrade(node, workdir, tl)
+        secure = secure_phase(node, workdir, tl)
+        extra = {k: v for k, v in secure.client_config("admin").items() if k != "bootstrap.servers"}
+        topics = _Topics(secure.bootstrap, node.node, extra)
+        try:
+            xid79_run(node, topics, tl, "5e")
+            restore(node)
+        finally:
+            topics.close()
         cordon = [r.cordoned_at - r.kernel_at for r in done]
         evict = [r.last_eviction_at - r.kernel_at for r in done]
         print(f"\n== {len(done)} run(s) of an Xid 79: kernel line -> node cordoned p50 {statistics.median(cordon):.2f}s "
@@ -500,7 +704,7 @@ def run_e2e(runs: int = 1, keep: bool = False) -> int:
     finally:
         if not keep:
             broker.stop()
-            node.down()
+            node.down()  # also the secure broker
 
 
 def _e2e_command(args: argparse.Namespace, settings: Any) -> int:
