@@ -36,11 +36,13 @@ helm:
 	else echo "building helm $(HELM_VERSION) into $(HELM_DIR) (once)"; \
 	     GOBIN=$(HELM_DIR) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); fi
 
-# The one image (Containerfile) with buildah or podman; IMAGE=registry/name:tag names it.
+# The one image (Containerfile) with buildah or podman; IMAGE=registry/name:tag names it, BASE=
+# another Debian 12 base with python3 and pip (`xidstream node image` builds on a debootstrap one).
 IMAGE ?= ghcr.io/xidstream/xidstream:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BASE_ARG := $(if $(BASE),--build-arg BASE=$(BASE),)
 image:
-	@if command -v buildah >/dev/null 2>&1; then buildah build -f Containerfile -t $(IMAGE) . ; \
-	elif command -v podman >/dev/null 2>&1; then podman build -f Containerfile -t $(IMAGE) . ; \
+	@if command -v buildah >/dev/null 2>&1; then buildah build $(BASE_ARG) -f Containerfile -t $(IMAGE) . ; \
+	elif command -v podman >/dev/null 2>&1; then podman build $(BASE_ARG) -f Containerfile -t $(IMAGE) . ; \
 	else echo "make image: neither buildah nor podman is installed (e.g. apt-get install buildah); no image built" >&2; exit 1; fi
 
 # Replays the motivating incident through collectors -> Kafka -> processor; starts and stops the
