@@ -103,13 +103,32 @@ def is_mirror_pod(pod: Any) -> bool:
     return "kubernetes.io/config.mirror" in (pod.metadata.annotations or {})
 
 
+def requests_gpu(pod: Any) -> bool:
+    """Whether the pod asks for a GPU: an extended resource of a GPU vendor (nvidia.com/gpu,
+    nvidia.com/mig-*, amd.com/gpu, ...) in any container's requests or limits, or a DRA claim."""
+    spec = pod.spec
+    if spec is None:
+        return False
+    if getattr(spec, "resourceClaims", None):
+        return True
+    for c in [*(spec.containers or []), *(getattr(spec, "initContainers", None) or [])]:
+        res = c.resources
+        for amounts in (getattr(res, "requests", None) or {}, getattr(res, "limits", None) or {}) if res else ():
+            if any(name.startswith(("nvidia.com/", "amd.com/gpu")) or "gpu" in name for name in amounts):
+                return True
+    return False
+
+
 def kept_by_drain(pod: Any, keep_namespaces: tuple[str, ...] = ()) -> bool:
     """What a drain leaves on the node: DaemonSet pods (their controller ignores a cordon), mirror
-    pods, and pods of `keep_namespaces` (--drain-keep-namespace: xidstream's own namespace in the
-    chart, so a drain never evicts the processor and the cluster executor carrying out the incident;
-    on a one-node cluster they would stay Pending behind the cordon and the loop would stop, as seen
-    on the real node of `make e2e`). They hold no GPU: the chart's Deployments request none."""
-    return is_daemonset_pod(pod) or is_mirror_pod(pod) or pod.metadata.namespace in keep_namespaces
+    pods, and pods of `keep_namespaces` that request no GPU (--drain-keep-namespace: xidstream's own
+    namespace in the chart, so a drain never evicts the processor and the cluster executor carrying
+    out the incident; on a one-node cluster they would stay Pending behind the cordon and the loop
+    would stop, as seen on the real node of `make e2e`). A pod there that asks for a GPU is drained
+    like any other: a release installed into a shared namespace (`default`) must not shield tenants."""
+    if is_daemonset_pod(pod) or is_mirror_pod(pod):
+        return True
+    return pod.metadata.namespace in keep_namespaces and not requests_gpu(pod)
 
 
 def pods_on_node(client: Client, node: str) -> list[Any]:

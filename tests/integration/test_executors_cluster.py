@@ -231,14 +231,23 @@ def test_drain_keeps_the_pods_of_a_kept_namespace_and_the_reset_precondition_ign
     node = make_node(kube, "keepns")
     make_pod(kube, ns, f"job-{RUN}", node)
     make_pod(kube, own, f"processor-{RUN}", node)
+    # a GPU workload in the kept namespace (a release installed into a shared one) is not shielded
+    status, body = kube.request("POST", f"/api/v1/namespaces/{own}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"tenant-gpu-{RUN}"},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    assert status == 201, body
+    kube.mark_pod_running_ready(own, f"tenant-gpu-{RUN}")
     cordon(kube, executor, key, node)
     r = executor.handle(key.sign(command(node, "DRAIN_NODE")))
     assert r.outcome == Outcome.succeeded, r.detail
-    assert r.detail.startswith(f"drained node {node}: evicted 1 pod(s): {ns}/job-{RUN}; "), r.detail
+    assert r.detail.startswith(f"drained node {node}: evicted 2 pod(s): {ns}/job-{RUN}, {own}/tenant-gpu-{RUN}; "), \
+        r.detail
     assert r.detail.endswith(f"; kept 1 pod(s) of namespace(s) {own} (--drain-keep-namespace): {own}/processor-{RUN}")
     status, pod = kube.request("GET", f"/api/v1/namespaces/{own}/pods/processor-{RUN}")
     assert status == 200 and not pod["metadata"].get("deletionTimestamp")
-    kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/job-{RUN}?gracePeriodSeconds=0")  # the kubelet's part
+    for n, name in ((ns, f"job-{RUN}"), (own, f"tenant-gpu-{RUN}")):  # the kubelet's part
+        kube.request("DELETE", f"/api/v1/namespaces/{n}/pods/{name}?gracePeriodSeconds=0")
     client = make_client(kube.kubeconfig)
     assert NodeActions(client, node, None, keep_namespaces=(own,))._node_not_ready() == []
     assert NodeActions(client, node, None)._node_not_ready() == ["not drained"]  # without it: the pod counts
