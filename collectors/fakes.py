@@ -410,21 +410,23 @@ class FilePynvml(FakePynvml):
 
         try:
             st = self.path.stat()
-            stamp = (st.st_mtime_ns, st.st_size)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # a rename (the harness's atomic write) is a new inode
             if stamp == self._stamp:
                 return
-            raw = json.loads(self.path.read_text())
-            specs = raw["gpus"]
-        except (OSError, ValueError, KeyError, TypeError):
-            self.bad_reads += 1
+            specs = json.loads(self.path.read_text())["gpus"]
+            fields = set(FakeGpu.__dataclass_fields__)
+            parsed = []
+            for spec in specs:
+                values = {k: v for k, v in spec.items() if k in fields}
+                values["processes"] = [FakeProcess(**p) for p in spec.get("processes", [])]
+                parsed.append(values)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.bad_reads += 1  # the last good state stays; the same bad file is counted again
             return
-        self._stamp = stamp
+        self._stamp = stamp  # only once it parsed: a fixed file is read even at the same size
         known = {g.index: g for g in self.gpus}
-        fields = set(FakeGpu.__dataclass_fields__)
         gpus = []
-        for spec in specs:
-            values = {k: v for k, v in spec.items() if k in fields}
-            values["processes"] = [FakeProcess(**p) for p in spec.get("processes", [])]
+        for values in parsed:
             gpu = known.get(values.get("index"))
             if gpu is None:
                 gpu = FakeGpu(**values)

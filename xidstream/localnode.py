@@ -275,7 +275,41 @@ class LocalNode:
         self._run(["ip", "link", "set", BRIDGE, "up"], "raising the bridge")
         # Pods reach the API server's Service address through kube-proxy's DNAT and the outside
         # world through the bridge plugin's masquerade: both need forwarding.
+        self._save_sysctls()
         Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
+
+    # The host settings `up` changes: forwarding (here), and what the kubelet sets at start
+    # (kernel.panic=10, panic_on_oops=1, vm.overcommit_memory=1: its "kernel defaults") and
+    # kube-proxy (conntrack). Saved once before the first change, put back by `down`.
+    SYSCTLS = ("net/ipv4/ip_forward", "kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory",
+               "net/netfilter/nf_conntrack_tcp_timeout_established", "net/netfilter/nf_conntrack_tcp_timeout_close_wait")
+
+    @property
+    def _sysctl_file(self) -> Path:
+        return self.state_dir / "host-sysctls.json"
+
+    def _save_sysctls(self) -> None:
+        if self._sysctl_file.exists():  # saved by an earlier `up` not yet undone: that is the original
+            return
+        saved = {}
+        for key in self.SYSCTLS:
+            try:
+                saved[key] = (Path("/proc/sys") / key).read_text().strip()
+            except OSError:
+                continue
+        self._sysctl_file.write_text(json.dumps(saved, indent=1))
+
+    def _restore_sysctls(self) -> None:
+        try:
+            saved = json.loads(self._sysctl_file.read_text())
+        except (OSError, ValueError):
+            return
+        for key, value in saved.items():
+            try:
+                (Path("/proc/sys") / key).write_text(value)
+            except OSError as exc:
+                self._log(f"could not restore /proc/sys/{key} to {value}: {exc}")
+        self._sysctl_file.unlink(missing_ok=True)
 
     def _containerd_config(self) -> Path:
         cni_dir = self.state_dir / "cni"
@@ -508,6 +542,7 @@ state = "{self.state_dir / 'containerd' / 'state'}"
         if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode == 0:
             subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True)
             ran = True
+        self._restore_sysctls()
         shutil.rmtree(self.state_dir / "cni-ipam", ignore_errors=True)
         return ran
 

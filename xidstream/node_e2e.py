@@ -713,6 +713,7 @@ def _e2e_command(args: argparse.Namespace, settings: Any) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("e2e", help="the chart on a real single-node cluster, an Xid 79 through /dev/kmsg (root)")
-    p.add_argument("--runs", type=int, default=1, help="Xid 79 runs on one cluster; prints the median latencies")
+    p.add_argument("--runs", type=lambda v: max(1, int(v)), default=1,
+                   help="Xid 79 runs on one cluster (at least 1); prints the median latencies")
     p.add_argument("--keep", action="store_true", help="leave the node and the broker running afterwards")
     p.set_defaults(handler=_e2e_command)
