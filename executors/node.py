@@ -112,6 +112,10 @@ class NvmlGpuOps:
         minor = gpu.minor if gpu.minor is not None else gpu.index
         return sorted(self.procfs.device_holders().get(f"/dev/nvidia{minor}", []))
 
+    def unreadable(self) -> list[int]:
+        """PIDs the last holder scan could not look into (their /proc/<pid>/fd refused)."""
+        return sorted(self.procfs.unreadable)
+
     def reset(self, gpu: GpuIdentity) -> tuple[bool, str]:
         return self.reset_fn(gpu.index)
 
@@ -248,6 +252,12 @@ class NodeActions:
                 if holders:
                     failed.append(f"/dev/nvidia{gpu.minor if gpu.minor is not None else gpu.index} is held open by "
                                   f"pid {', '.join(map(str, holders))}")
+                blind = getattr(self.gpu_ops, "unreadable", lambda: [])()
+                if blind:
+                    # Unknown is not "none": a process whose descriptors we cannot read may hold the GPU.
+                    failed.append(f"the /dev/nvidia holder scan could not read /proc/<pid>/fd of {len(blind)} process(es) "
+                                  f"(pid {', '.join(map(str, blind[:10]))}): the node executor needs CAP_DAC_READ_SEARCH "
+                                  f"or a privileged container")
         return failed, gpu
 
     def _collector_releases(self, cmd: RemediationCommand, gpu: GpuIdentity, dry_run: bool, failed: list[str],

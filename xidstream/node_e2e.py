@@ -281,15 +281,16 @@ def check_privileges(node: LocalNode, tl: Timeline) -> None:
         problems += [f"{component}: not {k}" for k, ok in want.items() if not ok]
     node_pod = _pod_of(kube, "node")
     nsc = _container(node_pod, "node-executor").get("securityContext") or {}
-    if nsc.get("privileged") or (nsc.get("capabilities") or {}).get("add") != ["SYS_PTRACE"] or \
+    if nsc.get("privileged") or (nsc.get("capabilities") or {}).get("add") != ["SYS_PTRACE", "DAC_READ_SEARCH"] or \
             (node_pod["spec"].get("securityContext") or {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
-        problems.append(f"node-executor: expected unprivileged, SYS_PTRACE only, RuntimeDefault seccomp: {nsc}")
+        problems.append(f"node-executor: expected unprivileged, SYS_PTRACE and DAC_READ_SEARCH only, RuntimeDefault "
+                        f"seccomp: {nsc}")
     if any(v["hostPath"]["path"] in ("/var/run", "/run") for v in node_pod["spec"]["volumes"] if "hostPath" in v):
         problems.append("the node pod mounts the host's /var/run (the container runtime's socket)")
     if problems:
         raise E2eError("; ".join(problems))
     tl.mark("live pods: processor and cluster executor non-root, RuntimeDefault seccomp, no capabilities, read-only "
-            "root; node executor unprivileged with SYS_PTRACE only; no host /var/run mounted")
+            "root; node executor unprivileged with SYS_PTRACE and DAC_READ_SEARCH only; no host /var/run mounted")
 
     # Pod Security admission on the release's namespace refuses what the node pod needs.
     status, body = kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
@@ -301,28 +302,51 @@ def check_privileges(node: LocalNode, tl: Timeline) -> None:
 
     # The kernel refuses /dev/kmsg to a container with the node executor's privileges (the device
     # cgroup), as the collector's kmsg mode needs its privileged container for.
-    spec = {"restartPolicy": "Never", "hostPID": True, "nodeName": node.node,
-            "tolerations": [{"operator": "Exists"}],
-            "securityContext": node_pod["spec"].get("securityContext") or {},
-            "containers": [{"name": "probe", "image": PROJECT_IMAGE, "imagePullPolicy": "Never",
-                            "command": ["python3", "-c", "open('/dev/kmsg', 'rb').read(1)"],
-                            "securityContext": nsc, "terminationMessagePolicy": "FallbackToLogsOnError",
-                            "volumeMounts": [{"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}]}],
-            "volumes": [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}}]}
-    _ok(*kube.request("POST", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kmsg-probe"}, "spec": spec}), "probe pod")
-
-    def finished() -> dict | None:
-        pod = _ok(*kube.request("GET", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods/kmsg-probe"), "probe pod")
-        state = ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("terminated")
-        return state
-
-    done = _wait("the /dev/kmsg probe pod to finish", finished, 90, 0.5)
-    kube.request("DELETE", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods/kmsg-probe?gracePeriodSeconds=0")
+    done = _probe(node, node_pod, "kmsg-probe", nsc, "open('/dev/kmsg', 'rb').read(1)", kmsg=True)
     if done.get("exitCode") == 0 or "Operation not permitted" not in (done.get("message") or ""):
         raise E2eError(f"a container with the node executor's privileges could open /dev/kmsg: {done}")
     tl.mark("a container with the node executor's privileges cannot open /dev/kmsg: "
             + (done.get("message") or "").strip().splitlines()[-1][:100])
+    # The holder scan with those privileges sees into another user's process (the processor and the
+    # cluster executor run as uid 10001), and without DAC_READ_SEARCH it would not: then every such process looked like
+    # one that holds no GPU (now: the scan says it could not read them, and RESET_GPU is refused).
+    scan = ("import os; pids = [p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid == 10001]; "
+            "assert pids, 'no process of uid 10001'; print(len(pids), sorted(len(os.listdir(f'/proc/{p}/fd')) for p in pids))")
+    done = _probe(node, node_pod, "fd-probe", nsc, scan)
+    if done.get("exitCode") != 0:
+        raise E2eError(f"the node executor's privileges cannot list a non-root process's /proc/<pid>/fd: {done}")
+    ptrace_only = dict(nsc, capabilities={"drop": ["ALL"], "add": ["SYS_PTRACE"]})
+    blind = _probe(node, node_pod, "fd-probe-ptrace", ptrace_only, scan)
+    if blind.get("exitCode") == 0 or "Permission denied" not in (blind.get("message") or ""):
+        raise E2eError(f"SYS_PTRACE alone listed a non-root process's /proc/<pid>/fd: {blind}")
+    tl.mark("the holder scan with the node executor's privileges lists non-root processes' /proc/<pid>/fd; with "
+            "SYS_PTRACE alone: PermissionError")
+
+
+def _probe(node: LocalNode, node_pod: dict, name: str, security: dict, code: str, kmsg: bool = False) -> dict:
+    """A one-shot pod on the node with the node pod's hostPID and pod security context and the
+    given container security context, running `python3 -c code`; returns its terminated state
+    (the message carries the log's tail: FallbackToLogsOnError, no kubelet API needed)."""
+    kube = node.kube.handle()
+    container: dict = {"name": "probe", "image": PROJECT_IMAGE, "imagePullPolicy": "Never",
+                       "command": ["python3", "-c", code], "securityContext": security,
+                       "terminationMessagePolicy": "FallbackToLogsOnError"}
+    spec: dict = {"restartPolicy": "Never", "hostPID": True, "nodeName": node.node, "tolerations": [{"operator": "Exists"}],
+                  "securityContext": node_pod["spec"].get("securityContext") or {}, "containers": [container]}
+    if kmsg:
+        container["volumeMounts"] = [{"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}]
+        spec["volumes"] = [{"name": "kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}}]
+    _ok(*kube.request("POST", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}), f"probe pod {name}")
+
+    def finished() -> dict | None:
+        pod = _ok(*kube.request("GET", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods/{name}"), f"probe pod {name}")
+        return ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("terminated")
+
+    try:
+        return _wait(f"the probe pod {name} to finish", finished, 90, 0.5)
+    finally:
+        kube.request("DELETE", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods/{name}?gracePeriodSeconds=0")
 
 
 def install(node: LocalNode, workdir: Path, tl: Timeline) -> None:

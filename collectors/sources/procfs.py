@@ -99,6 +99,10 @@ class ProcFs:
         self.scans = 0
         self.readlinks = 0  # links read, in all (the bench multiplies by the real per-link cost)
         self.listings = 0  # fd directories listed, in all
+        # PIDs whose /proc/<pid>/fd the last scan was refused (EACCES/EPERM): it cannot say whether
+        # they hold a device. Listing another user's fd directory needs CAP_DAC_READ_SEARCH; root
+        # with only SYS_PTRACE (an unprivileged container) is refused and would see "no holder".
+        self.unreadable: list[int] = []
         self.fd_count_works = self._probe_fd_count()
 
     def _probe_fd_count(self) -> bool:
@@ -154,6 +158,8 @@ class ProcFs:
         cache = self._fds
         fresh: dict[int, _FdCache] = {}
         holders: dict[str, set[int]] = {}
+        unreadable: list[int] = []
+        self.unreadable = unreadable
         readlink = os.readlink
         use_count = self.fd_count_works
         for pid in pids:
@@ -181,7 +187,10 @@ class ProcFs:
                     continue
                 names = os.listdir(fd_dir)
                 self.listings += 1
-            except OSError:  # gone, or not ours to read
+            except PermissionError:  # not ours to read: unknown, not "holds nothing"
+                unreadable.append(pid)
+                continue
+            except OSError:  # gone
                 continue
             numbers = array("I", sorted(int(n) for n in names))
             if full:

@@ -164,3 +164,31 @@ def test_a_task_name_that_is_not_utf8_is_read_not_raised(tmp_path):
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "comm").write_bytes(b"py\xff\xfethon\n")
     assert ProcFs(tmp_path).comm(42) == "py\ufffd\ufffdthon"
+
+
+def test_a_process_whose_descriptors_cannot_be_read_is_unknown_not_a_non_holder(tmp_path, monkeypatch):
+    """Review of issue 21: root with only SYS_PTRACE (an unprivileged container) is refused another
+    user's /proc/<pid>/fd (it needs CAP_DAC_READ_SEARCH); the scan skipped such a process as if it
+    held nothing. It now lists it in `unreadable`, and only for that scan."""
+    proc, devs = tmp_path / "proc", tmp_path / "dev"
+    devs.mkdir()
+    (devs / "nvidia0").write_text("")
+    for pid in (100, 200):
+        fd = proc / str(pid) / "fd"
+        fd.mkdir(parents=True)
+        os.symlink(devs / "nvidia0", fd / "3")
+    fs = ProcFs(proc, dev_prefix=str(devs / "nvidia"))
+    real = os.listdir
+    refused = {str(proc / "200" / "fd") + "/"}
+
+    def listdir(path):
+        if str(path) in refused:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    assert fs.device_holders() == {str(devs / "nvidia0"): [100]}
+    assert fs.unreadable == [200]
+    refused.clear()
+    assert fs.device_holders() == {str(devs / "nvidia0"): [100, 200]}
+    assert fs.unreadable == []

@@ -185,7 +185,7 @@ def test_secure_values_render_sasl_ssl_journal_and_rocksdb(helm):
     assert col["args"][:3] == ["collect", "--kernel-log", "journal"]
     sc = col["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
     mounts = {m["mountPath"]: m for m in col["volumeMounts"]}
     for path in ("/var/log/journal", "/run/log/journal", "/etc/machine-id"):
         assert mounts[path]["readOnly"] is True

@@ -79,6 +79,23 @@ def test_reset_refused_while_any_precondition_fails_naming_each(kube, ns, tmp_pa
     assert after["pods"] == before["pods"] and after["events"] == before["events"] + 1  # the refusal's Event
 
 
+def test_reset_refused_when_the_holder_scan_could_not_read_a_process(kube, tmp_path, monkeypatch):
+    """Review of issue 21: an unprivileged node executor (SYS_PTRACE only) cannot list a non-root
+    process's /proc/<pid>/fd, and the scan took that process for one that holds nothing."""
+    node = make_node(kube, "reset-blind")
+    kube.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}},
+                 content_type="application/merge-patch+json")
+    rig = Rig(kube, tmp_path, node)
+    rig.hold_device(905, "/dev/nvidia1")
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: (_ for _ in ()).throw(PermissionError(13, "denied"))
+                        if str(p).endswith("/905/fd/") else real(p))
+    r = rig.ex.handle(rig.key.sign(command(node, "RESET_GPU")))
+    assert r.outcome == Outcome.refused, r.detail
+    assert "could not read /proc/<pid>/fd of 1 process(es) (pid 905)" in r.detail and "CAP_DAC_READ_SEARCH" in r.detail
+    assert rig.resets == []
+
+
 def test_reset_that_arrives_before_the_cordon_and_drain_waits_for_them(kube, ns, tmp_path):
     """CORDON_NODE, DRAIN_NODE and RESET_GPU leave the processor together, and the cluster executor's
     drain takes a while: the node executor waits (bounded) for the node to be cordoned and drained
