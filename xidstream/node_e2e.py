@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from schemas.errors import XidstreamError
+from xidstream.demo_cluster import _ok  # an API answer or a XidstreamError naming what failed
 from xidstream.localbroker import REPO_ROOT, LocalBroker, default_cache_dir
 from xidstream.localnode import BRIDGE_IP, BROKER_PORT, PAUSE_IMAGE, PROJECT_IMAGE, LocalNode
 
@@ -113,12 +114,6 @@ def _helm() -> str:
     if not helm:
         raise E2eError("helm not found: `make helm` builds it into ~/.cache/xidstream")
     return helm
-
-
-def _ok(status: int, body: Any, what: str, allowed: tuple[int, ...] = (200, 201)) -> Any:
-    if status not in allowed:
-        raise E2eError(f"{what}: HTTP {status}: {body}")
-    return body
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.1) -> Any:
