@@ -204,7 +204,7 @@ def _material(s: GpuState) -> tuple:
                      or s.compute_floor is not None) else (
             len(occ), len(s.xids), len(s.workload_failures), s.last_xid_ts, s.recovery_action, s.remap_failure,
             len(s.pending_notes),
-            s.procs_ts if occ else None,  # settles occurrences' workloads (evidence.settled)
+            s.procs_ts if occ and not occ[-1].get("closed") else None,  # settles occurrences' workloads (evidence.settled)
             None if s.closing is None else sum(len(c["commands"]) for c in s.closing.values()), s.compute_floor),
         None if inc is None else (inc.id, inc.classification, inc.steps, inc.noted, inc.remediated,
                                   sum(1 for e in inc.emitted if e["outcome"] is not None)),
@@ -605,4 +605,10 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
         state.closing = dict(list(closing.items())[-_CLOSING_KEPT:])
     state.incident = None
     state.resolved_incidents += 1
-    state.occurrences = state.xids = state.workload_failures = EMPTY_LIST
+    # The faults stay for the suspect rule's window, closed: a fault read late (its topic behind the
+    # samples that resolved the incident) still counts with them, as it would have in time order
+    # (verdict.earliest_suspect); a closed fault alone never raises a verdict again. Cleared, a
+    # replay whose Xid topic was read 290 s of event time behind the samples lost GPU_SUSPECT.
+    for o in state.occurrences:
+        o["closed"] = True
+    state.xids = state.workload_failures = EMPTY_LIST

@@ -8,7 +8,8 @@ After ../shared/reference/incident.md "The escalation policy" and issue 8 (READM
 - GPU_SUSPECT (warning): >= `suspect_distinct_pids` different workloads (pod UID, else PID) in
   `suspect_window_s`, or >= `suspect_occurrences` occurrences counting each workload once (a
   crash-looping pod is one workload), or pinned utilization with no compute after an
-  application-class Xid other than 45 with no wedge evidence. QUARANTINE_GPU.
+  application-class Xid other than 45 with no wedge evidence. QUARANTINE_GPU. The faults of a
+  resolved incident still count in the window beside a new one, never alone (`earliest_suspect`).
 - GPU_WEDGED (critical): wedge evidence (Xid 43, or the driver's failure to recover the GPU,
   e.g. ``refcntRequestReference_IMPL ... Failed to enter state``) in the lookback, and pinned
   utilization with no compute process for `pinned_seconds` (never less than the guard's span).
@@ -261,8 +262,10 @@ def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] |
     n = len(cands)
     while i < n:
         t = cands[i]["ts"]
+        fresh = False  # the rule is asked at an open fault's time: closed ones only count beside one
         while i < n and cands[i]["ts"] == t:  # every occurrence of this instant is in its window
             o = cands[i]
+            fresh = fresh or not o.get("closed")
             if o["wl"] is None:
                 unidentified += 1
             elif settled(state, o):
@@ -277,7 +280,8 @@ def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] |
                 if not workloads[o["wl"]]:
                     del workloads[o["wl"]]
             lo += 1
-        if len(workloads) >= policy.suspect_distinct_pids or len(workloads) + unidentified >= policy.suspect_occurrences:
+        if fresh and (len(workloads) >= policy.suspect_distinct_pids
+                      or len(workloads) + unidentified >= policy.suspect_occurrences):
             verdict = suspect_verdict(state, t, policy)  # the words and evidence, read once
             if verdict is not None:
                 return t, verdict

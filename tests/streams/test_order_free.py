@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,8 @@ from collectors.sink import MemorySink
 from schemas import Classification, load_scenario
 from schemas.vocab import NODE_ACTIONS, Action
 from streams.engine import Engine
-from tests.streams.builders import at, inventory, procs, sample, xid, workload
-from schemas import ComputeApp, GpuProcesses
+from tests.streams.builders import GPU, at, inventory, procs, sample, xid, workload
+from schemas import ComputeApp, GpuProcesses, XidEvent
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Every library scenario the pure engine can run alone (the others answer commands through
@@ -217,3 +218,43 @@ def test_resolution_is_stamped_when_it_held(order):
     e = fold(recs)
     resolved = [a.ts for a in e.alerts if str(getattr(a.state, "value", a.state)) == "resolved"]
     assert resolved == [at(530)]
+
+
+def _suspects(engine: Engine, gpu: str) -> list:
+    return sorted(a.ts for a in engine.alerts
+                  if a.gpu_uuid == gpu and a.classification == Classification.GPU_SUSPECT
+                  and str(getattr(a.state, "value", a.state)) != "resolved")
+
+
+def test_a_fault_read_after_the_samples_resolved_the_first_one_still_counts_with_it():
+    """The clean-clone CI run of 92b0288 failed on xid31-three-pids: the worker read GPU 1's samples
+    ~290 s of event time ahead of its Xids, the first fault's APP_FAULT incident resolved (healthy
+    5 min, no Xid read yet), its fault was forgotten, and the second process's fault at +200 counted
+    alone: GPU_SUSPECT only at +380, with the third. In time order it holds at +200."""
+    records = records_of("xid31-three-pids")
+    gpu = "GPU-0c000001-0000-4000-8000-000000000000"
+    start = records[0].ts
+    late = [r for r in records if isinstance(r, XidEvent) and (r.ts - start).total_seconds() > 60]
+    head = [r for r in records if r not in late and (r.ts - start).total_seconds() <= 500]
+    lagged = head + late + [r for r in records if r not in late and r not in head]
+    assert _suspects(fold(records), gpu)[0] == start + timedelta(seconds=200)
+    assert _suspects(fold(lagged), gpu)[0] == start + timedelta(seconds=200)
+
+
+def test_a_resolved_quarantine_is_not_raised_again_by_its_own_faults_but_a_new_one_counts_with_them():
+    """Two processes fault the GPU (GPU_SUSPECT at +100); healthy 5 min: resolved and released. The
+    closed faults alone never quarantine it again; a third process's fault inside the suspect
+    window (10 min from the first) does, at its own time."""
+    recs = [inventory(), *[sample(t) for t in range(0, 1200, 10)], *[procs(t, 7) for t in range(0, 1200, 10)],
+            xid(50, 13, pid=5), xid(100, 13, pid=6)]
+    recs.sort(key=lambda r: r.ts)
+    quiet = fold(recs)
+    assert _suspects(quiet, GPU) == [at(100)]
+    released = [c for c in quiet.commands if c.action == Action.RELEASE_GPU]
+    assert [c.ts for c in released] == [at(400)]
+    assert [c.action for c in quiet.commands].count(Action.QUARANTINE_GPU) == 1
+    recs.append(xid(590, 13, pid=8))
+    recs.sort(key=lambda r: r.ts)
+    again = fold(recs)
+    assert _suspects(again, GPU) == [at(100), at(590)]
+    assert [c.action for c in again.commands].count(Action.QUARANTINE_GPU) == 2
