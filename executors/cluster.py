@@ -10,6 +10,11 @@ every incident holding the cordon under `incidents`, with its command, GPU and t
 also as `incident`/`command`/`gpu`/`at`, the single-incident format earlier versions wrote and still
 read; and whether the node was already unschedulable before us). UNCORDON_NODE removes only its own
 incident and uncordons when no other incident holds the cordon.
+
+The Node condition `GPUHealthy` (node-problem-detector's convention) is False while an incident
+that quarantined a GPU, cordoned or marked the node holds it (the `xidstream.io/gpu-incidents`
+annotation names them), and True again once the closing step (UNCORDON_NODE, RELEASE_GPU) of the
+last one succeeded.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from schemas.base import plain_text
 from schemas.models import RemediationCommand
 from schemas.vocab import Action
 
-__all__ = ["ClusterActions", "TAINT_KEY", "CORDON_ANNOTATION", "REPLACE_LABEL", "quarantine_rule_name",
+__all__ = ["ClusterActions", "CONDITION_TYPE", "CONDITION_ANNOTATION", "condition_for", "TAINT_KEY", "CORDON_ANNOTATION", "REPLACE_LABEL", "quarantine_rule_name",
            "DRA_DRIVER", "MANAGED_NODE_LABELS", "CONTROL_PLANE_LABELS", "unmanaged_reason"]
 
 log = logging.getLogger(__name__)
@@ -140,7 +145,55 @@ class ClusterActions:
             Action.DRAIN_NODE: self._drain, Action.QUARANTINE_GPU: self._quarantine,
             Action.RELEASE_GPU: self._release, Action.REPLACE_NODE: self._replace,
         }[cmd.action]
-        return handler(cmd, node, dry_run)
+        outcome, detail = handler(cmd, node, dry_run)
+        if outcome == "succeeded" and (cmd.action in CONDITION_REASONS or cmd.action in _CLOSING):
+            detail += self._condition(cmd)
+        return outcome, detail
+
+    # -- the Node condition ----------------------------------------------------------------------
+    # node-problem-detector's convention: a Node condition that `kubectl get/describe node`, the
+    # cluster autoscaler and other remediators read without a Kafka client. The incidents that hold
+    # it are kept in an annotation (like the cordon's holders): two incidents on one node's GPUs
+    # both hold it, and it turns True again only when the last one closed.
+    def _condition(self, cmd: RemediationCommand) -> str:
+        """Record this command's incident on the node's GPUHealthy condition; returns what to add to
+        the result's detail. Never fails the action it follows (the action was done)."""
+        try:
+            return self._hold_condition(cmd)
+        except ApiError as exc:
+            log.warning("could not update condition %s on node %s: %s", CONDITION_TYPE, cmd.node, exc)
+            return f"; condition {CONDITION_TYPE} not updated: HTTP {exc.status.code}: {exc.status.message}"
+
+    def _hold_condition(self, cmd: RemediationCommand) -> str:
+        for _ in range(5):
+            n = node_or_none(self.client, cmd.node)
+            if n is None:
+                return f"; condition {CONDITION_TYPE} not updated: node {cmd.node} is gone"
+            held = _condition_holders(n)
+            if cmd.action in _CLOSING:
+                if held.pop(cmd.incident_id, None) is None:
+                    return ""  # this incident never held it (or it was cleared already)
+            else:
+                if cmd.incident_id in held and held[cmd.incident_id].get("action") == CONDITION_REASONS[cmd.action]:
+                    return ""
+                prior = held.get(cmd.incident_id, {})
+                # the strongest thing done for the incident names it (a cordon outranks a quarantine)
+                reason = max((CONDITION_REASONS[cmd.action], prior.get("action") or ""), key=_REASON_RANK.get)
+                held[cmd.incident_id] = {"gpu": cmd.gpu_uuid or cmd.pci_bus_id, "gpu_index": cmd.gpu_index,
+                                         "action": reason, "at": prior.get("at") or _now(),
+                                         "why": plain_text(cmd.reason, 200)}
+            try:
+                self._patch_node(n, {"metadata": {"annotations": {
+                    CONDITION_ANNOTATION: json.dumps(held, sort_keys=True) if held else None}}})
+            except ApiError as exc:
+                if exc.status.code == 409:
+                    continue
+                raise
+            cond = condition_for(held, _condition_of(n))
+            self.client.patch(Node.Status, cmd.node, {"status": {"conditions": [cond]}},
+                              patch_type=PatchType.STRATEGIC)
+            return f"; condition {CONDITION_TYPE}={cond['status']} ({cond['reason']})"
+        return f"; condition {CONDITION_TYPE} not updated: node {cmd.node} kept changing (5 conflicts)"
 
     def _event(self, node: Any, cmd: RemediationCommand, reason: str, message: str, warning: bool = True) -> None:
         record_event(self.client, node, reason=reason, type_="Warning" if warning else "Normal",
@@ -414,6 +467,57 @@ class ClusterActions:
             "annotations": {"xidstream.io/replace-reason": plain_text(f"incident {cmd.incident_id}: {cmd.reason}", 1000)}}})
         self._event(node, cmd, "XidstreamReplaceNode", f"node marked for replacement: {cmd.reason or 'see incident'}")
         return "succeeded", f"labelled node {cmd.node} {REPLACE_LABEL}=true for replacement and recorded an Event"
+
+
+CONDITION_TYPE = "GPUHealthy"
+CONDITION_ANNOTATION = "xidstream.io/gpu-incidents"
+# The condition's reason while an incident holds it: what was done about the GPU (the command
+# does not carry the verdict; its reason, quoted in the message, does).
+CONDITION_REASONS = {
+    Action.QUARANTINE_GPU: "GPUQuarantined",
+    Action.CORDON_NODE: "GPUFaultCordonedNode",
+    Action.REPLACE_NODE: "GPUFaultReplaceNode",
+}
+_REASON_RANK = {"": 0, "GPUQuarantined": 1, "GPUFaultCordonedNode": 2, "GPUFaultReplaceNode": 3}
+_CLOSING = (Action.UNCORDON_NODE, Action.RELEASE_GPU)
+HEALTHY_REASON = "NoOpenGPUIncident"
+
+
+def _condition_holders(node: Any) -> dict[str, dict]:
+    raw = (node.metadata.annotations or {}).get(CONDITION_ANNOTATION)
+    try:
+        held = json.loads(raw) if raw else {}
+    except ValueError:
+        held = {}
+    return {str(k): v for k, v in held.items() if isinstance(v, dict)} if isinstance(held, dict) else {}
+
+
+def _condition_of(node: Any) -> Any:
+    return next((c for c in (node.status.conditions or []) if c.type == CONDITION_TYPE), None) if node.status else None
+
+
+def condition_for(held: dict[str, dict], current: Any = None) -> dict:
+    """The GPUHealthy condition for the incidents holding it: False, reason the strongest action,
+    message naming each incident and GPU; True once none is left. lastTransitionTime moves only
+    when the status does (the API convention)."""
+    now = _now()
+    if held:
+        reason = max((h.get("action") or "" for h in held.values()), key=lambda r: _REASON_RANK.get(r, 0))
+        parts = [f"incident {i}: GPU {h.get('gpu_index', '?')} ({h.get('gpu')}) {h.get('action')} since {h.get('at')}"
+                 + (f": {h['why']}" if h.get("why") else "") for i, h in sorted(held.items())]
+        status, message = "False", plain_text("; ".join(parts), 1024)
+    else:
+        status, reason, message = "True", HEALTHY_REASON, "no open xidstream incident on this node's GPUs"
+    moved = current is None or current.status != status
+    return {"type": CONDITION_TYPE, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now if moved else _rfc3339(current.lastTransitionTime) or now}
+
+
+def _rfc3339(value: Any) -> str | None:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return value
 
 
 def _names(pods: list[Any]) -> list[str]:

@@ -565,6 +565,11 @@ def _device_taint_rules(kube: Any) -> tuple[str, list[dict]]:
     return version, [r for r in body["items"] if r["metadata"]["name"].startswith("xidstream")]
 
 
+def _gpu_condition(kube, name: str) -> dict | None:
+    node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{name}"), "node")
+    return next((c for c in node_obj.get("status", {}).get("conditions") or [] if c["type"] == "GPUHealthy"), None)
+
+
 def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml) -> None:
     """Three processes fault GPU 0 (Xid 31), one after another: the GPU is quarantined with a
     DeviceTaintRule of the served resource.k8s.io version, the node keeps working; once GPU 0 is
@@ -589,8 +594,21 @@ def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvm
     if node_obj["spec"].get("unschedulable"):
         raise E2eError("a quarantine of one GPU cordoned the node")
     selector = rules[0]["spec"]["deviceSelector"]
+    # The GPUHealthy Node condition (node-problem-detector's convention), written by the cluster
+    # executor under the chart's RBAC, and still there after the kubelet's own status updates
+    # (every 10 s): the kubelet's patch keeps conditions it does not own.
+    for _ in range(2):
+        cond = _gpu_condition(kube, node.node)
+        if cond is None or (cond["status"], cond["reason"]) != ("False", "GPUQuarantined") \
+                or quarantined.incident_id not in cond.get("message", ""):
+            raise E2eError(f"after QUARANTINE_GPU the node's GPUHealthy condition is {cond} ({quarantined.detail})")
+        time.sleep(15)
+    tl.mark(f"node condition GPUHealthy=False ({cond['reason']}) through the kubelet's status updates: {cond['message'][:80]}")
     released = _wait("a result for RELEASE_GPU after GPU 0 was healthy", topics.result(Action.RELEASE_GPU), 150, 0)
     _, left = _device_taint_rules(kube)
+    cond = _gpu_condition(kube, node.node)
+    if cond is None or cond["status"] != "True":
+        raise E2eError(f"after RELEASE_GPU the node's GPUHealthy condition is {cond} ({released.detail})")
     topics.timeline(tl, [(quarantined_at := topics.loop.arrived[quarantined.event_id],
                           f"DeviceTaintRule {rules[0]['metadata']['name']} ({version}) on the API server: "
                           f"device {selector.get('device')} of pool {selector.get('pool')}; node still schedulable")])

@@ -150,7 +150,7 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
     rules = kinds["ClusterRole"]["xs-xidstream-cluster-executor"]["rules"]
     grants = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert grants == {
-        ("", "nodes", "get"), ("", "nodes", "patch"),
+        ("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"),
         ("", "pods", "list"), ("", "pods/eviction", "create"),
         ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "delete"),
     }

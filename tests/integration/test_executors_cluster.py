@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from executors.cluster import CORDON_ANNOTATION, TAINT_KEY, ClusterActions, quarantine_rule_name
+from executors.cluster import (CONDITION_ANNOTATION, CONDITION_TYPE, CORDON_ANNOTATION, TAINT_KEY, ClusterActions,
+                               quarantine_rule_name)
 from executors.kube import make_client
 from executors.runner import Executor
 from schemas.vocab import Outcome
@@ -396,3 +397,55 @@ def test_quarantine_is_advisory_where_device_taints_are_not_served(kube, executo
     r = executor.handle(key.sign(command(node, "RELEASE_GPU", gpu_index=3)))
     assert r.outcome == Outcome.succeeded and "removed label" in r.detail
     assert "gpu-quarantine.xidstream.io/gpu-3" not in get_node(kube, node)["metadata"]["labels"]
+
+
+# -- the GPUHealthy Node condition --------------------------------------------------------------------
+def condition(kube, node: str) -> dict | None:
+    return next((c for c in get_node(kube, node)["status"].get("conditions") or [] if c["type"] == CONDITION_TYPE), None)
+
+
+def test_gpu_healthy_condition_is_false_while_any_incident_holds_it_and_true_after_the_last_closes(kube, executor, keys):
+    """node-problem-detector's convention: `kubectl get/describe node` shows the GPU's state. A
+    wedge's cordon and another GPU's quarantine both hold it; it turns True only when both closed."""
+    key, _ = keys
+    node = make_node(kube, "cond")
+    assert condition(kube, node) is None  # nothing written before an incident
+    wedge = key.sign(command(node, "CORDON_NODE", gpu_index=1, reason="GPU 1 wedged after Xid 43"))
+    r = executor.handle(wedge)
+    assert r.outcome == Outcome.succeeded and "condition GPUHealthy=False (GPUFaultCordonedNode)" in r.detail, r.detail
+    c = condition(kube, node)
+    assert (c["status"], c["reason"]) == ("False", "GPUFaultCordonedNode")
+    assert wedge.incident_id in c["message"] and "GPU 1" in c["message"] and "wedged after Xid 43" in c["message"]
+    first_transition = c["lastTransitionTime"]
+
+    other = key.sign(command(node, "QUARANTINE_GPU", gpu_index=3, gpu_uuid="GPU-33333333-0000-4000-8000-000000000003",
+                             reason="2 different processes faulted it"))
+    assert executor.handle(other).outcome == Outcome.succeeded
+    c = condition(kube, node)
+    assert (c["status"], c["reason"]) == ("False", "GPUFaultCordonedNode")  # the strongest holder names it
+    assert wedge.incident_id in c["message"] and other.incident_id in c["message"]
+    assert c["lastTransitionTime"] == first_transition  # the status did not move
+    held = json.loads(get_node(kube, node)["metadata"]["annotations"][CONDITION_ANNOTATION])
+    assert set(held) == {wedge.incident_id, other.incident_id}
+
+    r = executor.handle(key.sign(command(node, "UNCORDON_NODE", gpu_index=1, incident_id=wedge.incident_id)))
+    assert r.outcome == Outcome.succeeded, r.detail
+    c = condition(kube, node)
+    assert (c["status"], c["reason"]) == ("False", "GPUQuarantined")
+    assert wedge.incident_id not in c["message"] and other.incident_id in c["message"]
+
+    r = executor.handle(key.sign(command(node, "RELEASE_GPU", gpu_index=3, gpu_uuid=other.gpu_uuid,
+                                         incident_id=other.incident_id)))
+    assert r.outcome == Outcome.succeeded, r.detail
+    c = condition(kube, node)
+    assert (c["status"], c["reason"]) == ("True", "NoOpenGPUIncident")
+    assert CONDITION_ANNOTATION not in (get_node(kube, node)["metadata"].get("annotations") or {})
+
+
+def test_a_record_or_a_refused_command_leaves_the_condition_alone(kube, executor, keys):
+    key, _ = keys
+    node = make_node(kube, "condrec")
+    assert executor.handle(key.sign(command(node, "RECORD"))).outcome == Outcome.succeeded
+    # a closing step of an incident that never held the condition writes none
+    assert executor.handle(key.sign(command(node, "RELEASE_GPU", gpu_index=1))).outcome == Outcome.succeeded
+    assert condition(kube, node) is None
