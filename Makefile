@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
 
-.PHONY: demo demo-cluster test e2e venv jars kube helm image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
+.PHONY: demo demo-cluster test e2e venv jars kube helm promtool image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
 
 venv: $(VENV)/.installed
 
@@ -36,6 +36,18 @@ helm:
 	else echo "building helm $(HELM_VERSION) into $(HELM_DIR) (once)"; \
 	     GOBIN=$(HELM_DIR) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); fi
 
+# promtool (the alert rules' check and unit tests) from Debian's prometheus package, unpacked into
+# ~/.cache/xidstream without installing it (installing would start a Prometheus server on 0.0.0.0),
+# unless a promtool is already on the PATH.
+PROM_DIR := $(HOME)/.cache/xidstream/prometheus-deb
+promtool:
+	@if [ -x $(PROM_DIR)/promtool ]; then :; \
+	elif command -v promtool >/dev/null 2>&1; then echo "using $$(command -v promtool)"; \
+	else echo "unpacking promtool from Debian's prometheus package into $(PROM_DIR) (once)"; \
+	     t=$$(mktemp -d) && (cd $$t && apt-get download prometheus >/dev/null 2>&1 && dpkg-deb -x prometheus_*.deb x) \
+	     && mkdir -p $(PROM_DIR) && cp $$t/x/usr/bin/promtool $(PROM_DIR)/promtool; rc=$$?; rm -rf $$t; \
+	     [ $$rc -eq 0 ] || { echo "make promtool: apt-get download prometheus failed (Debian 12 apt sources needed)" >&2; exit 1; }; fi
+
 # The one image (Containerfile) with buildah or podman; IMAGE=registry/name:tag names it, BASE=
 # another Debian 12 base with python3 and pip (`xidstream node image` builds on a debootstrap one).
 IMAGE ?= ghcr.io/xidstream/xidstream:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -58,7 +70,7 @@ demo-cluster: jars kube
 	$(XS) demo-cluster
 
 # The test session starts the broker and the API server once (tests/conftest.py) and stops them.
-test: jars kube helm
+test: jars kube helm promtool
 	$(BIN)/pytest -q
 
 # The chart on a real single-node cluster (kubelet + containerd, root): the image built with buildah

@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-__all__ = ["CollectorMetrics"]
+__all__ = ["CollectorMetrics", "serve_wsgi"]
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -28,6 +28,14 @@ class _Server(ThreadingMixIn, WSGIServer):
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format, *args) -> None:  # noqa: A002 - probes every few seconds: no access log
         pass
+
+
+def serve_wsgi(app, port: int, addr: str = "127.0.0.1") -> WSGIServer:
+    """Serve a WSGI app (metrics, probes) on a daemon thread, without an access log; `shutdown()`
+    and `server_close()` stop it."""
+    server = make_server(addr, port, app, _Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
 
 
 class CollectorMetrics:
@@ -49,6 +57,8 @@ class CollectorMetrics:
                                          "NVML event waits that failed (not Timeout); the event set is re-created after a back-off", registry=r)
         self.kernel_lines = Counter("xidstream_collector_kernel_lines", "Kernel log lines read", registry=r)
         self.kernel_records = Counter("xidstream_collector_kernel_records", "Xid and related records found", ["kind"], registry=r)
+        self.xids = Counter("xidstream_collector_xids", "Xid records found in the kernel log, by Xid code (\"other\": "
+                            "a code outside NVIDIA's catalog)", ["xid"], registry=r)
         # Lines that name the driver but are not the driver's own record (collectors.parse.REFUSALS):
         # a rise in "quoted" or "facility" is someone trying to forge an Xid; "error" is a parser bug.
         self.kernel_refused = Counter("xidstream_collector_kernel_refused",
@@ -112,8 +122,7 @@ class CollectorMetrics:
         return app
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        self._server = make_server(addr, port, self.wsgi_app(), _Server, handler_class=_QuietHandler)
-        threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True).start()
+        self._server = serve_wsgi(self.wsgi_app(), port, addr)
 
     def close(self) -> None:
         if self._server is not None:

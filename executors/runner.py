@@ -77,11 +77,23 @@ class Executor:
         self.journal = Journal(Path(state_dir) / f"journal-{scope}{'-' + node if node else ''}.jsonl")
         self.approvals = Approvals(self.approval_keys, self.limits)
         self._held: dict[str, RemediationCommand] = {}
+        self._held_since: dict[str, float] = {}  # epoch seconds: the metrics' oldest held command
         for cid, raw in self.journal.held.items():  # held before a restart: still waiting
             try:
                 self._held[cid] = RemediationCommand.model_validate(raw)
+                self._held_since[cid] = self._held[cid].ts.timestamp()  # since its evidence, at the latest
             except ValueError:
                 log.warning("journal: held command %s no longer decodes; dropped", cid)
+        self.on_result: Callable[[RemediationCommand, RemediationResult], None] | None = None
+
+    def held_since(self) -> dict[str, float]:
+        return {cid: self._held_since.get(cid, 0.0) for cid in list(self._held)}
+
+    def _answered(self, cmd: RemediationCommand, result: RemediationResult) -> RemediationResult:
+        self._held_since.pop(cmd.command_id, None)
+        if self.on_result is not None:
+            self.on_result(cmd, result)
+        return result
 
     def mine(self, cmd: RemediationCommand) -> bool:
         """Routing in Kafka mode: is this executor the one that answers `cmd`?"""
@@ -105,9 +117,10 @@ class Executor:
                     log.info("command %s (%s on %s) held until an approval names it (expires %s)", cmd.command_id,
                              cmd.action.value, cmd.node, format_ts(cmd.expires_at))
                     self._held[cmd.command_id] = cmd
+                    self._held_since[cmd.command_id] = now.timestamp()
                     self.journal.hold(cmd.command_id, orjson.loads(encode(cmd)))
                 return None
-            return d.result
+            return self._answered(cmd, d.result) if d.result is not None else None
         return self._carry_out(cmd, now)
 
     def _carry_out(self, cmd: RemediationCommand, now: datetime) -> RemediationResult:
@@ -125,7 +138,7 @@ class Executor:
         if not dry:
             self.journal.done(result)
         self.journal.release(cmd.command_id)
-        return result
+        return self._answered(cmd, result)
 
     def due(self) -> list[RemediationResult]:
         """Held commands that an approval released (carried out now) or that expired (refused)."""
@@ -138,8 +151,9 @@ class Executor:
             elif cmd.expires_at <= now:
                 del self._held[cid]
                 self.journal.release(cid)
-                out.append(result_for(cmd, Outcome.expired, f"held for an approval that never came; expired at "
-                                      f"{format_ts(cmd.expires_at)}; nothing was done", node=self.node))
+                out.append(self._answered(cmd, result_for(
+                    cmd, Outcome.expired, f"held for an approval that never came; expired at "
+                    f"{format_ts(cmd.expires_at)}; nothing was done", node=self.node)))
         return out
 
     @property

@@ -62,6 +62,7 @@ from streams import faust_fast
 from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step
 from streams.handoff import Handoff, HandoffError
+from streams.metrics import LabelledCounts, metrics_text
 from transport.identity import CLUSTER_IDENTITY, AuthError
 from streams.policy import Policy
 from streams.routing import FLEET_KEY, fan_out, state_key
@@ -410,6 +411,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     cache: dict[bytes, GpuState] = {}
     fleet_cache: dict[str, Any] = {}  # "state": the FleetState, "row": its main row as last written
     stats = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0}
+    labelled = LabelledCounts()  # the same outputs by verdict and action, for alert rules and dashboards
     quiet = RateLimitedLog(log)
     max_request = app.conf.producer_max_request_size
     verified: set[tuple[str, str]] = set()
@@ -578,7 +580,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
             changed = changed or state.announced != announced  # the announcement is part of the row
             fleet_msgs = [orjson.dumps({**m, "command": to_dict(m["command"])} if m["kind"] == "command" else m)
                           for m in to_fleet]
-            alert_msgs = [((a.gpu_uuid or a.node).encode(), encode(a)) for a in to_alert]
+            alert_msgs = [((a.gpu_uuid or a.node).encode(), encode(a), a) for a in to_alert]
         except AuthError as exc:
             await dead(raw, key, topic, msg.partition, msg.offset, exc)
             return
@@ -589,9 +591,10 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         cache[key] = state
         if changed:
             dirty[key] = (event, state)
-        for k, v in alert_msgs:
+        for k, v, a in alert_msgs:
             if await emit(alerts, k, v, "alert", event):
                 stats["alerts"] += 1
+                labelled.alert(a)
         for v in fleet_msgs:
             await emit(fleet_topic, FLEET_KEY, handoff.seal(v), "message to the fleet agent", event)
 
@@ -702,6 +705,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                         log.warning("fleet breaker reset by %s (approval %s, key %s)", data.get("by"),
                                     data.get("approval_id"), data.get("key_id"))
                     state, outputs = fleet_step(state, data, policy, now=received)
+                    labelled.breaker = 1 if state.tripped else 0
                 except Exception as exc:  # noqa: BLE001
                     await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
                     continue
@@ -711,9 +715,11 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                             out = signing_key.sign(out)
                         if await emit(remediation, out.node.encode(), encode(out), "command", event):
                             stats["commands"] += 1
+                            labelled.command(out)
                     elif isinstance(out, Alert):
                         if await emit(alerts, (out.gpu_uuid or out.node).encode(), encode(out), "alert", event):
                             stats["alerts"] += 1
+                            labelled.alert(out)
                     else:  # a kind this agent does not publish: say so rather than guess a topic
                         log.error("the fleet step gave an output of kind %r that has no topic: %r", kind, out)
             if not events:
@@ -774,16 +780,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
         # Prometheus text format: what the worker did since it started (per process; sum over workers)
-        lines = []
-        for name, help_text in (("events", "input records folded"), ("deadletters", "records sent to the dead-letter topic"),
-                                ("alerts", "alerts published"), ("commands", "remediation commands published"),
-                                ("rows_written", "GPU table rows written (one per changed row per batch)"),
-                                ("outputs_refused", "outputs the producer refused for good (over its size limit, or "
-                                 "invalid: alerts, commands, fleet messages, table rows, dead letters); each record "
-                                 "was dead-lettered and the agent went on")):
-            metric = f"xidstream_processor_{name}_total"
-            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} counter", f"{metric} {stats[name]}"]
-        return web.text("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")
+        return web.text(metrics_text(stats, labelled), content_type="text/plain; version=0.0.4")
 
     return ProcessorApp(app, gpus=gpus, rekey=rekey, fleet=fleet, gpu_table=gpu_table, fleet_table=fleet_table,
                         inputs=inputs, alerts=alerts, remediation=remediation, deadletter=deadletter,

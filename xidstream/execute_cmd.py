@@ -162,6 +162,14 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
           f"commands signed by {', '.join(ex.keys.key_ids)}, approvals by "
           f"{', '.join(ex.approval_keys.key_ids) or 'nobody (held commands expire)'}, journal {ex.journal.path}",
           file=sys.stderr, flush=True)
+    if args.metrics_port:
+        from executors.metrics import ExecutorMetrics
+
+        metrics = ExecutorMetrics(args.scope, ex.held_since)
+        ex.on_result = lambda cmd, r: metrics.result(cmd.action, r.outcome, r.detail)
+        metrics.serve(args.metrics_port, args.metrics_addr)
+        print(f"xidstream execute: metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics",
+              file=sys.stderr, flush=True)
     if args.stdin:
         from executors.runner import run_stdin
 
@@ -276,6 +284,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-kube", action="store_true", help="node scope: no API server (RESET_GPU then is refused on its "
                                                            "cordoned/drained precondition; REBOOT_NODE records no Event)")
     p.add_argument("--stdin", action="store_true", help="command JSON lines on stdin, one result line each on stdout; no Kafka")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics (results by action and outcome, commands held for an approval) "
+                        "on this port (0: off)")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
     p.add_argument("--state-dir", default=".xidstream/executor", help="the journal of carried-out commands (default .xidstream/executor)")
     p.add_argument("--managed-node-label", action="append", metavar="LABEL",
                    help="cluster scope: act only on nodes with one of these labels, never on control-plane nodes "

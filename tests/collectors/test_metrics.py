@@ -25,13 +25,17 @@ def test_self_metrics_are_served_on_loopback():
     c = Collector(CollectorConfig(node="n", xid_merge_window=0), MemorySink(), nvml=NvmlReader(fake), kernel=kernel,
                   metrics=metrics, nvml_events_thread=False)
     c.start(datetime.now(timezone.utc))
-    kernel.feed(["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m", "noise"])
+    kernel.feed(["NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m", "noise",
+                 "NVRM: Xid (PCI:0000:01:00): 4242, pid=1, name=a, m"])
     fake.gpu(0).unsupported = set()
     fake.gpu(0).status = "lost"
     c.tick(datetime.now(timezone.utc))
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert "xidstream_collector_kernel_lines_total 2.0" in body
-    assert 'xidstream_collector_kernel_records_total{kind="xid"} 1.0' in body
+    assert "xidstream_collector_kernel_lines_total 3.0" in body
+    assert 'xidstream_collector_kernel_records_total{kind="xid"} 2.0' in body
+    # by code, a code outside NVIDIA's catalog as "other" (no label value per forged code)
+    assert 'xidstream_collector_xids_total{xid="13"} 1.0' in body
+    assert 'xidstream_collector_xids_total{xid="other"} 1.0' in body
     assert 'xidstream_collector_gpu_status{gpu_uuid="GPU-aaaa",status="lost"} 1.0' in body
     assert "xidstream_collector_loop_seconds_count 1.0" in body
     assert 'xidstream_collector_records_published{topic="memory"}' in body

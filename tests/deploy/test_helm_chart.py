@@ -73,7 +73,7 @@ EXPECTED_DEFAULT = {
     "ClusterRole": {"xs-xidstream-node", "xs-xidstream-cluster-executor", "xs-xidstream-events"},
     "ClusterRoleBinding": {"xs-xidstream-node", "xs-xidstream-cluster-executor"},
     "RoleBinding": {"xs-xidstream-node-events", "xs-xidstream-cluster-executor-events"},
-    "ConfigMap": {"xs-xidstream-processor-policy"},
+    "ConfigMap": {"xs-xidstream-processor-policy", "xs-xidstream-dashboard"},
     "Service": {"xs-xidstream-collector-metrics"},
     "DaemonSet": {"xs-xidstream-node"},
     "Deployment": {"xs-xidstream-processor", "xs-xidstream-cluster-executor"},
@@ -246,8 +246,9 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
     shipped = set(all_versions())
     args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
     objs, _ = render(helm, *args)
-    # 17, the three NetworkPolicies, the admission policy and its binding; secure: the node namespace
-    expected = 22 + (values == "secure")
+    # 17, the three NetworkPolicies, the admission policy and its binding, the dashboard's ConfigMap;
+    # secure: the node namespace
+    expected = 23 + (values == "secure")
     assert len(objs) == expected
     checked = 0
     for version in KUBE_VERSIONS:
@@ -376,7 +377,7 @@ def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
         for version in (KUBE_VERSIONS[0], KUBE_VERSIONS[-1]):
             out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
-            assert out.stdout.count("INFO") == 22 + (values == "secure"), out.stdout
+            assert out.stdout.count("INFO") == 23 + (values == "secure"), out.stdout
 
 
 @pytest.mark.parametrize("values", ["default", "secure"])
@@ -427,11 +428,15 @@ def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
 
 def test_network_policies_admit_only_the_served_ports(helm):
     """Ingress only on what each pod serves: the processor's web port (probes, /metrics; faust's
-    /router and /table views are off), the collector's metrics port, nothing to the cluster executor."""
+    /router and /table views are off), the collector's and the cluster executor's metrics ports;
+    nothing to a cluster executor whose metrics are off."""
     objs, _ = render(helm)
     pols = by_kind(objs)["NetworkPolicy"]
     ports = {n: [p["port"] for rule in pol["spec"].get("ingress", []) for p in rule["ports"]] for n, pol in pols.items()}
-    assert ports == {"xs-xidstream-processor": [6066], "xs-xidstream-node": [9464], "xs-xidstream-cluster-executor": []}
+    assert ports == {"xs-xidstream-processor": [6066], "xs-xidstream-node": [9464], "xs-xidstream-cluster-executor": [9465]}
+    off, _ = render(helm, "--set", "clusterExecutor.metricsPort=0")
+    assert by_kind(off)["NetworkPolicy"]["xs-xidstream-cluster-executor"]["spec"]["ingress"] == []
+    assert "ports" not in containers(by_kind(off)["Deployment"]["xs-xidstream-cluster-executor"])["executor"]
     for pol in pols.values():
         assert pol["spec"]["policyTypes"] == ["Ingress"]
     objs, _ = render(helm, "--set", "networkPolicy.enabled=false")

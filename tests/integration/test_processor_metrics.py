@@ -48,6 +48,12 @@ def test_metrics_count_what_the_worker_did(kafka_settings, tmp_path):
         assert int(counts["xidstream_processor_events_total"]) >= len(records)
         assert int(counts["xidstream_processor_alerts_total"]) >= 2  # APP_FAULT, GPU_WEDGED
         assert int(counts["xidstream_processor_commands_total"]) >= 3  # cordon, drain, reset (and RECORD)
+        # by verdict and action, what the chart's alert rules and dashboard read
+        wedged = sum(int(v) for k, v in counts.items()
+                     if k.startswith('xidstream_processor_verdict_alerts_total{classification="GPU_WEDGED",'))
+        assert wedged >= 1, text
+        assert int(counts['xidstream_processor_action_commands_total{action="RESET_GPU",held="false"}']) == 1, text
+        assert counts["xidstream_processor_breaker_tripped"] == "0"
         live = urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=3)
         assert (live.status, live.read()) == (200, b"ok: folding records or idle\n")
     finally:
