@@ -16,7 +16,7 @@ from schemas.errors import TopicError
 from schemas.topics import TOPICS
 from transport.config import KafkaConfig
 
-__all__ = ["producer_config", "consumer_config", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
+__all__ = ["producer_config", "consumer_config", "read_since", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag"]
 
 
@@ -255,6 +255,57 @@ def read_all(settings: KafkaConfig, topics: list[str], *, timeout: float = 10.0,
     finally:
         consumer.close()
     return out
+
+
+def read_since(settings: KafkaConfig, topics: list[str], since_ms: int, *, timeout: float = 120.0) -> Iterator[Any]:
+    """The messages of physical `topics` stamped at or after `since_ms` (epoch ms), up to each
+    partition's end as it was when the read began: a bounded read that ends when it reached those
+    offsets (no waiting for silence), for the operator's commands. No group is joined and nothing
+    is committed. Raises TopicError for a missing topic, or when the ends are not reached in time."""
+    import time
+    import uuid as _uuid
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-read-{_uuid.uuid4().hex[:12]}",
+                                        **{"enable.partition.eof": True}))
+    try:
+        meta = consumer.list_topics(timeout=15)
+        tps = []
+        for t in topics:
+            tm = meta.topics.get(t)
+            if tm is None or tm.error is not None:
+                raise TopicError(f"topic {t} does not exist on {settings.bootstrap} (xidstream topics create)")
+            tps += [TopicPartition(t, p, since_ms) for p in sorted(tm.partitions)]
+        starts = consumer.offsets_for_times(tps, timeout=15)
+        todo: dict[tuple[str, int], int] = {}
+        assign = []
+        for tp in starts:
+            end = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=15)[1]
+            if 0 <= tp.offset < end:  # -1: nothing stamped since then
+                todo[(tp.topic, tp.partition)] = end
+                assign.append(TopicPartition(tp.topic, tp.partition, tp.offset))
+        if not todo:
+            return
+        consumer.assign(assign)
+        deadline = time.monotonic() + timeout
+        while todo:
+            if time.monotonic() > deadline:
+                raise TopicError(f"read of {', '.join(topics)} did not reach the end of "
+                                 f"{', '.join(f'{t}[{p}]' for t, p in todo)} within {timeout:g} s")
+            for m in consumer.consume(num_messages=1000, timeout=0.5):
+                key = (m.topic(), m.partition())
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        todo.pop(key, None)
+                        continue
+                    raise TopicError(f"error reading {m.topic()}: {m.error()}")
+                if key in todo:
+                    yield m
+                    if m.offset() + 1 >= todo[key]:
+                        del todo[key]
+    finally:
+        consumer.close()
 
 
 def _wait_visible(client: AdminClient, wanted: dict[str, int], timeout: float) -> dict[str, int]:

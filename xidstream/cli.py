@@ -281,8 +281,14 @@ def _exporters(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
+def _incidents(sub: argparse._SubParsersAction) -> None:
+    from xidstream.incidents import register
+
+    register(sub)
+
+
 _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _node, _e2e, _executors,
-                                                                       _demo_cluster, _exporters]
+                                                                       _demo_cluster, _exporters, _incidents]
 
 
 def main(argv: list[str] | None = None) -> int:

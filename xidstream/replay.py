@@ -38,7 +38,7 @@ from collectors.sink import KafkaSink
 from schemas.base import Record
 from schemas.codec import decode_any, to_dict
 from schemas.errors import DecodeError, ScenarioError, XidstreamError
-from schemas.models import Alert, DeadLetter, RemediationCommand
+from schemas.models import Alert, DeadLetter, RemediationCommand, RemediationResult
 from schemas.scenario import Scenario, load_scenario
 from schemas.topics import INPUT_TOPICS
 from streams.app import internal_topics
@@ -181,7 +181,8 @@ def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, 
                                  f"{seen}; its log:\n{worker.tail()}")
         worker.stop()
         reg = settings.topics
-        out_topics = [reg.name(n) for n in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter")]
+        out_topics = [reg.name(n) for n in ("gpu.alerts", "gpu.remediation", "gpu.remediation.results",
+                                            "xidstream.deadletter")]
         result = ReplayResult(scenario, start, seconds=0.0, published=published, topic_prefix=settings.topic_prefix)
         for m in read_all(settings, out_topics, timeout=20, idle=2):
             try:
@@ -325,6 +326,8 @@ def render_timeline(result: ReplayResult, out: TextIO) -> None:
             if isinstance(rec, Alert):
                 last_alert = rec
                 w(f"   {_rel(result, rec.ts)}  {rec.classification.value} ({rec.severity.value}, {rec.state}): {rec.summary}\n")
+            elif isinstance(rec, RemediationResult):
+                w(f"   {_rel(result, rec.ts)}    <- {rec.outcome.value} on {rec.node}: {rec.detail}\n")
             else:
                 hold = "  [HELD: needs approval]" if rec.requires_approval else ""
                 dry = "  [dry run]" if rec.dry_run else ""

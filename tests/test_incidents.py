@@ -1,0 +1,146 @@
+"""`xidstream incidents` / `xidstream incident ID` (xidstream/incidents.py) on what the real fold
+publishes (streams.Engine over the builders' records), and on `xidstream replay --json` lines."""
+
+from __future__ import annotations
+
+import io
+import sys
+import orjson
+import pytest
+
+from schemas.codec import to_dict
+from schemas.errors import ConfigError
+from schemas.models import Alert, RemediationCommand, RemediationResult
+from tests.streams.builders import GPU, NODE, at, run, wedge
+from xidstream.cli import main as cli
+from xidstream.incidents import IncidentBook, parse_since
+
+
+def _book(records) -> IncidentBook:
+    book = IncidentBook()
+    for r in records:
+        book.add(orjson.loads(orjson.dumps(to_dict(r))))
+    return book
+
+
+def _wedged_engine():
+    return run(wedge())
+
+
+def test_one_wedged_gpu_is_one_open_incident_with_its_last_step_and_outcome():
+    engine = _wedged_engine()
+    book = _book([*engine.alerts, *engine.commands])
+    [inc] = book.open_incidents()
+    assert (inc.last["classification"], inc.last["node"], inc.gpu_index) == ("GPU_WEDGED", NODE, 1)
+    now = book.newest + 60
+    data = book.summary_json(now)
+    [row] = data["open"]
+    assert row["gpu_uuid"] == GPU and row["severity"] == "critical"
+    assert row["age_s"] == pytest.approx(now - inc.opened)
+    steps = {s["action"]: s["outcome"] for s in book.steps(inc)}
+    assert steps["RESET_GPU"] == "no result yet"
+    text = book.render_summary(now)
+    assert "OPEN INCIDENTS: 1" in text and "GPU_WEDGED" in text and NODE in text and "HELD FOR APPROVAL: 0" in text
+
+
+def test_results_are_matched_to_their_commands_and_show_as_done():
+    engine = _wedged_engine()
+    book = _book([*engine.alerts, *engine.commands])
+    cordon = next(c for c in engine.commands if c.action.value == "CORDON_NODE")
+    book.add(orjson.loads(orjson.dumps(to_dict(RemediationResult(
+        ts=at(311), node=NODE, gpu_uuid=GPU, command_id=cordon.command_id, incident_id=cordon.incident_id,
+        action=cordon.action, outcome="succeeded", detail="cordoned node-a")))))
+    inc = book.find(cordon.incident_id[:10])
+    assert {s["action"]: s["outcome"] for s in book.steps(inc)}["CORDON_NODE"] == "succeeded"
+    lines = book.render_incident(inc)
+    assert "result succeeded" in lines and "cordoned node-a" in lines
+    assert "CORDON_NODE      done" in lines and "RESET_GPU        no result yet" in lines
+    # every command of the incident is in its timeline, in time order, with its preconditions
+    items = book.timeline(inc)
+    assert [i["ts"] for i in items] == sorted(i["ts"] for i in items)
+    assert sum(i["what"].startswith("command ") for i in items) == len(engine.commands)
+    assert any("preconditions: node cordoned" in i["text"] for i in items)
+
+
+def _held(cmd: RemediationCommand, **kw) -> RemediationCommand:
+    return cmd.model_copy(update={"requires_approval": True, **kw})
+
+
+def test_a_held_command_is_listed_with_the_line_that_releases_it_until_answered_or_expired():
+    engine = _wedged_engine()
+    drain = next(c for c in engine.commands if c.action.value == "DRAIN_NODE")
+    held = _held(drain)
+    book = _book([*engine.alerts, held])
+    now = held.ts.timestamp() + 60
+    [h] = book.summary_json(now)["held"]
+    assert h["command_id"] == drain.command_id and h["node"] == NODE
+    assert h["approve"] == f"xidstream approve {drain.command_id} --node {NODE} --key APPROVER.key --reason '...' --publish"
+    assert "held for approval" in book.render_summary(now) and h["approve"] in book.render_summary(now)
+    assert book.held(held.expires_at.timestamp() + 1) == []  # expired: nothing left to approve
+    book.add({"schema": "xidstream.remediation_result/3", "ts": "2026-11-28T03:06:00Z", "node": NODE,
+              "command_id": drain.command_id, "incident_id": drain.incident_id, "outcome": "succeeded"})
+    assert book.held(now) == []
+
+
+def _alert(iid: str, cls: str, state: str, node: str = NODE, t: float = 100) -> dict:
+    return {"schema": "xidstream.alert/1", "ts": at(t).isoformat(), "node": node, "incident_id": iid,
+            "gpu_uuid": None if cls == "FLEET_STORM" else GPU, "classification": cls, "severity": "critical",
+            "state": state, "summary": f"{cls} {state}", "evidence": {"node": node, "gpu_index": 0}}
+
+
+def test_resolved_incidents_filters_and_the_breaker():
+    book = IncidentBook()
+    book.add(_alert("a1", "GPU_SUSPECT", "open"))
+    book.add(_alert("a1", "GPU_SUSPECT", "resolved", t=500))
+    book.add(_alert("b2", "GPU_WEDGED", "open", node="node-b"))
+    book.add(_alert("c3", "GPU_HARDWARE_FAULT", "open", node="node-c"))
+    assert [i.id for i in book.open_incidents()] == ["b2", "c3"]
+    assert [i.id for i in book.open_incidents(node="node-c")] == ["c3"]
+    assert [i.id for i in book.open_incidents(verdict="GPU_WEDGED")] == ["b2"]
+    assert book.breaker()["state"] == "closed"
+    book.add(_alert("s1", "FLEET_STORM", "open", node="fleet", t=200))
+    b = book.breaker()
+    assert b["state"] == "tripped" and b["incident_id"] == "s1"
+    assert "s1" not in [i.id for i in book.open_incidents()]  # the breaker is its own line, not a GPU's
+    assert "BREAKER: tripped since" in book.render_summary(1e10)
+    book.add(_alert("s1", "FLEET_STORM", "resolved", node="fleet", t=900))
+    assert book.breaker()["state"] == "closed"
+
+
+def test_find_names_a_unique_prefix_or_says_why_not():
+    book = IncidentBook()
+    book.add(_alert("abc123", "GPU_WEDGED", "open"))
+    book.add(_alert("abd999", "GPU_WEDGED", "open"))
+    assert book.find("abc").id == "abc123"
+    with pytest.raises(ConfigError, match="names 2 incidents"):
+        book.find("ab")
+    with pytest.raises(ConfigError, match="no incident 'zz'.*longer --since"):
+        book.find("zz")
+
+
+def test_since_durations():
+    assert [parse_since(s) for s in ("30s", "90m", "24h", "7d", "1.5h")] == [30, 5400, 86400, 604800, 5400]
+    with pytest.raises(ConfigError, match="expected a duration"):
+        parse_since("a week")
+
+
+def test_the_cli_reads_replay_json_lines_on_stdin(monkeypatch, capsys):
+    engine = _wedged_engine()
+    lines = [orjson.dumps({"topic": "gpu.alerts" if isinstance(r, Alert) else "gpu.remediation", "key": NODE,
+                           "value": to_dict(r)}) for r in [*engine.alerts, *engine.commands]]
+    stdin = b"\n".join([*lines, b"not json", b""]) + b"\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    assert cli(["incidents", "--stdin", "--json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert [r["classification"] for r in data["open"]] == ["GPU_WEDGED"]
+    assert data["read"] == {"alert": len(engine.alerts), "command": len(engine.commands), "result": 0, "other": 1}
+    # as of the newest record read: a post-mortem's ages are what they were then
+    assert data["as_of"] == max(r.ts for r in [*engine.alerts, *engine.commands]).strftime("%Y-%m-%dT%H:%M:%SZ")
+    iid = data["open"][0]["incident_id"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    assert cli(["incident", iid[:8], "--stdin"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"INCIDENT {iid}: GPU_WEDGED on {NODE} GPU 1") and "STEPS (done and left):" in out
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    assert cli(["incident", "ffff", "--stdin"]) == 2
+    assert "no incident 'ffff'" in capsys.readouterr().err

@@ -1,0 +1,396 @@
+"""`xidstream incidents` and `xidstream incident ID`: the operator's view, read from the contract
+topics as any consumer would (gpu.alerts, gpu.remediation, gpu.remediation.results).
+
+    xidstream incidents                           # open incidents, held commands, the breaker
+    xidstream incidents --verdict GPU_WEDGED --node gpu-node-7 --since 2d --json
+    xidstream incidents --watch                   # refreshed in place every 5 s
+    xidstream incident 3f9c0b...                  # one incident's whole timeline
+    xidstream replay --json scenarios/motivating-incident.yaml | xidstream incidents --stdin
+
+How it answers in seconds on a large fleet: a bounded read. Each topic is read from the first
+offset stamped at or after `--since` (Kafka's time index: `offsets_for_times`) up to the end offsets
+it had when the read began, and stops there; no consumer group, nothing committed. An incident with
+no alert, command or result within `--since` is not shown (the default, 7 days, is longer than any
+incident the policy keeps open without a new alert: a held or failing step raises one). Records are
+read as plain JSON (the fields shown), not validated into models: this is a viewer; the processor
+and the exporters validate. `bench/incidents_bench.py` measures it on a month of a 10,000-GPU fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import IO, Any
+
+import orjson
+
+from schemas.errors import ConfigError
+from xidstream.cliargs import add_kafka_args
+from xidstream.settings import Settings
+
+__all__ = ["IncidentBook", "parse_since", "register"]
+
+_KIND = {"xidstream.alert": "alert", "xidstream.remediation_command": "command",
+         "xidstream.remediation_result": "result"}
+TOPICS = ("gpu.alerts", "gpu.remediation", "gpu.remediation.results")
+NODE_ACTIONS = {"CORDON_NODE", "DRAIN_NODE", "REBOOT_NODE", "REPLACE_NODE"}
+
+
+def parse_since(text: str) -> float:
+    """'90m', '24h', '7d', '30s' -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
+    if not m:
+        raise ConfigError(f"--since {text!r}: expected a duration such as 30m, 24h or 7d")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def _ts(value: Any) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _iso(t: float | None) -> str:
+    if not t:
+        return "-"
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+@dataclass
+class Incident:
+    id: str
+    alerts: list[dict] = field(default_factory=list)
+    commands: list[dict] = field(default_factory=list)
+
+    @property
+    def last(self) -> dict:
+        return self.alerts[-1]
+
+    @property
+    def opened(self) -> float:
+        return min(_ts(a.get("ts")) for a in self.alerts) if self.alerts else 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self.alerts) and self.last.get("state") != "resolved"
+
+    @property
+    def gpu_index(self) -> Any:
+        for a in reversed(self.alerts):
+            idx = (a.get("evidence") or {}).get("gpu_index")
+            if idx is not None:
+                return idx
+        return next((c.get("gpu_index") for c in self.commands if c.get("gpu_index") is not None), None)
+
+
+_ALERT_FIELDS = ("ts", "node", "incident_id", "gpu_uuid", "classification", "severity", "state", "summary")
+_COMMAND_FIELDS = ("ts", "node", "incident_id", "command_id", "gpu_index", "action", "step", "requires_approval",
+                   "expires_at", "preconditions")
+
+
+class IncidentBook:
+    """Alerts, commands and results folded by incident; results matched to their command.
+
+    `detail=False` (the fleet summary) keeps only the fields it shows of each record: a month of
+    a 10,000-GPU fleet is 60,000 alerts with their evidence (bench/incidents_bench.py)."""
+
+    def __init__(self, detail: bool = True) -> None:
+        self.detail = detail
+        self.incidents: dict[str, Incident] = {}
+        self.results: dict[str, dict] = {}  # command_id -> newest result
+        self.counts = {"alert": 0, "command": 0, "result": 0, "other": 0}
+        self.newest = 0.0
+
+    def add(self, value: dict) -> None:
+        schema = str(value.get("schema") or "").split("/", 1)[0]
+        kind = _KIND.get(schema)
+        if kind is None or not value.get("incident_id"):
+            self.counts["other"] += 1
+            return
+        self.counts[kind] += 1
+        self.newest = max(self.newest, _ts(value.get("ts")))
+        if kind == "result":
+            self.results[str(value.get("command_id"))] = value if self.detail else {"outcome": value.get("outcome")}
+            return
+        if not self.detail:
+            if kind == "alert":
+                gpu_index = (value.get("evidence") or {}).get("gpu_index")
+                value = {k: value.get(k) for k in _ALERT_FIELDS}
+                value["evidence"] = {"gpu_index": gpu_index}
+            else:
+                value = {k: value.get(k) for k in _COMMAND_FIELDS}
+        inc = self.incidents.setdefault(str(value["incident_id"]), Incident(str(value["incident_id"])))
+        (inc.alerts if kind == "alert" else inc.commands).append(value)
+
+    def add_raw(self, raw: bytes | None) -> None:
+        try:
+            value = orjson.loads(raw or b"")
+        except orjson.JSONDecodeError:
+            self.counts["other"] += 1
+            return
+        if isinstance(value, dict):
+            self.add(value)
+        else:
+            self.counts["other"] += 1
+
+    # -- views --------------------------------------------------------------------------------
+    def open_incidents(self, *, node: str | None = None, verdict: str | None = None) -> list[Incident]:
+        out = [i for i in self.incidents.values() if i.is_open and i.last.get("classification") != "FLEET_STORM"
+               and (node is None or i.last.get("node") == node)
+               and (verdict is None or i.last.get("classification") == verdict)]
+        return sorted(out, key=lambda i: (i.opened, i.id))
+
+    def last_command(self, inc: Incident) -> tuple[dict | None, str]:
+        """(the newest command, its outcome or 'held'/'pending')"""
+        if not inc.commands:
+            return None, ""
+        cmd = max(inc.commands, key=lambda c: (_ts(c.get("ts")), c.get("step") or 0))
+        return cmd, self.outcome(cmd)
+
+    def outcome(self, cmd: dict) -> str:
+        r = self.results.get(str(cmd.get("command_id")))
+        if r is not None:
+            return str(r.get("outcome"))
+        return "held for approval" if cmd.get("requires_approval") else "no result yet"
+
+    def held(self, now: float, *, node: str | None = None) -> list[dict]:
+        """Commands held for an approval, unanswered and not expired at `now`."""
+        out = [c for i in self.incidents.values() for c in i.commands
+               if c.get("requires_approval") and str(c.get("command_id")) not in self.results
+               and _ts(c.get("expires_at")) > now and (node is None or c.get("node") == node)]
+        return sorted(out, key=lambda c: _ts(c.get("ts")))
+
+    def breaker(self) -> dict:
+        storms = [i for i in self.incidents.values() if i.alerts and i.last.get("classification") == "FLEET_STORM"]
+        if not storms:
+            return {"state": "closed", "since": None, "summary": "no FLEET_STORM alert read"}
+        newest = max(storms, key=lambda i: _ts(i.last.get("ts")))
+        tripped = newest.is_open
+        return {"state": "tripped" if tripped else "closed", "since": _iso(_ts(newest.last.get("ts"))),
+                "summary": newest.last.get("summary", ""), "incident_id": newest.id}
+
+    def find(self, prefix: str) -> Incident:
+        if prefix in self.incidents:
+            return self.incidents[prefix]
+        found = [i for k, i in self.incidents.items() if k.startswith(prefix)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise ConfigError(f"no incident {prefix!r} in what was read (alerts {self.counts['alert']:,}, "
+                              f"commands {self.counts['command']:,}); a longer --since may reach it")
+        raise ConfigError(f"{prefix!r} names {len(found)} incidents: {', '.join(sorted(i.id for i in found)[:5])}")
+
+    # -- output -------------------------------------------------------------------------------
+    def summary_json(self, now: float, *, node: str | None = None, verdict: str | None = None) -> dict:
+        rows = []
+        for inc in self.open_incidents(node=node, verdict=verdict):
+            cmd, outcome = self.last_command(inc)
+            rows.append({"incident_id": inc.id, "node": inc.last.get("node"), "gpu_index": inc.gpu_index,
+                         "gpu_uuid": inc.last.get("gpu_uuid"), "classification": inc.last.get("classification"),
+                         "severity": inc.last.get("severity"), "opened": _iso(inc.opened),
+                         "age_s": round(now - inc.opened, 1), "summary": inc.last.get("summary"),
+                         "last_command": None if cmd is None else {"action": cmd.get("action"),
+                                                                   "command_id": cmd.get("command_id"),
+                                                                   "outcome": outcome}})
+        held = [{"command_id": c.get("command_id"), "incident_id": c.get("incident_id"), "node": c.get("node"),
+                 "action": c.get("action"), "since": c.get("ts"), "expires_at": c.get("expires_at"),
+                 "approve": approve_line(c)} for c in self.held(now, node=node)]
+        return {"as_of": _iso(now), "open": rows, "held": held, "breaker": self.breaker(), "read": dict(self.counts)}
+
+    def render_summary(self, now: float, *, node: str | None = None, verdict: str | None = None,
+                       since: str = "") -> str:
+        data = self.summary_json(now, node=node, verdict=verdict)
+        rows = data["open"]
+        lines = [f"OPEN INCIDENTS: {len(rows)}   (as of {data['as_of']}; read {self.counts['alert']:,} alerts, "
+                 f"{self.counts['command']:,} commands, {self.counts['result']:,} results{' since ' + since if since else ''})"]
+        if rows:
+            table = [("NODE", "GPU", "UUID", "VERDICT", "SEVERITY", "AGE", "LAST COMMAND", "INCIDENT")]
+            for r in rows:
+                last = r["last_command"]
+                table.append((str(r["node"]), "-" if r["gpu_index"] is None else str(r["gpu_index"]),
+                              _short(r["gpu_uuid"]), str(r["classification"]), str(r["severity"]),
+                              _age(r["age_s"]), "-" if last is None else f"{last['action']} {last['outcome']}",
+                              r["incident_id"][:12]))
+            lines += _columns(table)
+        else:
+            lines.append("  none")
+        lines.append("")
+        lines.append(f"HELD FOR APPROVAL: {len(data['held'])}")
+        for h in data["held"]:
+            lines.append(f"  {h['action']} on {h['node']} (incident {str(h['incident_id'])[:12]}, held since "
+                         f"{h['since']}, expires {h['expires_at']})")
+            lines.append(f"    {h['approve']}")
+        b = data["breaker"]
+        lines.append("")
+        lines.append(f"BREAKER: {b['state']}" + (f" since {b['since']}: {b['summary']}" if b["state"] == "tripped" else "")
+                     + ("" if b["state"] == "tripped" else f" ({b['summary'] if not b.get('since') else 'last storm ' + b['since']})"))
+        return "\n".join(lines) + "\n"
+
+    def timeline(self, inc: Incident) -> list[dict]:
+        """Every alert, evidence line, command and result of one incident, in time order."""
+        items: list[dict] = []
+        seen = set()
+        for a in inc.alerts:
+            items.append({"ts": a.get("ts"), "what": f"alert {a.get('state')}",
+                          "text": f"{a.get('classification')} ({a.get('severity')}): {a.get('summary')}"})
+            for e in (a.get("evidence") or {}).get("timeline") or []:
+                k = (e.get("ts"), e.get("kind"), e.get("summary"))
+                if k not in seen:
+                    seen.add(k)
+                    items.append({"ts": e.get("ts"), "what": f"evidence {e.get('kind')}", "text": e.get("summary", "")})
+        for c in inc.commands:
+            pre = "; ".join(c.get("preconditions") or [])
+            items.append({"ts": c.get("ts"), "what": f"command {c.get('action')}",
+                          "text": f"step {c.get('step')} {c.get('command_id')}"
+                                  + (" HELD for approval" if c.get("requires_approval") else "")
+                                  + f", expires {c.get('expires_at')}" + (f"; preconditions: {pre}" if pre else "")})
+            r = self.results.get(str(c.get("command_id")))
+            if r is not None:
+                items.append({"ts": r.get("ts"), "what": f"result {r.get('outcome')}",
+                              "text": f"{c.get('action')} ({c.get('command_id')}) on {r.get('node')}: {r.get('detail', '')}"})
+        items.sort(key=lambda i: _ts(i["ts"]))
+        return items
+
+    def incident_json(self, inc: Incident) -> dict:
+        return {"incident_id": inc.id, "node": inc.last.get("node") if inc.alerts else None,
+                "gpu_index": inc.gpu_index, "gpu_uuid": inc.last.get("gpu_uuid") if inc.alerts else None,
+                "classification": inc.last.get("classification") if inc.alerts else None,
+                "state": inc.last.get("state") if inc.alerts else None, "opened": _iso(inc.opened),
+                "steps": self.steps(inc), "recommended_steps": inc.last.get("recommended_steps", []) if inc.alerts else [],
+                "timeline": self.timeline(inc)}
+
+    def steps(self, inc: Incident) -> list[dict]:
+        """The incident's commands in order with their outcome: what was done and what is left."""
+        return [{"action": c.get("action"), "step": c.get("step"), "command_id": c.get("command_id"),
+                 "outcome": self.outcome(c)} for c in sorted(inc.commands, key=lambda c: (c.get("step") or 0, _ts(c.get("ts"))))]
+
+    def render_incident(self, inc: Incident) -> str:
+        data = self.incident_json(inc)
+        lines = [f"INCIDENT {inc.id}: {data['classification']} on {data['node']} GPU {data['gpu_index']} "
+                 f"({data['gpu_uuid']}), {data['state']}, opened {data['opened']}", ""]
+        for item in data["timeline"]:
+            lines.append(f"{item['ts']}  {item['what']:<24} {item['text']}")
+        lines += ["", "STEPS (done and left):"]
+        for s in data["steps"]:
+            mark = "done" if s["outcome"] == "succeeded" else s["outcome"]
+            lines.append(f"  {s['step']}. {s['action']:<16} {mark}")
+        if data["recommended_steps"]:
+            lines += ["", "RECOMMENDED (the alert's words):"] + [f"  - {s}" for s in data["recommended_steps"]]
+        return "\n".join(lines) + "\n"
+
+
+def approve_line(cmd: dict) -> str:
+    return (f"xidstream approve {cmd.get('command_id')} --node {cmd.get('node')} --key APPROVER.key "
+            f"--reason '...' --publish")
+
+
+def _short(uuid: Any) -> str:
+    text = str(uuid or "-")
+    return text if len(text) <= 17 else text[:17] + "…"
+
+
+def _columns(rows: list[tuple]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+# -- reading ------------------------------------------------------------------------------------
+def read_book(settings: Settings, since_s: float, stdin: IO[bytes] | None = None, *, detail: bool = True) -> IncidentBook:
+    book = IncidentBook(detail)
+    if stdin is not None:
+        for line in stdin:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                book.counts["other"] += 1
+                continue
+            # `xidstream replay --json` lines: {"topic", "key", "value"}; a bare record works too
+            book.add(value.get("value") if isinstance(value, dict) and "value" in value else value)
+        return book
+    from transport.kafka import read_since
+
+    since_ms = int((time.time() - since_s) * 1000)
+    for m in read_since(settings, [settings.topics.name(t) for t in TOPICS], since_ms):
+        book.add_raw(m.value())
+    return book
+
+
+def _now(book: IncidentBook, args: argparse.Namespace) -> float:
+    # offline (replay output): as of the newest record, so ages read as they did then
+    return book.newest if args.stdin else time.time()
+
+
+def _incidents(args: argparse.Namespace, settings: Settings) -> int:
+    since_s = parse_since(args.since)
+    while True:
+        book = read_book(settings, since_s, sys.stdin.buffer if args.stdin else None, detail=False)
+        now = _now(book, args)
+        if args.json:
+            sys.stdout.write(orjson.dumps(book.summary_json(now, node=args.node, verdict=args.verdict)).decode() + "\n")
+        else:
+            text = book.render_summary(now, node=args.node, verdict=args.verdict, since=args.since if not args.stdin else "")
+            if args.watch and sys.stdout.isatty():
+                text = "\x1b[H\x1b[2J" + text  # in place: home, clear
+            sys.stdout.write(text)
+        sys.stdout.flush()
+        if not args.watch or args.stdin:
+            return 0
+        time.sleep(args.interval)
+
+
+def _incident(args: argparse.Namespace, settings: Settings) -> int:
+    book = read_book(settings, parse_since(args.since), sys.stdin.buffer if args.stdin else None)
+    inc = book.find(args.incident_id)
+    if args.html:
+        from xidstream.report import write_report
+
+        write_report(book, inc, args.html)
+        print(f"xidstream incident: report written to {args.html}", file=sys.stderr)
+        return 0
+    if args.json:
+        sys.stdout.write(orjson.dumps(book.incident_json(inc)).decode() + "\n")
+    else:
+        sys.stdout.write(book.render_incident(inc))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", default="7d", help="read records stamped within this long (30m, 24h, 7d; default 7d)")
+    p.add_argument("--stdin", action="store_true", help="read `xidstream replay --json` lines (or bare records) from "
+                                                         "stdin instead of Kafka: a post-mortem looks like a live view")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    add_kafka_args(p, partitions=False)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("incidents", help="open incidents fleet-wide, commands held for approval, the breaker")
+    p.add_argument("--node", help="only this node's")
+    p.add_argument("--verdict", help="only this classification (GPU_WEDGED, GPU_HARDWARE_FAULT, GPU_SUSPECT, ...)")
+    p.add_argument("--watch", action="store_true", help="refresh in place every --interval seconds")
+    p.add_argument("--interval", type=float, default=5.0, help="--watch: seconds between refreshes (default 5)")
+    _common(p)
+    p.set_defaults(handler=_incidents)
+    p = sub.add_parser("incident", help="one incident's timeline: alerts, evidence, commands, results")
+    p.add_argument("incident_id", help="the incident id (or a unique prefix of it)")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with a chart instead")
+    _common(p)
+    p.set_defaults(handler=_incident)
