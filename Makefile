@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
 
-.PHONY: demo demo-cluster test e2e venv jars kube helm promtool image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
+.PHONY: demo demo-cluster test e2e venv jars kube helm promtool chromium image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
 
 venv: $(VENV)/.installed
 
@@ -48,6 +48,14 @@ promtool:
 	     && mkdir -p $(PROM_DIR) && cp $$t/x/usr/bin/promtool $(PROM_DIR)/promtool; rc=$$?; rm -rf $$t; \
 	     [ $$rc -eq 0 ] || { echo "make promtool: apt-get download prometheus failed (Debian 12 apt sources needed)" >&2; exit 1; }; fi
 
+# Debian's chromium, for the test that screenshots an incident's HTML report (headless). Installed
+# with apt-get as root when missing; otherwise named with the command that installs it.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then echo "installing Debian's chromium (once)"; \
+	     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; \
+	else echo "make chromium: run as root: apt-get install --no-install-recommends chromium" >&2; exit 1; fi
+
 # The one image (Containerfile) with buildah or podman; IMAGE=registry/name:tag names it, BASE=
 # another Debian 12 base with python3 and pip (`xidstream node image` builds on a debootstrap one).
 IMAGE ?= ghcr.io/xidstream/xidstream:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -70,7 +78,7 @@ demo-cluster: jars kube
 	$(XS) demo-cluster
 
 # The test session starts the broker and the API server once (tests/conftest.py) and stops them.
-test: jars kube helm promtool
+test: jars kube helm promtool chromium
 	$(BIN)/pytest -q
 
 # The chart on a real single-node cluster (kubelet + containerd, root): the image built with buildah

@@ -16,7 +16,7 @@ from schemas.errors import TopicError
 from schemas.topics import TOPICS
 from transport.config import KafkaConfig
 
-__all__ = ["producer_config", "consumer_config", "read_since", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
+__all__ = ["producer_config", "consumer_config", "read_since", "read_key", "murmur2_partition", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag"]
 
 
@@ -304,6 +304,81 @@ def read_since(settings: KafkaConfig, topics: list[str], since_ms: int, *, timeo
                     yield m
                     if m.offset() + 1 >= todo[key]:
                         del todo[key]
+    finally:
+        consumer.close()
+
+
+def murmur2_partition(key: bytes, partitions: int) -> int:
+    """The partition the Java client, aiokafka and our producers (`partitioner=murmur2_random`)
+    put `key` on: Kafka's murmur2, made positive, modulo the partition count. One GPU's records
+    are read from that one partition."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def murmur2(key: bytes) -> int:
+    """Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2) as the Java int it returns."""
+    m, length = 0x5BD1E995, len(key)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(key[i:i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    tail, rest = length % 4, length - length % 4
+    if tail == 3:
+        h ^= key[rest + 2] << 16
+    if tail >= 2:
+        h ^= key[rest + 1] << 8
+    if tail >= 1:
+        h ^= key[rest]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def read_key(settings: KafkaConfig, topic: str, key: bytes, start_ms: int, end_ms: int, *,
+             timeout: float = 60.0) -> list[Any]:
+    """The messages of physical `topic` with `key`, stamped in [start_ms, end_ms]: only the key's
+    partition is read, from its first offset published at `start_ms` until one published 10 minutes
+    past `end_ms` or the end offset found when the read began (the caller filters by the records'
+    own times). For one GPU's samples over an incident's span."""
+    import time
+    import uuid as _uuid
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-read-{_uuid.uuid4().hex[:12]}",
+                                        **{"enable.partition.eof": True}))
+    out: list[Any] = []
+    try:
+        tm = consumer.list_topics(topic, timeout=15).topics.get(topic)
+        if tm is None or tm.error is not None or not tm.partitions:
+            raise TopicError(f"topic {topic} does not exist on {settings.bootstrap}")
+        part = murmur2_partition(key, len(tm.partitions))
+        [start] = consumer.offsets_for_times([TopicPartition(topic, part, start_ms)], timeout=15)
+        end = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=15)[1]
+        if not 0 <= start.offset < end:
+            return out
+        consumer.assign([TopicPartition(topic, part, start.offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=1000, timeout=0.5):
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        return out
+                    raise TopicError(f"error reading {topic}: {m.error()}")
+                # The broker's timestamp is when a collector published: a sample spooled through a
+                # short broker outage is published late, so the read goes 10 minutes past the span.
+                if m.timestamp()[1] > end_ms + 600_000:
+                    return out
+                if m.key() == key:
+                    out.append(m)
+                if m.offset() + 1 >= end:
+                    return out
+        raise TopicError(f"read of {topic}[{part}] did not reach its end within {timeout:g} s")
     finally:
         consumer.close()
 

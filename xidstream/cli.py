@@ -153,7 +153,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     bootstrap = args.bootstrap or os.environ.get("XIDSTREAM_BOOTSTRAP")
     return run_replay(args.scenarios, bootstrap, as_json=args.json, check=args.check, policy=args.policy,
-                      keep=args.keep, partitions=args.partitions)
+                      keep=args.keep, partitions=args.partitions, telemetry=args.telemetry)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="run scenario files through collectors, Kafka and the processor")
     p.add_argument("scenarios", nargs="+", metavar="SCENARIO")
     p.add_argument("--json", action="store_true", help="one JSON object per output record: {topic, key, value}")
+    p.add_argument("--telemetry", action="store_true", help="with --json: the input records too (samples, process lists, "
+                   "Xids, workloads), so `xidstream incident ID --html FILE --stdin` can chart the GPU")
     p.add_argument("--check", action="store_true", help="evaluate expect/forbid; exit 1 naming what failed")
     p.add_argument("--bootstrap", help="an existing Kafka (default: start the local broker for the run)")
     p.add_argument("--policy", help="policy YAML for the processor")

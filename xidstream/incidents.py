@@ -113,12 +113,17 @@ class IncidentBook:
     def __init__(self, detail: bool = True) -> None:
         self.detail = detail
         self.incidents: dict[str, Incident] = {}
+        self.samples: dict[str, list[dict]] = {}  # gpu_uuid -> gpu.samples records (--stdin with telemetry)
         self.results: dict[str, dict] = {}  # command_id -> newest result
         self.counts = {"alert": 0, "command": 0, "result": 0, "other": 0}
         self.newest = 0.0
 
     def add(self, value: dict) -> None:
         schema = str(value.get("schema") or "").split("/", 1)[0]
+        if schema == "xidstream.gpu_sample" and self.detail and value.get("gpu_uuid"):
+            # `replay --json --telemetry`: the samples an incident's report charts
+            self.samples.setdefault(str(value["gpu_uuid"]), []).append(value)
+            return
         kind = _KIND.get(schema)
         if kind is None or not value.get("incident_id"):
             self.counts["other"] += 1
@@ -361,8 +366,11 @@ def _incident(args: argparse.Namespace, settings: Settings) -> int:
     book = read_book(settings, parse_since(args.since), sys.stdin.buffer if args.stdin else None)
     inc = book.find(args.incident_id)
     if args.html:
-        from xidstream.report import write_report
+        from xidstream.report import live_samples, write_report
 
+        gpu = inc.last.get("gpu_uuid") if inc.alerts else None
+        if gpu and not args.stdin:
+            book.samples[gpu] = live_samples(settings, gpu, inc)
         write_report(book, inc, args.html)
         print(f"xidstream incident: report written to {args.html}", file=sys.stderr)
         return 0

@@ -140,7 +140,7 @@ class EngineCommandLookup:
 
 
 def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, policy: str | None = None,
-                    keep: bool = False, workdir: Path | None = None, log=None,
+                    keep: bool = False, workdir: Path | None = None, log=None, telemetry: bool = False,
                     command_timeout: float = 30.0, processor_timeout: float = 240.0) -> ReplayResult:
     say = log or (lambda m: None)
     settings = Settings(bootstrap=bootstrap, topic_prefix=f"replay-{scenario.name[:40]}-{uuid.uuid4().hex[:8]}.",
@@ -183,6 +183,8 @@ def replay_scenario(scenario: Scenario, bootstrap: str, *, partitions: int = 1, 
         reg = settings.topics
         out_topics = [reg.name(n) for n in ("gpu.alerts", "gpu.remediation", "gpu.remediation.results",
                                             "xidstream.deadletter")]
+        if telemetry:  # the inputs too: `xidstream incident ID --html --stdin` charts the samples
+            out_topics += [reg.name(n) for n in INPUT_TOPICS]
         result = ReplayResult(scenario, start, seconds=0.0, published=published, topic_prefix=settings.topic_prefix)
         for m in read_all(settings, out_topics, timeout=20, idle=2):
             try:
@@ -351,7 +353,8 @@ def render_timeline(result: ReplayResult, out: TextIO) -> None:
 
 
 def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False, check: bool = False,
-               policy: str | None = None, keep: bool = False, partitions: int = 1, out: TextIO | None = None) -> int:
+               policy: str | None = None, keep: bool = False, partitions: int = 1, out: TextIO | None = None,
+               telemetry: bool = False) -> int:
     out = out or sys.stdout  # when called, not when imported (a captured stdout is honoured)
     scenarios = [load_scenario(p) for p in paths]  # every file is validated before anything starts
     doing = ["starting"]
@@ -363,7 +366,7 @@ def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False
     try:
         with _stop_on_signals(lambda: doing[0]):
             failed = _replay_all(scenarios, bootstrap, log, as_json=as_json, check=check, policy=policy, keep=keep,
-                                 partitions=partitions, out=out)
+                                 partitions=partitions, out=out, telemetry=telemetry)
     except _Stopped as stop:
         name = signal.Signals(stop.signum).name
         print(f"xidstream replay: stopped by {name} (it was at: {stop.doing}); exit code {128 + stop.signum}",
@@ -375,7 +378,7 @@ def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False
 
 
 def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[[str], None], *, as_json: bool,
-                check: bool, policy: str | None, keep: bool, partitions: int, out: TextIO) -> int:
+                check: bool, policy: str | None, keep: bool, partitions: int, out: TextIO, telemetry: bool = False) -> int:
     """`run_replay` under its signal handlers; returns how many scenarios failed their check."""
     broker = None
     if bootstrap is None:
@@ -391,7 +394,8 @@ def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[
     try:
         for sc in scenarios:
             try:
-                result = replay_scenario(sc, bootstrap, partitions=partitions, policy=policy, keep=keep, log=log)
+                result = replay_scenario(sc, bootstrap, partitions=partitions, policy=policy, keep=keep, log=log,
+                                         telemetry=telemetry)
             except ScenarioError as exc:
                 if not check:
                     raise
