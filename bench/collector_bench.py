@@ -9,15 +9,15 @@
 2. Parser throughput on (a) the real capture, almost all NVRM lines, and (b) a realistic mix where
    1 line in 20 is the driver's.
 
-With `--fds N` (issue 9) the holders of /dev/nvidia* come from the real `ProcFs` over a synthetic
+With `--fds N` the holders of /dev/nvidia* come from the real `ProcFs` over a synthetic
 proc tree of N descriptors (8 trainer processes holding /dev/nvidia<i> with most of them, many small
 ones), churned by a separate process (its CPU is not counted): trainers open and close 20
 descriptors a second, a small process exits and another starts every 5 s. It also prints the cost
 of one cold and one warm holder scan and the readlink calls per scan. A symlink in a tmpfs/disk
-tree is cheaper to readlink than a /proc/PID/fd entry (about 8.6 us each on a real node, issue 9),
+tree is cheaper to readlink than a /proc/PID/fd entry (about 8.6 us each on a real node),
 so the readlink count is the figure that carries over: multiply by 8.6 us for a real node.
 
-Targets (issue 3, issue 9): CPU <= 1% of one core, peak RSS <= 60 MiB, p99 tick <= 50 ms, parser
+Targets: CPU <= 1% of one core, peak RSS <= 60 MiB, p99 tick <= 50 ms, parser
 >= 200k lines/s; the same CPU and RSS with --fds 50000.
 """
 

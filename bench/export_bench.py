@@ -1,4 +1,4 @@
-"""Throughput of the Parquet landing (issue 13): N gpu.samples records on the local broker ->
+"""Throughput of the Parquet landing: N gpu.samples records on the local broker ->
 `exporters` Kafka loop -> rolled, fsynced Parquet files; prints records/s.
 
     .venv/bin/python bench/export_bench.py [--records 200000] [--bootstrap 127.0.0.1:19092]

@@ -13,7 +13,7 @@ fault was an application fault, detection latency in event and wall time).
 times in about four minutes) and `--xid45-teardowns N` N job teardowns (Xid 45 on every rank of
 6 nodes x 2 GPUs at once) to the same fleet, on GPUs that drew no fault; their truth is APP_FAULT,
 so a GPU_SUSPECT there is a false positive, and the report counts quarantines and node actions on
-them with the other application-only GPUs (issue 8: count workloads, not PIDs; Xid 45 alone is a
+them with the other application-only GPUs (count workloads, not PIDs; Xid 45 alone is a
 record). The default mix is drawn exactly as without them.
 """
 

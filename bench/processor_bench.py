@@ -1,4 +1,4 @@
-"""Stream-processor benchmark on the real broker (issue 12: the figures of one and two workers): prints figures; not a test.
+"""Stream-processor benchmark on the real broker (the figures of one and two workers): prints figures; not a test.
 
     .venv/bin/python bench/processor_bench.py [--only throughput,memory,latency,fleet] [--bootstrap HOST:PORT]
         [--gpus 2000] [--seconds 20] [--runs 7] [--memory-gpus 10000]
@@ -68,7 +68,7 @@ NO_FAULTS = FaultRates(0, 0, 0, 0, 0)
 GPUS_PER_NODE = 8
 T0 = time.monotonic()
 
-# Goals (issue 12)
+# Goals
 GOAL_RATE = 25_000  # input records/s, one worker
 GOAL_RATIO = 0.25  # of the yardstick
 GOAL_KIB_PER_GPU = 4.0
@@ -857,7 +857,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=2000, help="throughput: simulated GPUs")
     ap.add_argument("--seconds", type=int, default=20, help="throughput: seconds of 1 Hz telemetry per GPU")
     # 7: a run spans about 2 s between commits 0.25 s apart, and single runs' ratios spread
-    # 0.22-0.31 on this machine (issue 12); medians of 3 runs spread 0.24-0.30 over five
+    # 0.22-0.31 on this machine; medians of 3 runs spread 0.24-0.30 over five
     # invocations, medians of 7 runs 0.26-0.27 over four
     ap.add_argument("--runs", type=int, default=7, help="throughput: runs, fresh topics each; the goals are judged "
                     "by the median")

@@ -1,4 +1,4 @@
-"""Stream-processor scale-out and failover benchmark on the real broker (issue 12): prints figures; not a test.
+"""Stream-processor scale-out and failover benchmark on the real broker: prints figures; not a test.
 
     .venv/bin/python bench/processor_scale.py [--gpus 2000] [--seconds 20] [--workers 1,2,4]
         [--kills 10] [--fail-gpus 1000] [--only scale|failover] [--bootstrap HOST:PORT]

@@ -4,7 +4,7 @@
 
 Builds the records first (samples and process lists every second per GPU, an Xid 13 -> 31 -> 43
 wedge on 1% of the GPUs), then times only the fold: events/s, best and median of the runs. The
-figure is what one worker could do if faust cost nothing (issue 12 compares against it).
+figure is what one worker could do if faust cost nothing (the processor bench compares against it).
 """
 
 from __future__ import annotations

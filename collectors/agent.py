@@ -125,7 +125,7 @@ def _syslog_time(parts: tuple, ref_ts: float | None, now: datetime, tz: tzinfo |
 
 def line_time(rec: KernelRecord, ref_ts: float | None, now: datetime, *, boot: datetime | None = None,
               tz: tzinfo | None = None) -> tuple[datetime, TsSource]:
-    """A kernel record's time: the line's own where it has one (issue 9, defect 9), else `now`.
+    """A kernel record's time: the line's own where it has one, else `now`.
     `ref_ts`: the file's mtime (anchors a year-less syslog stamp); `boot`: the boot's wall time,
     for /dev/kmsg stamps (None: they are from an unknown boot); `tz`: zone of local-time stamps."""
     kind = rec.ts_kind
@@ -159,8 +159,8 @@ class CollectorConfig:
     # the rest are stamped with the loop's clock, as scenario lines are copied from other days.
     kmsg_wall_clock: bool = True
     # When NVML's event wait fails at once (a registered GPU is lost, an unknown error), wait this
-    # long before re-creating the event set, doubling up to the second figure (issue 9, defect 6:
-    # without it the event thread took a full core).
+    # long before re-creating the event set, doubling up to the second figure
+    # (without it the event thread took a full core).
     event_backoff: tuple[float, float] = (1.0, 60.0)
     # Time zone of local-time log stamps (syslog, `dmesg -T`); None: this machine's.
     log_tz: tzinfo | None = None
@@ -299,7 +299,7 @@ class _KernelCursors:
     """Commits a kernel source's cursor only when every event from it and the lines before it
     was acknowledged by the sink.
 
-    Keeps only what a restart needs (issue 9, defect 11): the newest cursor, and for each line
+    Keeps only what a restart needs: the newest cursor, and for each line
     whose events are not acknowledged yet, the cursor of the line before it. While Kafka is down
     that is one entry per unacknowledged Xid line (those are on disk in the spool anyway), not one
     per kernel line read (about 9 MiB an hour at 20 lines/s before)."""
@@ -386,7 +386,7 @@ class Collector:
         self.history_skipped = 0  # history lines older than the look-back, or of unknown time
         self._refusals: dict[str, int] = {}  # kernel log lines refused, by collectors.parse.REFUSALS reason
         self.ticks = 0
-        # GPUs of the saved inventory that NVML no longer gives a handle for (issue 9, defect 2).
+        # GPUs of the saved inventory that NVML no longer gives a handle for.
         self._inventory_file = Path(state_dir) / "inventory.json" if state_dir is not None else None
         self._saved: dict[str, GpuIdentity] = self._load_inventory()
         self.lost: list[GpuIdentity] = []
@@ -623,7 +623,7 @@ class Collector:
                 xid=n.xid, xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution,
                 gpu_instance=n.gpu_instance, compute_instance=n.compute_instance,
                 message="(from NVML event; no kernel log line seen)", raw="",
-                # When the event arrived, not when the merge window let it out (issue 9, defect 3).
+                # When the event arrived, not when the merge window let it out.
                 ts=n.received or now, ts_source=TsSource.nvml, observed_at=n.received or now,
             )
             self.merger.add(mono, fields, "nvml", None)
@@ -703,7 +703,7 @@ class Collector:
 
     def _merge_saved_inventory(self) -> None:
         """Live GPUs replace their saved entries; a saved GPU that NVML no longer gives a handle for
-        stays, as lost (issue 9, defect 2: after Xid 79 and a collector restart, real NVML refuses
+        stays, as lost (after Xid 79 and a collector restart, real NVML refuses
         the GPU's handle, and the GPU would vanish from every topic). A different GPU at the same
         PCI address means it was replaced: the old entry goes."""
         live = {g.uuid for g in self.gpus}
@@ -907,7 +907,7 @@ class Collector:
             status=reading.status, error=clip(reading.error, SHORT_TEXT_MAX), **reading.values,
         ))
         # A list NVML could not read is unknown (null), never "no compute process": the wedge and
-        # phantom rules would take [] as evidence (issue 9, defect 7).
+        # phantom rules would take [] as evidence.
         if reading.status != "ok":
             apps, error = None, f"GPU {reading.status}: {reading.error}"
         else:

@@ -7,7 +7,7 @@ whose status is `lost` or `reset_required` raises those from every per-device re
 one does; a `lost` GPU also refuses a handle (`nvmlDeviceGetHandleByIndex`), as real NVML does for
 a GPU that fell off the bus. Xid and recovery-action events are queued for `nvmlEventSetWait_v2`;
 an event set with a lost GPU registered answers GpuIsLost at once and stays broken (Unknown) until
-it is freed and created again, so a caller that does not back off spins (issue 9, defect 6).
+it is freed and created again, so a caller that does not back off spins.
 
 Issue 9 knobs per GPU: `memory_reserved_mib` (v2 reports it apart; v1's `used` includes it),
 `memory_v2=False` (a driver without nvmlDeviceGetMemoryInfo_v2: FunctionNotFound),

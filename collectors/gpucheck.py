@@ -5,8 +5,8 @@ Run it on a machine with an NVIDIA GPU and driver to check the real NVML path of
 version and any notes), one sample with every contract field (memory reserved, recovery action,
 remapped rows, volatile DBE included), compute apps, pmon samples and whether Xid and
 recovery-action events can be registered, and every event already pending. A GPU that NVML
-refuses a handle for, or that is lost during the check, is printed as lost, never as a traceback
-(issue 9, defect 1). A driver without a call (nvmlDeviceGetComputeRunningProcesses_v3 before R510)
+refuses a handle for, or that is lost during the check, is printed as lost, never as a traceback.
+A driver without a call (nvmlDeviceGetComputeRunningProcesses_v3 before R510)
 is read through the older one, or printed as "not supported".
 
 Exit code: 0 all read, 1 NVML unavailable, 3 faults found (a lost GPU, or reads that failed).

@@ -8,7 +8,7 @@ Every read is wrapped (runtime-notes section 4; gpud treats lost/reset as health
 - NotSupported, NoPermission, NotFound, NoData, FunctionNotFound -> the field is null and nothing
   is counted: on a healthy board these are normal answers (an idle GPU has no process sample, a
   GeForce has no ECC or row remapper, an old driver lacks the function), and counting them made the
-  error metric rise on healthy nodes (issue 9, defect 5). A field found unsupported is not asked
+  error metric rise on healthy nodes. A field found unsupported is not asked
   again until the next inventory refresh;
 - GpuIsLost / ResetRequired -> the sample's `status` says so and the collector publishes it; the
   same answers during the inventory read give the GPU's identity that status (never `ok`);
@@ -61,7 +61,7 @@ _COMPUTE_PROCESSES = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetC
 # nvmlFieldValue_t.valueType -> the c_nvmlValue_t member that holds it (nvml.h nvmlValueType_t).
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _MIB = 1024 * 1024
-# Sample fields the reader adds for issue 9 (all null when the board cannot say).
+# Sample fields of schema v2 (all null when the board cannot say).
 NEW_SAMPLE_FIELDS = ("memory_reserved_mib", "recovery_action", "remapped_rows_correctable",
                      "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure",
                      "ecc_dbe_volatile")
@@ -174,7 +174,7 @@ class NvmlReader:
             except n.NVMLError as exc:
                 # A lost GPU cannot say who it is (real NVML refuses even the handle): keep what we
                 # knew, and say which index was refused; the collector publishes it as lost from
-                # its saved inventory (issue 9, defect 2). Logged once per index.
+                # its saved inventory. Logged once per index.
                 refused[i] = str(exc)
                 if i not in self._identity_failed:
                     log.warning("GPU %d: cannot read identity: %s", i, exc)
@@ -357,7 +357,7 @@ class NvmlReader:
     def compute_apps(self, gpu: GpuIdentity) -> list[tuple[int, float | None]] | None:
         """(pid, used MiB) of compute processes; None when NVML could not say (`last_error` says
         why: "not supported ..." where the driver has none of the calls). None is "unknown", never
-        "no process" (issue 9, defect 7). Asks the newest nvmlDeviceGetComputeRunningProcesses this
+        "no process". Asks the newest nvmlDeviceGetComputeRunningProcesses this
         driver exports (see `_COMPUTE_PROCESSES`); a missing one is not asked again until the next
         inventory refresh."""
         n = self.nvml

@@ -11,7 +11,7 @@ Layout of the directory:
                     power loss leaves the old or the new value, never an empty file. Segments
                     are deleted only once every record in them is acknowledged, so the oldest
                     segment's first seq - 1 is a lower bound that open() trusts when the cursor
-                    file is missing, empty or older (issue 9, defect 10).
+                    file is missing, empty or older.
 
 A torn tail (a crash mid-write, or zeros where a power loss kept the size but not the blocks) is
 detected by length and CRC and cut off on open. When the spool grows past `max_bytes`, its oldest

@@ -1,4 +1,4 @@
-"""The gate every command passes before an executor touches anything (issue 10).
+"""The gate every command passes before an executor touches anything.
 
 `decide` is pure: the command, the trusted keys, the executor's wall clock, its scope and node, what
 its journal says about the command and the approvals it holds -> refuse (a result to publish) or

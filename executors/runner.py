@@ -15,8 +15,8 @@ position lives depends on who could move it:
   (transport.acls);
 - a node executor: no consumer group at all. Every node executor holds the same `executor` Kafka
   user, so a group of node B's was one that node A's credentials could commit to its end (B then
-  skips every command) or rewind (B replays them once its journal is gone) (threat T2, issue 20
-  finding 6). A node executor assigns itself every partition and keeps its position in a cursor
+  skips every command) or rewind (B replays them once its journal is gone) (threat T2,
+  a review's finding 6). A node executor assigns itself every partition and keeps its position in a cursor
   file beside its journal (hostPath in the chart); without one it starts at the first record
   younger than the longest a command may live (`Limits`): anything older is refused at the gate
   anyway. The `executor` role may only describe its group names (librdkafka's coordinator

@@ -1,4 +1,4 @@
-"""Exports for the SIEM and the data lake (issue 13).
+"""Exports for the SIEM and the data lake.
 
 - `exporters.ocsf`: alerts -> OCSF Detection Finding (2004) / Incident Finding (2005), commands and
   results -> Remediation Activity (7001); pure functions of one record.

@@ -1,6 +1,6 @@
 """The wire contract: one pydantic model per topic.
 
-Field names listed in the contract (issue 2) are public and stable; a change of meaning gets a new
+Field names listed in the contract are public and stable; a change of meaning gets a new
 schema version (``.../2``), never a silent edit. Optional fields are null when the source could not
 say (NVML ``NotSupported``, an old driver that prints no pid).
 
@@ -80,7 +80,7 @@ class _Part(BaseModel):
 class GpuInventory(NodeRecord):
     """One GPU of a node, published at start and whenever it changes (compacted topic).
 
-    v2 (issue 9): `status` (a GPU that was lost when the collector started is still published, from
+    v2: `status` (a GPU that was lost when the collector started is still published, from
     the inventory the collector kept, as ``lost``), `memory_info_version` and `notes`.
     v3: strings and `notes` bounded (schemas.limits)."""
 
@@ -126,7 +126,7 @@ class GpuSample(NodeRecord):
     temperature_c: int | None = None
     status: SampleStatus = SampleStatus.ok
     error: str | None = Field(None, max_length=SHORT_TEXT_MAX, description="The NVML error behind a non-ok status.")
-    # v2 (issue 9)
+    # v2
     memory_reserved_mib: float | None = Field(
         None, description="Memory the driver reserves (v2 memory call); not part of memory_used_mib.")
     recovery_action: int | None = Field(
@@ -168,7 +168,7 @@ class DeviceHolder(_Part):
 class GpuProcesses(NodeRecord):
     """The three kinds of process evidence for one GPU at one time.
 
-    v2 (issue 9): `compute_apps` is null when NVML could not list them. Unknown is not "no compute
+    v2: `compute_apps` is null when NVML could not list them. Unknown is not "no compute
     process": the wedge and phantom rules only count a snapshot that was read.
     v3: `device_holders` is null when the holder scan did not run (an empty list said that too);
     lists and strings bounded (schemas.limits), and `error` also says when a list was cut."""
@@ -230,7 +230,7 @@ class XidEvent(NodeRecord):
     )
     kernel_ts: str | None = Field(
         None, max_length=KERNEL_TS_MAX, description="The log line's own timestamp text, if any.")
-    # v2 (issue 9)
+    # v2
     ts_source: TsSource | None = Field(None, description="Where `ts` comes from (schemas.vocab.TsSource).")
     backfilled: bool = Field(
         False, description="Read from history at the collector's first start (rotated logs, earlier journal), "
@@ -306,7 +306,7 @@ class RemediationCommand(Record):
     """A decided step for a separate executor. `command_id` is deterministic from incident and
     step, so a command re-emitted after a restart is recognisable.
 
-    v2 (issue 8): `expires_at` is the evidence's time plus the policy's TTL, so an executor refuses
+    v2: `expires_at` is the evidence's time plus the policy's TTL, so an executor refuses
     a stale command by its wall clock while a replay of an old incident still decides as it did
     live; `evidence_ids` are the `event_id`s the decision rests on; `pci_bus_id` names the GPU when
     its UUID was never resolved (a result echoes it, so it finds its incident)."""
@@ -326,7 +326,7 @@ class RemediationCommand(Record):
     requires_approval: bool = False
     dry_run: bool = False
     evidence_ids: list[str] = Field(default_factory=list, description="event_ids of the records it rests on.")
-    # Signed by the processor (issue 10): a detached Ed25519 signature over `schemas.signing`'s
+    # Signed by the processor: a detached Ed25519 signature over `schemas.signing`'s
     # canonical encoding of every other field, and the id of the key that made it.
     key_id: str | None = Field(None, description="Id of the signing key (schemas.signing.key_id).")
     signature: str | None = Field(None, description="Base64 Ed25519 signature over the canonical encoding.")
@@ -335,7 +335,7 @@ class RemediationCommand(Record):
 class RemediationResult(NodeRecord):
     """What an executor reports back for a command.
 
-    v2 (issue 8): `command_id` and `incident_id` are required (the processor acts only on a result
+    v2: `command_id` and `incident_id` are required (the processor acts only on a result
     that answers a command its incident emitted); `pci_bus_id` is echoed from the command so the
     result of a GPU without a resolved UUID reaches its incident (routing key ``node/pci``).
     v3: strings bounded (schemas.limits); the executor cuts `detail`."""

@@ -1,6 +1,6 @@
 """Signed records: remediation commands and approvals carry a detached Ed25519 signature.
 
-Anyone who can write to `gpu.remediation` could otherwise order a fleet-wide drain (issue 10).
+Anyone who can write to `gpu.remediation` could otherwise order a fleet-wide drain.
 The processor signs every command as it leaves the fleet agent; executors verify with one or more
 public keys (several during a key rotation) and refuse anything unsigned, forged or signed by an
 unknown key.

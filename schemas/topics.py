@@ -44,7 +44,7 @@ def _key_gpu(record: Record) -> str:
 
 
 def _key_xid(record: Record) -> str:
-    # An Xid whose PCI id could not be resolved to a UUID is still published (issue 3): keyed by
+    # An Xid whose PCI id could not be resolved to a UUID is still published: keyed by
     # node and PCI so that all its records stay in order on one partition.
     if record.gpu_uuid:  # type: ignore[attr-defined]
         return record.gpu_uuid  # type: ignore[attr-defined]

@@ -84,7 +84,7 @@ class XidKind(str, Enum):
 
 
 class TsSource(str, Enum):
-    """Where an Xid record's `ts` comes from, most trusted first (issue 9)."""
+    """Where an Xid record's `ts` comes from, most trusted first."""
 
     line = "line"  # the line's own wall-clock time: ISO 8601, `dmesg -T`, syslog with the year inferred
     journal = "journal"  # the journal entry's __REALTIME_TIMESTAMP

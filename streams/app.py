@@ -206,7 +206,7 @@ TRIM_INTERVAL_S = 10.0
 # Records aiokafka hands over per fetch (faust: all it holds, tens of thousands in a catch-up). Each
 # becomes Python objects at once, and the pymalloc arenas they grow stay with the process, pinned
 # by a few long-lived objects: after a 10,000-GPU catch-up 3.5 KiB per GPU were empty pools in
-# kept arenas, beside 1.3 KiB of live objects (issue 12, `sys._debugmallocstats()`). 2,000 at a
+# kept arenas, beside 1.3 KiB of live objects (`sys._debugmallocstats()`). 2,000 at a
 # time: 2.7 instead of 5.2-8.1 KiB per GPU. The worker's CPU from start to lag 0 is the same
 # (3.11 vs 3.13 s for 2,000 GPUs x 20 s); the CPU per record "from the first commit" looks 5 us
 # higher only because the first unlimited fetch parsed most of the load before that commit.
@@ -230,7 +230,7 @@ _malloc_trim: Any = None
 
 def decode_input(model: type[Record], raw: bytes | None) -> Record:
     """`schemas.codec.decode`, with the common case in one pass: pydantic parses the JSON itself
-    (3.6 instead of 5.2 us for a sample, issue 12). What that refuses (an older schema version to
+    (3.6 instead of 5.2 us for a sample). What that refuses (an older schema version to
     relabel, a bad record) goes through `decode`, which relabels it or raises its DecodeError."""
     try:
         return model.model_validate_json(raw)  # type: ignore[arg-type]
@@ -292,7 +292,7 @@ class _App(faust.App):
     async def on_first_start(self) -> None:
         # faust stops every agent while more than 100 changelog records wait to be sent; a batch
         # writes up to `batch` rows, and at each minute every GPU's row changes (its clock, kept
-        # to the minute): room for a few batches, not a stall per batch (issue 12 bench: "producer
+        # to the minute): room for a few batches, not a stall per batch (failover bench: "producer
         # buffer full", 16-18k instead of 23-25k records/s).
         self.producer.buffer.max_messages = max(self.producer.buffer.max_messages, 4 * self.batch)
         if self.prepare is not None:
@@ -333,7 +333,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     handoff = Handoff.for_processor(signing_key, approver_keys)
     reg = settings.topics
     partitions = settings.partitions
-    # Failover (issue 12): a worker killed without leaving its group is noticed when its session
+    # Failover: a worker killed without leaving its group is noticed when its session
     # expires; until then its share of the fleet is processed by nobody. faust's defaults (60 s
     # session, 60 s rebalance) left a blind share for a minute after one SIGKILL. 6 s is the
     # broker's smallest accepted session (group.min.session.timeout.ms); heartbeats every second
@@ -344,7 +344,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     extra: dict[str, Any] = dict(broker_session_timeout=6, broker_heartbeat_interval=1, broker_rebalance_timeout=10)
     # Commit four times a second (faust: every 2.8 s; faust's commit every 10,000 records stays):
     # a survivor or a restarted worker re-reads (and re-emits) at most a quarter second of input,
-    # and a catch-up's lag reads true a quarter second after the work is done (issue 12 bench,
+    # and a catch-up's lag reads true a quarter second after the work is done (failover bench,
     # 2,000 GPUs x 20 s, lag polled every 0.1 s: 29-32k records/s with 1 s, 38-44k with 0.25 s;
     # CPU per record the same, 21-23 us). Four commit requests a second per worker are nothing to
     # the broker.
@@ -388,7 +388,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     def prepare_topics() -> None:
         # Before faust starts its producer, consumer and tables: the internal topics and the
         # changelogs exist with the partition counts faust will check, and the broker's metadata
-        # shows them, so the consumer's first metadata has them (defect 7: a changelog faust
+        # shows them, so the consumer's first metadata has them (without it, a changelog faust
         # created a moment before counted 0 partitions and the fleet agent crashed on its first
         # table write). A changelog with a wrong count stops the worker here, with its name.
         from transport.kafka import ensure_processor_topics
@@ -600,7 +600,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
 
     async def gpus_body(stream: Any) -> None:
         async for events in faust_fast.take_batches(stream, batch, within):
-            # One table write per changed row per batch, not one per record (issue 12): a row
+            # One table write per changed row per batch, not one per record: a row
             # folded from 40 records of a batch costs one changelog record, not 40. Exact on
             # recovery: take_batches acks the batch's events only after this body has run, so the
             # offsets faust commits never pass a record whose row was not written; a crash
@@ -688,7 +688,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
 
     async def fleet_body(stream: Any) -> None:
         async for events in faust_fast.take_batches(stream, batch, within):
-            # One batch, one write of what changed (issue 12): the main row when it changed, and
+            # One batch, one write of what changed: the main row when it changed, and
             # a row for each node seen for the first time. Acked after the body, as in gpus_body.
             state = load_fleet()
             nodes_before = dict(state.known_nodes)  # a node's row is written when its inventory time moves
@@ -763,7 +763,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     @app.timer(interval=TRIM_INTERVAL_S)
     async def _give_back_memory() -> None:
         # After a catch-up the fetch and stream buffers' memory is free but still the process's:
-        # glibc keeps freed pages until asked (issue 12: 201 -> 157 MiB at 10,000 GPUs).
+        # glibc keeps freed pages until asked (201 -> 157 MiB at 10,000 GPUs).
         release_free_memory()
 
     @app.page("/livez")

@@ -103,7 +103,7 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
             state.clock = ts
         elif ts == clock:
             # The sample and the process list of one reading share a time: the row keeps one float
-            # object for all its stamps of it, not one per record (issue 12: memory per GPU).
+            # object for all its stamps of it, not one per record (memory per GPU).
             ts = clock
         state.sampled = True
     else:
@@ -112,7 +112,7 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         ts, skew = event_time(state, ts, False, policy, observed.timestamp() if live else None)
     # A row keeps the strings it has while a record repeats them, and shares node and PCI names
     # (interned): not a fresh copy from every record, which left the strings of every row
-    # scattered over the heap a catch-up had grown (issue 12: memory per GPU).
+    # scattered over the heap a catch-up had grown (memory per GPU).
     if kind is not RemediationResult:  # a result names a node; the GPU's node is its own
         if record.node and record.node != state.node:
             state.node = sys.intern(record.node)
@@ -173,7 +173,7 @@ def _material(s: GpuState) -> tuple:
     """What must survive a restart; counters that only feed statistics are left out. On the hot
     path (once per record), so it reads little on a quiet GPU: the facts of a pin, and those of
     faults, incidents and closing steps, are each one nested tuple, None while there are none
-    (issue 22: the pure path's speed; a healthy GPU's sample or process list reads 15 fields)."""
+    (the pure path's speed; a healthy GPU's sample or process list reads 15 fields)."""
     ps = s.pinned_since
     runs = s.proc_runs
     ph = _PHASES.get(s.key)
@@ -183,7 +183,7 @@ def _material(s: GpuState) -> tuple:
     # within a minute of the skew bound may be judged against a clock up to a minute older). Each
     # GPU's minute starts at its own second: on one shared minute every GPU's row changed in the
     # same second, a burst of one changelog record per GPU that stalled the agents behind faust's
-    # producer buffer (issue 12: latency outliers on the minute)
+    # producer buffer (latency outliers on the minute)
     clock = s.clock
     unpinned = s.last_unpinned_ts
     inc = s.incident
@@ -225,7 +225,7 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
     if last is None or ts >= last:  # as max(ts, last) did: the newer float object when equal
         state.last_sample_ts = ts
     if s.memory_total_mib and s.memory_total_mib != state.memory_total_mib:
-        state.memory_total_mib = s.memory_total_mib  # a new float only when it changed (issue 12)
+        state.memory_total_mib = s.memory_total_mib  # a new float only when it changed
     status = _STATUS[s.status]  # the enum's .value is a descriptor call: a dict look-up is cheaper
     if status in ("lost", "reset_required") and state.status != status:
         state.status = status
@@ -267,7 +267,7 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
 
 
 def _hardware_signals(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs: list) -> None:
-    """NVML's recovery action and row-remap failure (issue 9): acted on when they change."""
+    """NVML's recovery action and row-remap failure: acted on when they change."""
     action = s.recovery_action
     if action is not None and action != state.recovery_action:
         state.recovery_action = action
@@ -421,7 +421,7 @@ def _raise(state: GpuState, verdict: Verdict, ts: float, policy: Policy, outputs
     disruptive = [a for a in plan if Action(a) in _DISRUPTIVE]
     if disruptive and not _guard_allows(state, inc, verdict):
         # Never a node-level verdict without the evidence to act on it: no silent, unacted state
-        # (issue 8, defect 2). The facts stay; a later record may complete them.
+        #. The facts stay; a later record may complete them.
         return
     the_entry = verdict.entry or xentry
     if inc is None:

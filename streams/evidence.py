@@ -39,7 +39,7 @@ _XIDS_KEPT = 200
 
 # -- the shared empty containers ------------------------------------------------------------------
 # A healthy GPU's lists and dicts are empty, and were one object each per GPU: 7 objects, ~400 B of
-# its ~1.5 KiB of Python objects (issue 12: memory per GPU). Empty ones are now these two shared,
+# its ~1.5 KiB of Python objects (memory per GPU). Empty ones are now these two shared,
 # read-only objects: a list or dict as every reader expects (len, iteration, .get, ==, orjson), that
 # refuses to change; whoever adds to one assigns a list or dict of the GPU's own (`added`).
 def _refuse(self, *args: Any, **kwargs: Any) -> None:
@@ -141,7 +141,7 @@ class GpuState:
 
     def to_dict(self) -> dict:
         """The persisted row: fields at their default are left out (`from_dict` restores them),
-        so a healthy GPU's row is a third of its full size (issue 12: memory per GPU). An empty
+        so a healthy GPU's row is a third of its full size (memory per GPU). An empty
         list or dict is at its default, whichever object it is."""
         out = {}
         for k in _STATE_FIELDS:
@@ -162,7 +162,7 @@ class GpuState:
         state = cls(**{k: v for k, v in data.items() if k in _STATE_FIELDS and (v or k not in _CONTAINERS)})
         if isinstance(state.incident, dict):
             state.incident = Incident.from_dict(state.incident)
-        # Rows written before issue 8 (99b60f0) lack these keys: fill them as that code meant them.
+        # Rows written before 99b60f0 lack these keys: fill them as that code meant them.
         for o in state.occurrences:
             if "wl" not in o:
                 o["wl"] = f"pid:{o['pid']}" if o.get("pid") is not None else None
@@ -435,7 +435,7 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
         fold_run(state, kind, ts)
     if kind == UNKNOWN:
         # NVML could not list them and no holder scan says nobody has the device open: unknown is
-        # neither "a job is running" nor "no compute process" (issue 9, defect 7).
+        # neither "a job is running" nor "no compute process".
         return settling
     if kind == COMPUTE:
         # A process NVML registered as compute: it is probably really running (incident.md).

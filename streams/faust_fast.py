@@ -1,5 +1,5 @@
 """Cuts in faust's per-message machinery, and fixes to its offset bookkeeping. The cuts were
-measured on the issue 12 profile of a worker catching up (py-spy, 2,000 GPUs x 60 s of samples and
+measured on the profile of a worker catching up (py-spy, 2,000 GPUs x 60 s of samples and
 process lists); each keeps faust's behaviour and is only what the processor needs. Written for
 faust-streaming 0.15.x (pinned in pyproject.toml): `FastConsumer._drain_messages` follows
 `faust.transport.consumer.Consumer`'s.
@@ -29,7 +29,7 @@ faust-streaming 0.15.x (pinned in pyproject.toml): `FastConsumer._drain_messages
 - `drop_monitor`: faust's Monitor sensor keeps per-event statistics for faust's own web views,
   which this worker does not serve (it has ``/metrics``); the sensor calls cost per event.
 
-The fixes (failover bench, issue 12), all in `FastConsumer`: a partition the group never committed
+The fixes (failover bench), all in `FastConsumer`: a partition the group never committed
 is read from its beginning after a rebalance (`seek_to_committed`); a record missing at the head of
 a partition, or dropped with nothing after it, is read again instead of committed past
 (`_new_offset`, `force_commit`); records fetched before a seek of their partition are not
@@ -116,7 +116,7 @@ class BatchWatch:
 
     A worker can wedge with its web server still answering: on 1484261 a send that could not
     complete left the GPU agent inside its body, no record folded, `/metrics` answering, so a
-    probe on `/metrics` passed (issue 22). Live means every batch handed to a body came back
+    probe on `/metrics` passed. Live means every batch handed to a body came back
     within `stall_s`; an idle worker holds none and is live."""
 
     def __init__(self) -> None:
@@ -147,7 +147,7 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
     time: faust's `Stream.take_events` without its per-event machinery. faust's runs every event
     through the stream's iterator (a turn of the event loop per event, sensors, a processor that
     fills the batch, a background task that drains the stream) and acks each through the stream;
-    those were about a third of the worker's CPU per record (issue 12 profile). Here a batch is
+    those were about a third of the worker's CPU per record (the catch-up profile). Here a batch is
     what the channel's queue holds, taken at once, topped up for up to `within` s after its first
     event while it is short of `max_`; when the stream stops, the events taken so far are handed
     over, as faust's are. The stream's processors run on each event as it is taken, for their
@@ -248,7 +248,7 @@ REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again on
 # Table recovery: an active changelog partition that aiokafka has read past the last record recovery
 # received, and that gave recovery nothing for this long, lost those records on their way (see
 # `FastConsumer._watch_recovery`). Records flow within milliseconds while a recovery reads; 3 s is
-# well clear of that and keeps a failover inside issue 12's goal of 10 s (6 s session timeout +
+# well clear of that and keeps a failover inside the goal of 10 s (6 s session timeout +
 # recovery). A partition read again and stalled again at the same offset waits twice as long each
 # time (a partition whose last offset holds no record, e.g. a transaction marker, also never
 # completes in faust; this keeps that from a warning every few seconds).
@@ -260,7 +260,7 @@ RECOVERY_STALL_S = 3.0
 # waited for its next fetch (aiokafka's thread parsing the next 2,000 records, ~6 ms): the main
 # thread idled through every fetch, 0.74-0.82 cores in a catch-up. With a whole fetch delivered
 # (`streams.app.MAX_POLL_RECORDS`) the agent folds it while the next one is parsed: 0.94 cores,
-# 43-46k instead of 33-37k records/s (issue 12, 2,000 GPUs x 60 s, two runs each). The loop is held
+# 43-46k instead of 33-37k records/s (2,000 GPUs x 60 s, two runs each). The loop is held
 # for ~5 ms per fetch of input records (direct delivery), longer for a fetch of 2,000 changelog or
 # fleet records through the conductor (table recovery, a backlog); heartbeats run on aiokafka's own
 # thread.
@@ -274,7 +274,7 @@ class _Wanted:
     which a rebalance empties (revoked, then every partition paused while the tables recover) while
     a fetch from before it still waits. That fetch then took every partition's records, the
     changelog partitions table recovery had just sought included; faust dropped them (flow stopped)
-    and recovery waited for them for good (issue 12 failover bench: the survivor's stall)."""
+    and recovery waited for them for good (failover bench: the survivor's stall)."""
 
     __slots__ = ("live",)
 
@@ -358,7 +358,7 @@ class FastConsumer(faust_aiokafka.Consumer):
     async def _watch_recovery(self) -> None:
         """Table recovery that waits for changelog records aiokafka has already handed over.
 
-        In 3 of about 80 failover kills (issue 12 bench, start-up and rebalance kills) the survivor's
+        In 3 of about 80 failover kills (failover bench, start-up and rebalance kills) the survivor's
         recovery read nothing for good: faust logged "No event received for active tp ... since
         recovery start" for every changelog partition, while aiokafka's position of each was at the
         partition's end (in-process sampler, seed 77 run 2): the records were fetched and never
@@ -450,7 +450,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         """faust's takes `tp` out of the fetch while its stream buffer is 80% full, until the
         buffer is empty; the next fetch then asks for the other partitions alone (a catch-up's
         quiet gpu.xid, gpu.workloads, ...) and waits up to its 1 s timeout, while the agent empties
-        the buffer and idles: a third of the main thread's time in the issue 12 profile. A full
+        the buffer and idles: a third of the main thread's time in the catch-up profile. A full
         buffer is held back by the drain loop itself (`wait_for_room`), so every assigned
         partition stays in the fetch."""
 
@@ -536,7 +536,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                 # at a time, and a seek lands while a delivery, a commit or a full buffer waits),
                 # so the next stale record counted as a "gap" after the seek's offset: faust fills
                 # gaps as if the records were compacted away, and committed past records it never
-                # processed (issue 12: fatal Xids without a command after a failover, on the fleet
+                # processed (fatal Xids without a command after a failover, on the fleet
                 # partition). Records of a committed (acked) topic sought since the fetch began are
                 # skipped, and the partition is sought again, after the batch, to the offset the
                 # seek left. Again, because when faust applied a seek from this thread, aiokafka's
@@ -727,7 +727,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         # aiokafka seeks a partition to its committed offset only when that is above 0. One the
         # group never committed keeps the position its fetches had reached: after a rebalance,
         # which drops what faust's stream buffers held, those records were never read again and
-        # the next commit went past them (issue 12: 16 of 333 fatal Xids without a command over
+        # the next commit went past them (16 of 333 fatal Xids without a command over
         # 10 failovers, on quiet gpu.xid partitions). Such a partition starts at its beginning,
         # as auto.offset.reset=earliest says: nothing of it is known to be processed.
         committed = await super().seek_to_committed()
@@ -743,7 +743,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         # list without marking them acked, so a record of that range read later (records fetched
         # before a rebalance's seek) is acked once more: with every offset twice the list's first
         # run of consecutive offsets is one or two long, and the commits of that partition
-        # advanced an offset per commit interval (issue 12: 12 minutes to commit 272 records
+        # advanced an offset per commit interval (12 minutes to commit 272 records
         # after a failover). Fill the gaps here, then keep each offset once.
         acked, gap = self._acked[tp], self._gap[tp]
         if acked and gap:
@@ -758,7 +758,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                 acked[:] = unique
         # faust commits the first run of consecutive acked offsets when it starts at most one past
         # the committed offset (the next one to read): with offset 3 never acked and 4, 5 acked,
-        # it committed 6, and record 3 was never processed (issue 12: a record a rebalance dropped
+        # it committed 6, and record 3 was never processed (a record a rebalance dropped
         # from the stream buffer; 16 of 333 fatal Xids without a command over 10 failovers). A
         # partition's records are acked in order, so acked offsets past a hole at the head mean
         # the hole's records were dropped: commit nothing, and read them again from there.
@@ -792,7 +792,7 @@ class FastConsumer(faust_aiokafka.Consumer):
 
     def _queued(self, tp: Any) -> bool:
         """An event of `tp` still waits in a stream buffer: delivered, not yet taken by its agent,
-        so neither acked nor tracked (issue 12: taken for lost, 45 needless re-reads in 90 s)."""
+        so neither acked nor tracked (taken for lost, 45 needless re-reads in 90 s)."""
         for channel in getattr(self.app.topics, "_tp_index", {}).get(tp, ()):
             if any(event.message.tp == tp for event in list(channel.queue._queue)):
                 return True

@@ -1,6 +1,6 @@
 """One incident per GPU: its verdict, its remediation ladder, and the commands it emitted.
 
-A ladder only climbs (issue 8): RECORD < QUARANTINE_GPU < CORDON_NODE < DRAIN_NODE < RESET_GPU <
+A ladder only climbs: RECORD < QUARANTINE_GPU < CORDON_NODE < DRAIN_NODE < RESET_GPU <
 REBOOT_NODE < REPLACE_NODE. Once a rung is commanded, nothing below it is commanded again in the
 same incident (a GPU reset after an already ordered node reboot would act on a node that is
 going away). The closing steps (UNCORDON_NODE, RELEASE_GPU) come only when the incident resolves.

@@ -1,5 +1,5 @@
 """Thresholds as data: every default here is the incident write-up's policy
-(../shared/reference/incident.md, "The escalation policy") and issue 4; operators override any of
+(../shared/reference/incident.md, "The escalation policy"); operators override any of
 them from a YAML file (`xidstream process --policy FILE`).
 """
 
@@ -18,14 +18,14 @@ __all__ = ["Policy", "load_policy", "read_yaml", "is_app_class", "GUARD_MIN_PINN
 
 # Codes the NVIDIA k8s device plugin ignores as application errors (anchors.md, k8s-device-plugin
 # row: 13, 31, 43, 45, 68, 109), and codes NVIDIA's catalog resolves with RESTART_APP or IGNORE.
-# Not a policy setting (issue 8, "the guard is absolute"): a policy can make xidstream more
+# Not a policy setting ("the guard is absolute"): a policy can make xidstream more
 # careful, never let one user's Xid reach a node-level action.
 DEVICE_PLUGIN_APP_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 APP_CLASS_RESOLUTIONS = frozenset({"RESTART_APP", "IGNORE"})
 
 # The guard's floor on sustained evidence before any node-level action (also not a setting): at
 # least two pinned samples 10 s apart. A pinned span below it can never act, so a policy asking
-# for one is refused rather than left to produce a silent verdict (issue 8, defect 2).
+# for one is refused rather than left to produce a silent verdict.
 GUARD_MIN_PINNED_SAMPLES = 2
 GUARD_MIN_PINNED_SPAN_S = 10.0
 GUARD_MIN_PINNED_UTIL_PCT = 90.0

@@ -1,7 +1,7 @@
 """What people read: alert summaries, the evidence block, the recommended steps, command records.
 
 Every Xid is described by NVIDIA's own catalog (schemas.xid_catalog): its mnemonic and NVIDIA's
-resolution, never a label of ours (issue 8, defect 9: Xid 63 and 92 are memory events NVIDIA
+resolution, never a label of ours (Xid 63 and 92 are memory events NVIDIA
 resolves with IGNORE, not application faults).
 """
 

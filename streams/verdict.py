@@ -1,6 +1,6 @@
 """The rules, as pure functions of a GPU's facts: facts -> verdict (classification, plan, why).
 
-After ../shared/reference/incident.md "The escalation policy" and issue 8 (README "Verdicts"):
+After ../shared/reference/incident.md "The escalation policy" (README "Verdicts"):
 
 - APP_FAULT (info): an application-class Xid occurrence (the lines of one fault within
   `burst_seconds` count once). RECORD only. Application-class is NVIDIA's word (catalog resolution
@@ -67,7 +67,7 @@ class Verdict:
 
 
 def _is_wedge(x: dict) -> bool:
-    """Xid 43 or a driver recovery failure, read live (issue 8: the recovery failure is wedge
+    """Xid 43 or a driver recovery failure, read live (the recovery failure is wedge
     evidence exactly like Xid 43)."""
     return (x.get("xid") == 43 or x.get("kind") == "recovery_failure") and not x.get("backfilled")
 

@@ -1,4 +1,4 @@
-"""The packages have one direction (issue 8): the command layer (`xidstream`) builds on the
+"""The packages have one direction: the command layer (`xidstream`) builds on the
 libraries, never the other way round.
 
     schemas  <-  transport  <-  collectors, streams, executors, exporters  <-  xidstream (the commands)

@@ -1,6 +1,6 @@
 """The one Kubernetes client (lightkube), shared by the collector's pod watch and the executors.
 
-Why lightkube (issue 10, "One Kubernetes client"): it is small (pure Python over httpx, ~4 MB
+Why lightkube ("One Kubernetes client"): it is small (pure Python over httpx, ~4 MB
 with its models) where the official `kubernetes` package is a large generated client; its
 in-cluster config authenticates with `BearerTokenFileAuth`, which re-reads the projected
 service-account token when the server answers 401 (bound tokens are rotated by the kubelet and

@@ -98,7 +98,7 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
     out = sys.stdout
     pending = None  # an SXid event that later lines may continue
 
-    ref_ts = None  # the file's mtime: the year of a syslog stamp (issue 9, defect 9)
+    ref_ts = None  # the file's mtime: the year of a syslog stamp
 
     def emit(rec) -> None:
         nonlocal found

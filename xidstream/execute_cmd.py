@@ -1,4 +1,4 @@
-"""`xidstream keys generate|sign`, `xidstream approve`, `xidstream execute` (issue 10).
+"""`xidstream keys generate|sign`, `xidstream approve`, `xidstream execute`.
 
     xidstream keys generate --out DIR             # DIR/signing.key (0600) + DIR/signing.pub, prints the key id
     xidstream keys sign --key DIR/signing.key < commands.jsonl > signed.jsonl

@@ -1,4 +1,4 @@
-"""`xidstream export` (issue 13): findings for the SIEM (OCSF or ECS), telemetry for the lake (Parquet).
+"""`xidstream export`: findings for the SIEM (OCSF or ECS), telemetry for the lake (Parquet).
 
     xidstream export --format ocsf --to kafka:gpu.alerts.ocsf       # consumer group, at-least-once
     xidstream export --format ecs --to jsonl:findings.ndjson

@@ -143,7 +143,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     worker = faust.Worker(proc.app, loglevel=args.loglevel.upper(), quiet=True, redirect_stdouts=False)
     # faust's start-up spinner lowers the root logger to DEBUG (for a handler that spins on every
     # message) and leaves it there: every debug call of aiokafka and faust then built a log record,
-    # per message sent (issue 12 profile: ~3% of the worker's time). No spinner, no DEBUG.
+    # per message sent (catch-up profile: ~3% of the worker's time). No spinner, no DEBUG.
     worker.spinner = None
     # Python's cyclic GC traced the ~0.5 million objects of faust, pydantic and the modules at
     # every full collection (30-90 ms every ~3 s on a busy worker) and ran a young collection every

@@ -110,7 +110,7 @@ class WorkerProcess:
     def __init__(self, settings: Settings, workdir: Path, *, name: str = "worker", policy: str | None = None,
                  loglevel: str = "warning", extra_args: list[str] | None = None, fast_rebalance: bool = True,
                  env: dict[str, str] | None = None) -> None:
-        """`fast_rebalance=False` runs the worker with the processor's own group timeouts (issue 12's
+        """`fast_rebalance=False` runs the worker with the processor's own group timeouts (the
         failover test measures those), not the shorter ones for a one-broker test setup. `env` is
         added to this process's environment for the worker."""
         self.settings = settings

@@ -7,7 +7,7 @@ GPU per tick, and kernel Xid lines turned into `gpu.xid` records by the collecto
 idempotent producer). Each GPU gets at most one fault, drawn with the configured rates; the
 ground truth is written as JSON lines for `evaluate`.
 
-Two workload patterns can be added on top, by count, on GPUs that drew no fault (issue 8's rules):
+Two workload patterns can be added on top, by count, on GPUs that drew no fault (the suspect rules):
 - crash loops (`crash_loops`): one pod restarts with a new PID each time (CrashLoopBackOff's
   10/20/40/80 s back-off) and every PID hits Xid 13 on the same GPU: 5 faults in about 4 minutes,
   one pod UID in compute-apps and in the pod's workload events. Truth: APP_FAULT, nothing more;

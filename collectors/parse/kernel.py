@@ -68,7 +68,7 @@ class KernelRecord:
     gpu_uuid: str | None = None  # identity lines
     gpu_ref: int | None = None  # "GPU1 ..." lines name the GPU by the driver's number
     kernel_ts: str | None = None  # the prefix's own timestamp text
-    # What the prefix says about time (issue 9, defect 9): "iso", "journal" (absolute, in
+    # What the prefix says about time: "iso", "journal" (absolute, in
     # `wall_ts`), "ctime" (`dmesg -T`: local time in `local_ts`), "syslog" (local time without a
     # year in `syslog_ts`), "kmsg" / "mono" (microseconds since some boot in `mono_us`), or None.
     ts_kind: str | None = None

@@ -9,14 +9,14 @@ nor re-sends records:
   `lost` and logged, never fatal.
 - journal: journalctl's ``__CURSOR``; ``journalctl -k -o json -f --after-cursor=...``.
 - file: ``{"inode": ..., "offset": ...}``; follows renames and truncation (logrotate): on a rename
-  the old file is read to its end before the new one (issue 9, defect 8), and a restart whose
+  the old file is read to its end before the new one, and a restart whose
   cursor names a file rotated meanwhile reads that file's tail first. On the very first start it
   reads rotated ``.N`` and ``.N.gz`` files first (backfill), skipping those last written before
   `since` (the collector's look-back: the current boot unless ``--backfill`` widens it).
 
 Lines read at a first start that were written before it are marked `history` (published as
 `backfilled`: evidence, never a reason to act now); file lines carry the file's mtime (`ref_ts`),
-from which the collector infers the year of a syslog time stamp (issue 9, defect 9).
+from which the collector infers the year of a syslog time stamp.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class _FdCache:
 class ProcFs:
     """Reads /proc (or a copy of it under `root`, for tests).
 
-    Holder scans are incremental (issue 9, cost): a readlink of /proc/<pid>/fd/<n> costs about
+    Holder scans are incremental, for their cost: a readlink of /proc/<pid>/fd/<n> costs about
     8.6 us of CPU, so a training node with 50,000 descriptors paid ~0.4 s per scan, several percent
     of a core. Measured alternatives (bench/collector_bench.py --fds 50000): listing a process's
     fd directory is ~20x cheaper per descriptor than reading each link, and descriptors keep their

@@ -133,7 +133,7 @@ def test_gpu_lost_is_a_sample_status_and_the_loop_goes_on():
     lost = [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == "GPU-bbbb"]
     assert lost[-1].status.value == "lost" and lost[-1].utilization_gpu_pct is None
     procs = [r for r in sink.records if isinstance(r, GpuProcesses) and r.gpu_uuid == "GPU-bbbb"]
-    assert procs[-1].compute_apps is None  # unknown, not "no process" (issue 9, defect 7)
+    assert procs[-1].compute_apps is None  # unknown, not "no process"
     ok = [r for r in sink.records if isinstance(r, GpuSample) and r.gpu_uuid == "GPU-aaaa"]
     assert ok[-1].status.value == "ok"
 
@@ -211,7 +211,7 @@ def test_a_restart_neither_loses_nor_resends_kernel_records(tmp_path):
     assert run_once() == []
 
 
-# -- issue 9 -------------------------------------------------------------------------------------
+# -- NVML and kernel-log defects ------------------------------------------------------------
 def _procs(sink, uuid):
     return [r for r in sink.records if isinstance(r, GpuProcesses) and r.gpu_uuid == uuid]
 
@@ -409,7 +409,7 @@ def test_kernel_cursors_do_not_pile_up_while_kafka_is_down():
     assert kernel.committed[-1] == 40_001  # every line acknowledged: the cursor moves to the last
 
 
-# -- issue 9, defect 9: a line's own time -------------------------------------------------------------
+# -- a line's own time -------------------------------------------------------------
 UTC = timezone.utc
 X79 = "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 

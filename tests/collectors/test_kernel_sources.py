@@ -134,7 +134,7 @@ def test_journal_source_follows_journalctl_with_its_cursor(tmp_path):
     assert "--after-cursor=s=1;i=42" in args_file.read_text()
 
 
-# -- issue 9 -------------------------------------------------------------------------------------
+# -- NVML and kernel-log defects ------------------------------------------------------------
 def test_rotation_reads_the_old_files_unread_tail_before_switching(tmp_path):
     """Defect 8: lines written between the last read and the rename were dropped."""
     log = tmp_path / "kern.log"

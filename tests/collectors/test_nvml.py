@@ -100,7 +100,7 @@ def test_fake_errors_behave_like_pynvml():
     assert isinstance(err, fake.NVMLError_GpuIsLost) and isinstance(err, fake.NVMLError) and err.value == 15
 
 
-# -- issue 9 -------------------------------------------------------------------------------------
+# -- NVML and kernel-log defects ------------------------------------------------------------
 def test_memory_from_the_v2_call_reports_reserved_separately():
     """Defect 4: v1's `used` includes what the driver reserves; v2 reports it apart."""
     fake = _fake(memory_used_mib=0, memory_reserved_mib=512)

@@ -167,7 +167,7 @@ def test_a_task_name_that_is_not_utf8_is_read_not_raised(tmp_path):
 
 
 def test_a_process_whose_descriptors_cannot_be_read_is_unknown_not_a_non_holder(tmp_path, monkeypatch):
-    """Review of issue 21: root with only SYS_PTRACE (an unprivileged container) is refused another
+    """Found by review: root with only SYS_PTRACE (an unprivileged container) is refused another
     user's /proc/<pid>/fd (it needs CAP_DAC_READ_SEARCH); the scan skipped such a process as if it
     held nothing. It now lists it in `unreadable`, and only for that scan."""
     proc, devs = tmp_path / "proc", tmp_path / "dev"

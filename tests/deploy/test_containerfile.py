@@ -1,4 +1,4 @@
-"""The image carries every package the project installs (issue 21: `exporters/` was never copied,
+"""The image carries every package the project installs (`exporters/` was never copied,
 so `xidstream export` could not work in the image). Read from the Containerfile's build stage and
 pyproject.toml's package list; `make image` builds it for real where buildah or podman exist."""
 

@@ -1,4 +1,4 @@
-"""The motivating incident end to end, on the real broker and the real local API server (issue 10):
+"""The motivating incident end to end, on the real broker and the real local API server:
 collectors -> Kafka -> `xidstream process --signing-key` -> signed commands -> `xidstream execute
 --scope cluster --apply` and `--scope node --apply` (the real commands) -> the API server ->
 gpu.remediation.results -> the processor matches each result to its command, and the incident's

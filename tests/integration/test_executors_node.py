@@ -80,7 +80,7 @@ def test_reset_refused_while_any_precondition_fails_naming_each(kube, ns, tmp_pa
 
 
 def test_reset_refused_when_the_holder_scan_could_not_read_a_process(kube, tmp_path, monkeypatch):
-    """Review of issue 21: an unprivileged node executor (SYS_PTRACE only) cannot list a non-root
+    """Found by review: an unprivileged node executor (SYS_PTRACE only) cannot list a non-root
     process's /proc/<pid>/fd, and the scan took that process for one that holds nothing."""
     node = make_node(kube, "reset-blind")
     kube.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}},

@@ -454,7 +454,7 @@ def test_rocksdb_restart_reads_only_the_changelog_tail(kafka_settings, tmp_path)
     out = None
     try:
         w.start()
-        # Rows are written once per batch and only when what they persist changes (issue 12), so
+        # Rows are written once per batch and only when what they persist changes, so
         # the incident alone leaves a changelog of a few records: 400 more GPUs, one row each,
         # make one that a replay cannot hide in.
         out = _first_half_then_stop(s, w, first, 400)

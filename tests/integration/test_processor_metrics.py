@@ -1,4 +1,4 @@
-"""The processor's Prometheus /metrics on faust's web server (issue 11: the chart probes and
+"""The processor's Prometheus /metrics on faust's web server (the chart probes and
 scrapes it), with the motivating incident's records through a real worker."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kafka security on the real secure local broker (issue 11): SASL_SSL with SCRAM-SHA-512, one user
+"""Kafka security on the real secure local broker: SASL_SSL with SCRAM-SHA-512, one user
 per role, KRaft's StandardAuthorizer and the contract's least-privilege ACLs (transport.acls).
 
 Each role works end to end with its own properties file (the collector's sink, a real processor

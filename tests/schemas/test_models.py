@@ -127,7 +127,7 @@ def test_decode_any_names_an_unknown_schema():
 
 @pytest.mark.parametrize("raw", [b'{"schema": []}', b'{"schema": {"a": 1}}', b'{"schema": 3}', b'{}'])
 def test_decode_any_raises_only_decode_error_whatever_the_schema_field_holds(raw):
-    # issue 8, defect 6: a list is unhashable; the lookup raised TypeError
+    # a list is unhashable; the lookup raised TypeError
     with pytest.raises(DecodeError, match="unknown schema"):
         decode_any(raw)
 

@@ -1,4 +1,4 @@
-"""streams.evidence: the per-GPU row's in-memory and persisted form (issue 12: memory per GPU)."""
+"""streams.evidence: the per-GPU row's in-memory and persisted form (memory per GPU)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_a_wedge_reads_back_the_same_through_every_row():
 
 def test_one_reading_leaves_one_float_for_its_stamps():
     """The sample and the process list of one reading carry the same time: the row keeps one float
-    object for it; an unchanged memory total keeps its float (issue 12: memory per GPU)."""
+    object for it; an unchanged memory total keeps its float (memory per GPU)."""
     state = fold([inventory(), sample(0), procs(0, 7)])
     total = state.memory_total_mib
     assert state.procs_ts == state.clock and state.procs_ts is state.clock

@@ -1,4 +1,4 @@
-"""The per-GPU facts of streams.evidence, exactly (issue 28: mutants of the folds, the caps and
+"""The per-GPU facts of streams.evidence, exactly (mutants of the folds, the caps and
 `pin_onset` survived tests that went through the whole engine and checked only a verdict). Each
 threshold at, just below and just above its bound; each cap at its size and one past it."""
 
@@ -648,7 +648,7 @@ def test_sample_stats():
     assert sample_stats(since_only)["pinned_seconds"] == 30.0
 
 
-# -- found by mutation testing (issue 28) -------------------------------------------------------------
+# -- found by mutation testing -------------------------------------------------------------
 def test_statistics_start_from_the_first_pinned_samples_own_values():
     # a wedged GPU reads 0 MiB, and may read 0 MHz: the first sample's values, not a floor of ours
     state = gpu()

@@ -311,7 +311,7 @@ def test_records_fetched_before_a_seek_are_not_delivered_after_it_nor_taken_for_
     buffer, 1026 among them, as `_read_again` asks; a rebalance's perform_seek does the same); faust
     went on with the batch it had fetched before the seek, took 1027 after the seek's 1021 for a
     gap of compacted records, and committed past 1026, which was never processed: a fatal Xid
-    whose command was never sent (issue 12, failover bench). Records fetched before a seek are
+    whose command was never sent (failover bench). Records fetched before a seek are
     skipped now, the partition read again from where its streams expect, and nothing is a gap."""
     async def rebalance(c, tp):
         await c.seek(tp, 1021)
@@ -425,7 +425,7 @@ def test_a_stream_buffer_under_pressure_keeps_its_partitions_in_the_next_fetch()
     """faust takes a partition out of the fetch while its stream buffer is 80% full, and puts it
     back only when the buffer is empty; the next fetch asked the broker for the other partitions
     (the empty gpu.xid, gpu.workloads, ...) alone and waited its whole 1 s timeout for them while
-    the agent emptied the buffer and idled (issue 12 profile: the worker's main thread idle for a
+    the agent emptied the buffer and idled (catch-up profile: the worker's main thread idle for a
     third of a catch-up, 0.85 cores). The drain loop's own back-pressure (`wait_for_room`) is what
     holds a full buffer now: the fetch still asks for every assigned partition."""
     import logging
@@ -609,7 +609,7 @@ def test_an_event_fetched_before_a_rebalance_is_dropped_not_processed():
 def test_a_record_waiting_in_its_stream_buffer_is_not_taken_for_a_dropped_one():
     """Delivered records wait in their channel's queue until the agent takes them (and tracks
     them); a commit in between saw them neither acked nor tracked and read the partition again:
-    45 needless re-reads in a 90 s run of two workers (issue 12 latency bench, 10,000 GPUs), each a
+    45 needless re-reads in a 90 s run of two workers (latency bench, 10,000 GPUs), each a
     seek and a re-fold, and the fatal Xids behind them waited up to 1.5 s (p99 1,439 ms)."""
     from types import SimpleNamespace
     from weakref import WeakSet
@@ -706,7 +706,7 @@ def _raw_app():
 def test_a_partition_with_one_raw_channel_gets_its_events_without_the_conductors_callback():
     """The conductor's delivery per message (flow-control and producer waits, the channel's decode,
     the queue's pressure bookkeeping, all from a coroutine per message) was about a seventh of a
-    catching-up worker's CPU (issue 12 profile). For the input topics (one channel, raw bytes:
+    catching-up worker's CPU (catch-up profile). For the input topics (one channel, raw bytes:
     `RawSchema`) the drain loop makes the same event and puts it in the same queue itself."""
     samples = TP("t.gpu.samples", 3)
     channel = _raw_app().topic(samples.topic, schema=RawSchema())
@@ -863,7 +863,7 @@ def test_a_seek_still_on_its_way_to_aiokafkas_thread_is_not_undone_by_the_stale_
 
 def test_the_liveness_watch_sees_a_batch_held_in_a_body_and_nothing_once_it_returns():
     """/livez (streams.app): a batch that stays in an agent's body past the stall limit makes the
-    worker not live; an idle worker, or one whose bodies return, is live (issue 22: a wedged
+    worker not live; an idle worker, or one whose bodies return, is live (a wedged
     worker still answered /metrics, the probe the chart used)."""
     from streams.faust_fast import BATCHES
 

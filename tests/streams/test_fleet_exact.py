@@ -1,4 +1,4 @@
-"""The fleet agent's two texts and its workload memory, exactly (issue 28: mutants of
+"""The fleet agent's two texts and its workload memory, exactly (mutants of
 `_workload_fault` and `_storm_alert` survived every test, which checked only that an alert came).
 Boundary tests at each bound: the suspect window, the sweep every quarter window, the 64 GPUs a
 pod keeps, the 8 GPUs an alert names."""

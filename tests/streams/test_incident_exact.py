@@ -1,5 +1,5 @@
 """streams.incident exactly: the ladder, the step counter, the RECORD cap, results matched to
-commands and the timeline's head-and-tail cap, each at its size and one past it (issue 28)."""
+commands and the timeline's head-and-tail cap, each at its size and one past it."""
 
 from __future__ import annotations
 

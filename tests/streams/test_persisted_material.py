@@ -3,7 +3,7 @@ only when `step` says it changed (`streams.classify._material`), so a fact left 
 comparison is lost at the next restart or rebalance. Folding with the row read back from its last
 written bytes before every record must give exactly the outputs of folding in memory.
 
-`_material` reads little on a quiet GPU (issue 22: the pure path's speed); these tests are what
+`_material` reads little on a quiet GPU (the pure path's speed); these tests are what
 would notice a fact it stopped comparing. Scenarios of the library (in the order published and in
 read orders mixed as a worker that keeps up reads its topics) and generated floods with executors
 answering.

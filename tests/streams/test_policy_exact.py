@@ -1,4 +1,4 @@
-"""Every policy refusal at its edge, with its exact message (issue 28: `_check` and
+"""Every policy refusal at its edge, with its exact message (`_check` and
 `load_policy` mutants survived tests that only checked that some ConfigError came)."""
 
 from __future__ import annotations

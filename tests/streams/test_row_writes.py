@@ -1,5 +1,5 @@
 """When a healthy GPU's row is written again (streams.classify.step's `changed`): seldom, and
-never for the whole fleet in the same second (issue 12, latency)."""
+never for the whole fleet in the same second (latency)."""
 
 from __future__ import annotations
 

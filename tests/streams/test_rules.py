@@ -417,7 +417,7 @@ def test_a_result_stamped_hours_ahead_does_not_hide_a_second_wedge():
     assert actions(e)[-1] == Action.REBOOT_NODE
 
 
-# -- issue 9's signals on the processor side ----------------------------------------------------------
+# -- the collector's NVML signals on the processor side ----------------------------------------------------------
 @pytest.mark.parametrize("value, last", [(1, Action.RESET_GPU), (4, Action.RESET_GPU), (6, Action.RESET_GPU),
                                          (2, Action.REBOOT_NODE), (7, Action.REBOOT_NODE), (3, Action.QUARANTINE_GPU)])
 def test_nvml_recovery_action_is_hardware_evidence_like_xid_154(value, last):

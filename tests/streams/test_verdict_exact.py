@@ -1,4 +1,4 @@
-"""The rules of streams.verdict, exactly, on hand-built GPU rows (issue 28: mutants of the pinned
+"""The rules of streams.verdict, exactly, on hand-built GPU rows (mutants of the pinned
 rules, the suspect rule and the verdict texts survived tests that only checked that some verdict
 came). Each window is tried at its bound, just inside and just past it; each verdict is compared
 whole (classification, plan, text, evidence ids, timeline entry)."""
@@ -551,7 +551,7 @@ def test_each_remedy_has_its_plan():
     }
 
 
-# -- found by mutation testing (issue 28) -------------------------------------------------------------
+# -- found by mutation testing -------------------------------------------------------------
 def test_the_one_pass_rule_reads_the_rules_words_only_once_it_holds(monkeypatch):
     """The sliding window counts exactly what suspect_verdict would: it asks for the verdict's words
     once, at the occurrence where the rule holds, never at one where it does not (that was the

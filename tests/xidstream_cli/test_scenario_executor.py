@@ -1,4 +1,4 @@
-"""A scenario's `remediation_result` is a scripted executor's answer to a command (issue 8: the
+"""A scenario's `remediation_result` is a scripted executor's answer to a command (the
 contract's results carry the `command_id` and `incident_id` of the command they answer)."""
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def test_score_reports_the_mix_per_class_and_per_fault(tmp_path):
 
 
 def test_crash_loops_and_teardowns_are_recorded_never_quarantined_nor_node_actions(tmp_path):
-    """Rules checked (issue 8): "count workloads, not PIDs" (a crash-looping pod is one workload:
+    """Rules checked: "count workloads, not PIDs" (a crash-looping pod is one workload:
     APP_FAULT, never GPU_SUSPECT / QUARANTINE_GPU) and "Xid 45 alone is never more than RECORD",
     over a simulated fleet that also carries single app faults, repeats and phantom loads. (No
     wedges or hardware faults here: on 25 nodes those alone may trip the fleet breaker, and a
