@@ -329,6 +329,8 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         # a quiet partition's last records (a fatal Xid) would wait for traffic that may never
         # come; 0 and None meant the same in faust's take_events, which the agents used before
         raise ValueError(f"within must be a number of seconds > 0, not {within!r}")
+    for drift in faust_fast.faust_drift():  # the cuts into faust's internals may no longer fit
+        log.warning("faust internals: %s (re-check streams/faust_fast.py, docs/development.md)", drift)
     policy = policy or Policy()
     handoff = Handoff.for_processor(signing_key, approver_keys)
     reg = settings.topics

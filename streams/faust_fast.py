@@ -57,11 +57,82 @@ from mode import Service
 from mode.utils.futures import maybe_async, notify
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "BatchWatch",
-           "BATCHES", "faster_transport",
-           "drop_monitor"]
+           "BATCHES", "faster_transport", "drop_monitor", "faust_drift", "WRITTEN_FOR", "MIRRORED"]
 
 
 _UNKNOWN = object()
+
+# -- what the cuts were written against ---------------------------------------------------------
+# The versions, and a digest (sha256 of the source, 12 hex) of each faust, aiokafka-driver and mode
+# function this module overrides or mirrors: on an upgrade `faust_drift()` names each one that
+# changed, so its counterpart here is re-read against the new code (docs/development.md) before the
+# digest is updated. The worker logs the drift at start; tests/streams/test_faust_version.py fails.
+WRITTEN_FOR = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+MIRRORED = {
+    "faust.transport.drivers.aiokafka.Consumer._new_consumer_thread": "0870ec53dea7",
+    "faust.transport.consumer.Consumer.on_buffer_full": "c8961679e0bc",
+    "faust.transport.consumer.Consumer.perform_seek": "0e8c130ff4b0",
+    "faust.transport.consumer.ThreadDelegateConsumer._seek": "4f95c6314204",
+    "faust.transport.consumer.Consumer.seek": "b86a9fe05f95",
+    "faust.transport.consumer.Consumer._drain_messages": "44a2500309e8",
+    "faust.transport.drivers.aiokafka.Consumer.verify_event_path": "a17e8f0610e1",
+    "faust.transport.consumer.ThreadDelegateConsumer.seek_to_committed": "f1d483b861b0",
+    "faust.transport.consumer.Consumer._new_offset": "1d2c7ea89a7a",
+    "faust.transport.consumer.Consumer.force_commit": "cc094614d22c",
+    "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._fetch_records": "39a2c6c79fc1",
+    "faust.transport.drivers.aiokafka.Transport.Consumer": "959f899e8ebf",  # the whole driver consumer class
+    "faust.transport.consumer.Consumer.ack": "5fcf41cf4515",  # ack_events does its steps per event
+    "faust.events.Event.ack": "2d29a6eda87c",
+    "faust.streams.Stream.take_events": "607d48aead11",  # take_batches replaces it
+    "mode.services.Service.wait_first": "feade6a31f8a",  # deliver races as it does
+}
+# faust Consumer attributes the cuts read or write directly
+CONSUMER_ATTRIBUTES = ("_read_offset", "_committed_offset", "_n_acked", "_acked", "_acked_index", "_unacked_messages",
+                       "_gap", "_waiting_for_ack", "_commit_every", "_active_partitions")
+
+
+def _resolve(path: str) -> Any:
+    import importlib
+
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+            break
+        except ImportError:
+            continue
+    for attr in parts[i:]:
+        obj = getattr(obj, attr)
+    return obj
+
+
+def faust_drift() -> list[str]:
+    """What differs from what the cuts were written for, one sentence each; [] when nothing."""
+    import hashlib
+    import inspect
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for dist, wanted in WRITTEN_FOR.items():
+        try:
+            have = version(dist)
+        except PackageNotFoundError:
+            have = "not installed"
+        if have != wanted:
+            out.append(f"{dist} is {have}; streams/faust_fast.py was written for {wanted}")
+    for path, digest in MIRRORED.items():
+        try:
+            got = hashlib.sha256(inspect.getsource(_resolve(path)).encode()).hexdigest()[:12]
+        except (AttributeError, ImportError, OSError, TypeError) as exc:
+            out.append(f"{path} is gone ({type(exc).__name__}: {exc})")
+            continue
+        if got != digest:
+            out.append(f"{path} changed (source digest {got}, written against {digest})")
+    import faust.transport.consumer as fc
+
+    source = inspect.getsource(fc)
+    out += [f"faust's Consumer no longer uses self.{a}" for a in CONSUMER_ATTRIBUTES if f"self.{a}" not in source]
+    return out
 
 
 class _RestOf:
