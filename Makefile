@@ -83,7 +83,7 @@ test: jars kube helm promtool chromium
 
 # The chart on a real single-node cluster (kubelet + containerd, root): the image built with buildah
 # on a debootstrap base, `helm install`, an Xid 79 written to /dev/kmsg, the node cordoned and
-# drained by the real kubelet (README "End to end on a real node"). Installs Debian's containerd,
+# drained by the real kubelet (docs/operations.md "End to end on a real node"). Installs Debian's containerd,
 # runc, buildah, debootstrap, CNI plugins and iptables with apt-get when missing; builds the node
 # binary once (2-8 min). E2E_RUNS=10 repeats the Xid 79 and prints the median latencies.
 E2E_RUNS ?= 1
@@ -105,7 +105,7 @@ kube-stop: venv
 schemas: venv
 	$(XS) schemas generate
 
-# Benchmarks print figures (see README "Performance"); they are not part of `make test`.
+# Benchmarks print figures (see docs/performance.md); they are not part of `make test`.
 bench: jars
 	$(BIN)/python bench/collector_bench.py
 	$(BIN)/python bench/processor_bench.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-NVML check of the collector (issue 9). Run on a machine with an NVIDIA GPU and driver:
+# Real-NVML check of the collector. Run on a machine with an NVIDIA GPU and driver:
 #     bash bench/gpu_check.sh [OUT_DIR]
 # 1. `xidstream gpu-check`: every field per GPU through the real pynvml (memory v2 and reserved,
 #    recovery action, remapped rows, volatile DBE, event registration), exit code 0 / 3.

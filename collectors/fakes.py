@@ -9,7 +9,7 @@ a GPU that fell off the bus. Xid and recovery-action events are queued for `nvml
 an event set with a lost GPU registered answers GpuIsLost at once and stays broken (Unknown) until
 it is freed and created again, so a caller that does not back off spins.
 
-Issue 9 knobs per GPU: `memory_reserved_mib` (v2 reports it apart; v1's `used` includes it),
+Knobs per GPU for the v2 sample fields: `memory_reserved_mib` (v2 reports it apart; v1's `used` includes it),
 `memory_v2=False` (a driver without nvmlDeviceGetMemoryInfo_v2: FunctionNotFound),
 `recovery_action` / `remapped_rows` / `ecc_dbe_volatile` (None: NotSupported), `errors`
 (function name -> NVML return code it raises), `lose_on_call` ((function, n): the GPU falls off the

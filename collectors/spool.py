@@ -16,7 +16,7 @@ Layout of the directory:
 A torn tail (a crash mid-write, or zeros where a power loss kept the size but not the blocks) is
 detected by length and CRC and cut off on open. When the spool grows past `max_bytes`, its oldest
 segment is deleted: the records lost are counted and logged (the bound protects the node's disk;
-see README "Collector" for sizing).
+see docs/architecture.md "The collector" for sizing).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How long each string and list that a node or an executor sends may be, and `clip` to fit one.
 
-Everything a node sends is untrusted input (README "Security"), and text the kernel or the kubelet
+Everything a node sends is untrusted input (docs/security.md), and text the kernel or the kubelet
 copied from a tenant is no exception. Unbounded, four 350 KB kernel lines from one collector made
 table rows and alerts of megabytes, over the producer's 1 MB request limit (Kafka's
 ``max.request.size`` default, which faust's producer keeps). Every free-text field of a record a

@@ -345,7 +345,7 @@ def fold_sample_pin(state: GpuState, s: GpuSample, ts: float, policy: Policy) ->
 # The kinds of a process snapshot. NO_PROCESS is a compute list NVML read and found empty, or,
 # when NVML could not read it, a /dev/nvidia* holder scan that ran and found nobody: RESET_GPU's own
 # precondition is that holder check, and a process that could run a kernel on the GPU holds the
-# device open (README "Verdicts": which evidence substitutes for which).
+# device open (docs/architecture.md "Verdicts": which evidence substitutes for which).
 COMPUTE, NO_PROCESS, UNKNOWN = 1, 0, -1
 # Runs of snapshot kinds kept per GPU: a pinned GPU alternates kinds rarely (a compute process on
 # a GPU at 100% with 0 MiB is itself rare); 8 runs reach back past any wedge window in practice.

@@ -1,6 +1,6 @@
 """The rules, as pure functions of a GPU's facts: facts -> verdict (classification, plan, why).
 
-After ../shared/reference/incident.md "The escalation policy" (README "Verdicts"):
+After ../shared/reference/incident.md "The escalation policy" (docs/architecture.md "Verdicts"):
 
 - APP_FAULT (info): an application-class Xid occurrence (the lines of one fault within
   `burst_seconds` count once). RECORD only. Application-class is NVIDIA's word (catalog resolution

@@ -449,7 +449,7 @@ state = "{self.state_dir / 'containerd' / 'state'}"
                     "--bind-address=127.0.0.1", "--secure-port=20257", "--leader-elect=false",
                     f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
                     "--use-service-account-credentials=false",
-                    # the CSR signer: node identity enrollment (README "Security") on this node
+                    # the CSR signer: node identity enrollment (docs/security.md) on this node
                     f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
                     "--v=1",
                 ], self.state_dir / "kube-controller-manager.log")

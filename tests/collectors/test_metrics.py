@@ -158,7 +158,7 @@ def test_journalctl_exiting_makes_the_kernel_log_down(tmp_path):
 
 
 def test_a_journal_mode_collector_without_journal_files_is_not_ready(tmp_path):
-    """Issue 21: with the chart's journal mode on a host that keeps no journal (the hostPath folders
+    """With the chart's journal mode on a host that keeps no journal (the hostPath folders
     are created empty), `journalctl -f` runs forever printing nothing, and the collector said
     Ready while reading nothing. Readiness now means a journal to read."""
     exe = tmp_path / "journalctl"

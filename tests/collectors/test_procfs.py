@@ -78,7 +78,7 @@ def _tree(tmp_path):
 
 
 def test_holder_scan_reads_only_new_descriptors_and_still_sees_every_change(tmp_path):
-    """Issue 9 (cost): a rescan readlinks only descriptors it has not seen, yet new holders, closed
+    """For its cost, a rescan readlinks only descriptors it has not seen, yet new holders, closed
     descriptors, exited processes and reused PIDs are all reflected."""
     import shutil
 

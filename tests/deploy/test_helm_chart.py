@@ -506,7 +506,7 @@ def test_the_admission_policy_confines_the_cluster_executor_to_managed_gpu_nodes
 
 
 def test_node_namespace_moves_the_node_pods_and_lets_the_release_namespace_be_restricted(helm):
-    """Issue 21: Pod Security cannot exempt one workload of a namespace; nodeNamespace.name puts the
+    """Pod Security cannot exempt one workload of a namespace; nodeNamespace.name puts the
     node DaemonSet (and what it uses) in a namespace of its own, privileged, so the release's can
     enforce `restricted`. Everything else stays in the release's namespace."""
     objs, _ = render(helm, "--set", "nodeNamespace.name=xs-node", "--set", "namespace.create=true",
@@ -537,7 +537,7 @@ def test_node_namespace_moves_the_node_pods_and_lets_the_release_namespace_be_re
 
 
 def test_the_reboot_sentinel_folder_is_xidstreams_own_not_the_hosts_var_run(helm):
-    """Issue 21: the node executor mounted the host's /var/run read-write (the container runtime's
+    """the node executor mounted the host's /var/run read-write (the container runtime's
     socket is there) to write kured's sentinel; now a folder of its own, created if missing."""
     objs, _ = render(helm)
     ds = by_kind(objs)["DaemonSet"]["xs-xidstream-node"]
@@ -548,7 +548,7 @@ def test_the_reboot_sentinel_folder_is_xidstreams_own_not_the_hosts_var_run(helm
 
 
 def test_install_without_the_runtime_class_fails_naming_the_value_to_set(kube, helm, tmp_path):
-    """Issue 21: the default nvml.mode runtimeClass on a cluster without that RuntimeClass left every
+    """the default nvml.mode runtimeClass on a cluster without that RuntimeClass left every
     node pod at `RuntimeClass "nvidia" not found`; an install now fails at once and says what to set.
     `helm template` (no cluster) still renders."""
     missing = f"xs-missing-{RUN}"

@@ -1,4 +1,4 @@
-"""Issue 12: processor failover on the real broker.
+"""Processor failover on the real broker.
 
 Both tests feed the motivating incident (`scenarios/motivating-incident.yaml`, through the real
 collector code into a `MemorySink`) in two halves split at scenario time `CUT_S`: the first half
@@ -490,7 +490,7 @@ def test_rocksdb_restart_reads_only_the_changelog_tail(kafka_settings, tmp_path)
 
 
 def test_recovery_reads_again_changelog_records_it_lost(kafka_settings, tmp_path):
-    """Issue 12: in 3 of about 80 failover-bench kills the survivor's table recovery read nothing for
+    """In 3 of about 80 failover-bench kills the survivor's table recovery read nothing for
     good (aiokafka had read every changelog partition to its end; the records never reached
     recovery) and the worker processed nothing more. The worker that restarts here loses each
     changelog record once, right before recovery's queue (`lose_changelog_once/sitecustomize.py`):

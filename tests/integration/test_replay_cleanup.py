@@ -1,4 +1,4 @@
-"""Issue 8, defect 8: `xidstream replay` deletes everything it created on the broker: the contract
+"""`xidstream replay` deletes everything it created on the broker: the contract
 topics, the processor's own (results-by-gpu, fleet, both changelogs, faust's assignor topic) and
 its consumer groups; a shared cluster (`--bootstrap`) is left as it was found. Its worker dies with
 it (SIGKILL included), a SIGTERM or SIGINT stops the run in order, and its wait for the processor

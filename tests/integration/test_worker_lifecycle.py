@@ -1,4 +1,4 @@
-"""Issue 8, defect 7: a processor worker is either whole or gone.
+"""A processor worker is either whole or gone.
 
 A faust agent that dies (an exception escapes its loop) must take the worker down with a non-zero
 exit code, so an orchestrator restarts it; a worker that runs on without its fleet agent would

@@ -159,7 +159,7 @@ def test_a_record_keyed_off_its_row_is_dead_lettered_not_folded():
 
 
 def test_known_nodes_are_rows_of_their_own_and_a_one_row_fleet_state_is_split_on_first_use():
-    """Issue 12: in one row, every node-seen message rewrote the whole fleet (0.5 MB a write at
+    """In one row, every node-seen message rewrote the whole fleet (0.5 MB a write at
     12,500 nodes; past Kafka's 1 MB limit at 1M GPUs). Each node is now a row; the main row keeps
     the breaker; a row written the old way is split the first time the agent runs."""
     old = {"known_nodes": {"node-old": 1.0}, "starts": [], "workload_gpus": {}, "tripped": False,

@@ -11,7 +11,7 @@ GPU, time, expiry) and the time each GPU was first found wedged or faulty. What 
 is read more than a minute of event time behind another (a worker that keeps up): every command and
 the first time of every verdict. A verdict that rests on an absence ("no Xid explains this pin",
 "healthy with no new Xid") is read as of the records read so far, so an Xid read many minutes late
-can add a phantom-load record or a quarantine before the wedge (README "Known limits"); the fleet
+can add a phantom-load record or a quarantine before the wedge (docs/architecture.md "Known limits"); the fleet
 breaker decides in the order commands reach it (README, ditto), so its storm alert is not compared.
 """
 

@@ -11,7 +11,7 @@ answering.
 Kept to the minute, as the GPU's clock is: the newest process snapshot of a GPU that is not pinned
 (its time and id, the end of its run of snapshot kinds). A healthy GPU's row is written about once a
 minute, not at each process list; when one topic is read minutes ahead of another and the worker
-restarts, the pin that follows may show that snapshot up to a minute old (README "Known limits").
+restarts, the pin that follows may show that snapshot up to a minute old (docs/architecture.md "Known limits").
 So the mixed orders here keep every topic within a minute of the others (`max_lag_s=60`).
 """
 

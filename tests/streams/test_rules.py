@@ -1,4 +1,4 @@
-"""Issue 8: every defect the review found, and every rule of the README's verdict table, on the
+"""Every defect a review found, and every rule of the README's verdict table, on the
 pure decision path (streams.engine.Engine through tests.streams.builders.run)."""
 
 from __future__ import annotations
@@ -602,7 +602,7 @@ def test_a_result_about_another_node_does_not_move_the_incident():
 
 
 def test_a_row_leaves_out_what_is_at_its_default_and_reads_back_the_same_state():
-    """Issue 12 (memory per GPU): the row omits fields at their default; reading it back gives
+    """Memory per GPU: the row omits fields at their default; reading it back gives
     the same state, for a healthy GPU and through a whole wedge with its incident."""
     import orjson
 

@@ -1,4 +1,4 @@
-"""Issue 8's rules through the pure decision path, on the five scenarios that state them and on
+"""The rules of the verdicts through the pure decision path, on the five scenarios that state them and on
 records built directly.
 
 Each scenario's records come from the real collector code on the fakes (`ScenarioRunner` into a
@@ -140,7 +140,7 @@ def test_skewed_scenario_record_does_not_blind_the_wedge():
 
 
 def test_record_stamped_hours_ahead_does_not_blind_the_gpu_to_the_wedge_that_follows():
-    """Rule checked: "Event time survives bad clocks" (issue 8): one record stamped 6 h ahead,
+    """Rule checked: "Event time survives bad clocks": one record stamped 6 h ahead,
     then the motivating wedge (Xid 13 -> 31 -> 43, pinned 100% / 0 MiB, no compute app) stamped
     correctly. Records are folded in arrival order, as a worker reads them."""
     skew = 6 * 3600
@@ -168,7 +168,7 @@ def test_record_stamped_hours_ahead_does_not_blind_the_gpu_to_the_wedge_that_fol
                                   "xid45-teardown-across-nodes", "skewed-dmesg-before-wedge"])
 def test_rule_scenario_is_valid_and_says_what_it_proves(name):
     text = (SCENARIOS / f"{name}.yaml").read_text()
-    assert text.startswith("#") and "What it proves" in text and "issue 8" in text
+    assert text.startswith("#") and "What it proves (the rule \"" in text
     sc = load_scenario(SCENARIOS / f"{name}.yaml")
     assert sc.expect and sc.forbid
 

@@ -1,4 +1,4 @@
-"""Evidence that stands in for evidence the collector could not read (README "Verdicts": which
+"""Evidence that stands in for evidence the collector could not read (docs/architecture.md "Verdicts": which
 evidence substitutes for which), and the answers to closing steps that come after their incident.
 
 - A crash-looping pod whose PIDs never reach a process list is one workload: its failures and

@@ -1,7 +1,7 @@
 """Fault injection for `test_failover.py::test_recovery_reads_again_changelog_records_it_lost`,
 loaded only by the worker that test starts (this folder first on its PYTHONPATH): each changelog
 record is dropped the first time it reaches a table's queue, after aiokafka has handed it over (the
-test's worker runs alone, so those are its recovery's reads; a standby's would be dropped too). That is the loss seen in the issue 12 failover bench (recovery waited
+test's worker runs alone, so those are its recovery's reads; a standby's would be dropped too). That is the loss seen in the failover bench (recovery waited
 for records aiokafka had already read past); where the real one happens is not known, so the test
 injects it at the last step before recovery."""
 
