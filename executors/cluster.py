@@ -503,7 +503,7 @@ def condition_for(held: dict[str, dict], current: Any = None) -> dict:
     now = _now()
     if held:
         reason = max((h.get("action") or "" for h in held.values()), key=lambda r: _REASON_RANK.get(r, 0))
-        parts = [f"incident {i}: GPU {h.get('gpu_index', '?')} ({h.get('gpu')}) {h.get('action')} since {h.get('at')}"
+        parts = [f"incident {i}: GPU {_gpu_text(h)} {h.get('action')} since {h.get('at')}"
                  + (f": {h['why']}" if h.get("why") else "") for i, h in sorted(held.items())]
         status, message = "False", plain_text("; ".join(parts), 1024)
     else:
@@ -512,6 +512,12 @@ def condition_for(held: dict[str, dict], current: Any = None) -> dict:
     return {"type": CONDITION_TYPE, "status": status, "reason": reason, "message": message,
             "lastHeartbeatTime": now,
             "lastTransitionTime": now if moved else _rfc3339(current.lastTransitionTime) or now}
+
+
+def _gpu_text(held: dict) -> str:
+    """"1 (GPU-...)", or the UUID alone for a GPU whose index is unknown (fallen off the bus)."""
+    idx = held.get("gpu_index")
+    return f"{held.get('gpu')}" if idx is None else f"{idx} ({held.get('gpu')})"
 
 
 def _rfc3339(value: Any) -> str | None:

@@ -10,6 +10,10 @@ Topology (aiokafka transport):
     gpu.remediation.results (keyed by node) --(agent "results-rekey")--> xidstream.results-by-gpu
     <prefix>xidstream.fleet --(agent "fleet", table "fleet-state")--> gpu.remediation, gpu.alerts
 
+Each agent is a class over one `Context` (topics, tables, caches, counters and how an output is
+sent or dead-lettered): `GpuAgent` (what happens to a gpu.xid record, or any input), `RekeyAgent`,
+`FleetAgent`; `create_app` only wires them.
+
 The input topics and the re-keyed results share one partition count, so one worker owns all of a
 GPU's records and its table row (faust co-partitioning; runtime-notes section 2). Every command
 passes the one-partition fleet agent, which applies the circuit breaker and keeps a node's commands
@@ -26,6 +30,7 @@ import logging
 import math
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
 import faust
@@ -70,7 +75,8 @@ from transport.config import KafkaConfig
 from transport.faust_auth import faust_kwargs
 
 __all__ = ["create_app", "internal_topics", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY",
-           "refused_for_good", "fits", "fleet_row", "bounded_original", "RateLimitedLog"]
+           "refused_for_good", "fits", "fleet_row", "bounded_original", "RateLimitedLog", "Context", "GpuAgent",
+           "RekeyAgent", "FleetAgent", "guarded"]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ GPU_TABLE, FLEET_TABLE = "gpu-state", "fleet-state"
 LIVENESS_STALL_S = 120.0
 # Actions whose results only the node's own executor may send (executors.gate NODE_ACTIONS).
 NODE_EXECUTOR_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
-NODE_ROW = b"node:"  # fleet table rows of the known nodes (`load_fleet` in create_app)
+NODE_ROW = b"node:"  # fleet table rows of the known nodes (`FleetAgent.load`)
 WORKLOAD_ROW = b"workload:"  # fleet table rows of the pods with recent application faults
 
 
@@ -308,33 +314,10 @@ class ProcessorApp:
         self.__dict__.update(parts)
 
 
-def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: str | None = None,
-               web_port: int | None = None, store: str = "memory://", datadir: str | None = None,
-               fast_rebalance: bool = False, batch: int = 500, within: float = 0.05,
-               signing_key: Any = None, web_bind: str = "127.0.0.1", approver_keys: Any = None,
-               verifier: Any = None) -> ProcessorApp:
-    """`signing_key` (a `schemas.signing.SigningKey`): every command is signed as it leaves the
-    fleet agent, the last place that changes it; executors refuse unsigned commands. It also seals
-    what the GPU agents hand to the fleet agent, and `approver_keys` (a `VerifyKeys`) verify a
-    breaker reset (`streams.handoff`): nobody but this processor's agents gets a command signed.
-    `verifier` (a `transport.identity.RecordVerifier`, kept current by an `IdentityDirectory`):
-    an input record counts only with the MAC of the node it is about, a result only with the MAC
-    of the executor entitled to answer its action; anything else is dead-lettered with the reason.
-    `web_bind`: where faust's web server (probes, ``/metrics``) listens; loopback unless the
-    command says otherwise (in a pod: the pod's address, for the kubelet and Prometheus)."""
-    if type(batch) is not int or batch < 1:
-        raise ValueError(f"batch must be a whole number of records >= 1, not {batch!r}")
-    if not isinstance(within, (int, float)) or not math.isfinite(within) or within <= 0:
-        # a short batch waits up to `within` s for more (faust_fast.take_batches): with inf or NaN
-        # a quiet partition's last records (a fatal Xid) would wait for traffic that may never
-        # come; 0 and None meant the same in faust's take_events, which the agents used before
-        raise ValueError(f"within must be a number of seconds > 0, not {within!r}")
-    for drift in faust_fast.faust_drift():  # the cuts into faust's internals may no longer fit
-        log.warning("faust internals: %s (re-check streams/faust_fast.py, docs/development.md)", drift)
-    policy = policy or Policy()
-    handoff = Handoff.for_processor(signing_key, approver_keys)
-    reg = settings.topics
-    partitions = settings.partitions
+# -- the app ------------------------------------------------------------------------------------
+def _faust_app(settings: KafkaConfig, app_name: str, *, web_port: int | None, web_bind: str, store: str,
+               datadir: str | None, fast_rebalance: bool) -> _App:
+    """faust's App with the settings this processor needs from it."""
     # Failover: a worker killed without leaving its group is noticed when its session
     # expires; until then its share of the fleet is processed by nobody. faust's defaults (60 s
     # session, 60 s rebalance) left a blind share for a minute after one SIGKILL. 6 s is the
@@ -357,13 +340,12 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         extra.update(broker_rebalance_timeout=6, broker_request_timeout=30)
     if datadir:
         extra["datadir"] = datadir
-    app_name = app_id or f"{settings.topic_prefix}xidstream-processor"
-    app = _App(
+    return _App(
         app_name,
         # broker URLs and credentials from the same librdkafka settings every client reads
         **faust_kwargs(settings),
         autodiscover=False,
-        topic_partitions=partitions,
+        topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         store=store,
@@ -385,6 +367,38 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         producer_acks=-1,
         **extra,
     )
+
+
+def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: str | None = None,
+               web_port: int | None = None, store: str = "memory://", datadir: str | None = None,
+               fast_rebalance: bool = False, batch: int = 500, within: float = 0.05,
+               signing_key: Any = None, web_bind: str = "127.0.0.1", approver_keys: Any = None,
+               verifier: Any = None) -> ProcessorApp:
+    """The topology of the module docstring: topics, tables, the three agents, probes and metrics.
+
+    `signing_key` (a `schemas.signing.SigningKey`): every command is signed as it leaves the
+    fleet agent, the last place that changes it; executors refuse unsigned commands. It also seals
+    what the GPU agents hand to the fleet agent, and `approver_keys` (a `VerifyKeys`) verify a
+    breaker reset (`streams.handoff`): nobody but this processor's agents gets a command signed.
+    `verifier` (a `transport.identity.RecordVerifier`, kept current by an `IdentityDirectory`):
+    an input record counts only with the MAC of the node it is about, a result only with the MAC
+    of the executor entitled to answer its action; anything else is dead-lettered with the reason.
+    `web_bind`: where faust's web server (probes, ``/metrics``) listens; loopback unless the
+    command says otherwise (in a pod: the pod's address, for the kubelet and Prometheus)."""
+    if type(batch) is not int or batch < 1:
+        raise ValueError(f"batch must be a whole number of records >= 1, not {batch!r}")
+    if not isinstance(within, (int, float)) or not math.isfinite(within) or within <= 0:
+        # a short batch waits up to `within` s for more (faust_fast.take_batches): with inf or NaN
+        # a quiet partition's last records (a fatal Xid) would wait for traffic that may never
+        # come; 0 and None meant the same in faust's take_events, which the agents used before
+        raise ValueError(f"within must be a number of seconds > 0, not {within!r}")
+    for drift in faust_fast.faust_drift():  # the cuts into faust's internals may no longer fit
+        log.warning("faust internals: %s (re-check streams/faust_fast.py, docs/development.md)", drift)
+    policy = policy or Policy()
+    reg = settings.topics
+    app_name = app_id or f"{settings.topic_prefix}xidstream-processor"
+    app = _faust_app(settings, app_name, web_port=web_port, web_bind=web_bind, store=store, datadir=datadir,
+                     fast_rebalance=fast_rebalance)
     changelogs = changelog_topics(settings, app_name)
 
     def prepare_topics() -> None:
@@ -401,366 +415,35 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     app.batch = batch
     names = {reg.name(n): n for n in INPUT_TOPICS}
     rekeyed, fleet_name = list(internal_topics(settings))
-    inputs = app.topic(*names, rekeyed, schema=faust_fast.RawSchema())
-    results_in = app.topic(reg.name("gpu.remediation.results"), key_type=bytes, value_type=bytes)
-    results_by_gpu = app.topic(rekeyed, key_type=bytes, value_type=bytes)
-    fleet_topic = app.topic(fleet_name, key_type=bytes, value_type=bytes)
-    alerts = app.topic(reg.name("gpu.alerts"), key_type=bytes, value_type=bytes)
-    remediation = app.topic(reg.name("gpu.remediation"), key_type=bytes, value_type=bytes)
-    deadletter = app.topic(reg.name("xidstream.deadletter"), key_type=bytes, value_type=bytes)
-    gpu_table = app.Table(GPU_TABLE, default=None, partitions=partitions, key_type=bytes, value_type=bytes)
-    fleet_table = app.Table(FLEET_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes)
-    cache: dict[bytes, GpuState] = {}
-    fleet_cache: dict[str, Any] = {}  # "state": the FleetState, "row": its main row as last written
-    stats = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0}
-    labelled = LabelledCounts()  # the same outputs by verdict and action, for alert rules and dashboards
-    quiet = RateLimitedLog(log)
-    max_request = app.conf.producer_max_request_size
-    verified: set[tuple[str, str]] = set()
-
-    async def partitions_known(table: Any, source_topic: str) -> None:
-        """Before a table's first write from `source_topic`: wait until the consumer's metadata
-        knows both the source and the changelog (see `wait_for_partitions`)."""
-        if (table.name, source_topic) in verified:
-            return
-        consumer = app._consumer  # None in agent.test_context(): no Kafka, nothing to check
-        if consumer is not None:
-            async def refresh() -> None:
-                thread = consumer._thread  # aiokafka's client lives on the consumer's own thread
-
-                async def force() -> None:
-                    await thread._ensure_consumer()._client.force_metadata_update()
-
-                try:
-                    await thread.call_thread(force)
-                except Exception as exc:  # noqa: BLE001 - faust internals; the bounded wait still decides
-                    log.warning("could not ask the consumer for fresh metadata (%r); waiting for its own refresh", exc)
-
-            t0 = time.monotonic()
-            await wait_for_partitions(consumer.topic_partitions, refresh,
-                                      [source_topic, table.changelog_topic_name])
-            if time.monotonic() - t0 > 0.1:
-                log.warning("table %s: waited %.1f s for the partition counts of %s and %s before its first write",
-                            table.name, time.monotonic() - t0, source_topic, table.changelog_topic_name)
-        verified.add((table.name, source_topic))
-
-    def guarded(name: str, body: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-        """An agent that dies takes the worker with it. faust's supervisor would restart the actor
-        (or, when that fails, leave the worker running without it): a worker without its fleet
-        agent releases no command again while looking alive. Crashing the app makes the worker stop
-        and exit non-zero, so an orchestrator restarts it whole. One bad record never gets here:
-        the agents dead-letter those and go on."""
-
-        async def agent(stream: Any) -> None:
-            try:
-                await body(stream)
-            except Exception as exc:  # noqa: BLE001 - anything that escapes the loop ends the worker
-                log.critical("agent %s died: %r; stopping the worker (non-zero exit) so it is restarted whole",
-                             name, exc, exc_info=exc)
-                await app.crash(exc)
-
-        agent.__name__ = agent.__qualname__ = f"{name}_agent"
-        agent.__doc__ = body.__doc__
-        return agent
+    ctx = Context(
+        app=app, settings=settings, policy=policy, handoff=Handoff.for_processor(signing_key, approver_keys),
+        signing_key=signing_key, verifier=verifier, batch=batch, within=within, names=names, rekeyed=rekeyed,
+        inputs=app.topic(*names, rekeyed, schema=faust_fast.RawSchema()),
+        results_in=app.topic(reg.name("gpu.remediation.results"), key_type=bytes, value_type=bytes),
+        results_by_gpu=app.topic(rekeyed, key_type=bytes, value_type=bytes),
+        fleet_topic=app.topic(fleet_name, key_type=bytes, value_type=bytes),
+        alerts=app.topic(reg.name("gpu.alerts"), key_type=bytes, value_type=bytes),
+        remediation=app.topic(reg.name("gpu.remediation"), key_type=bytes, value_type=bytes),
+        deadletter=app.topic(reg.name("xidstream.deadletter"), key_type=bytes, value_type=bytes),
+        gpu_table=app.Table(GPU_TABLE, default=None, partitions=settings.partitions, key_type=bytes, value_type=bytes),
+        fleet_table=app.Table(FLEET_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes),
+        max_request=app.conf.producer_max_request_size,
+    )
 
     @app.on_partitions_revoked.connect
     async def _drop_cache(sender: Any, revoked: Any = None, **kwargs: Any) -> None:
         # State of partitions that moved away must be read from the table again, never from here.
-        cache.clear()
-        fleet_cache.clear()
+        ctx.cache.clear()
+        ctx.fleet_cache.clear()
 
     @app.on_partitions_assigned.connect
     async def _drop_cache_assigned(sender: Any, assigned: Any = None, **kwargs: Any) -> None:
-        cache.clear()
-        fleet_cache.clear()
+        ctx.cache.clear()
+        ctx.fleet_cache.clear()
 
-    async def dead(raw: bytes | None, key: bytes | None, topic: str, partition: int | None, offset: int | None,
-                   error: BaseException, error_type: str | None = None) -> None:
-        stats["deadletters"] += 1
-        kind = error_type or type(error).__name__
-        text = str(error)
-        quiet.log(logging.WARNING, f"dead:{kind}", "dead-lettering a record from %s[%s]@%s: %s", topic, partition,
-                  offset, text[:500])
-        original, original_key, note = bounded_original(raw, key)
-        rec = DeadLetter(node=settings.node, original=original, original_key=original_key, source_topic=topic,
-                         source_partition=partition, source_offset=offset,
-                         error=text[:_ERROR_CHARS - len(note)] + note, error_type=kind)
-        try:
-            await deadletter.send(key=topic.encode(), value=encode(rec))
-        except Exception as exc:  # noqa: BLE001 - sorted by refused_for_good: the rest is raised
-            if not refused_for_good(exc):
-                raise
-            # Bounded above, so only a broker or topic limit far below the producer's gets here;
-            # there is nowhere left to put it, and stopping would re-read and refuse it for good.
-            stats["outputs_refused"] += 1
-            quiet.log(logging.ERROR, "dead:refused", "the dead letter of a record from %s[%s]@%s was refused too (%r): "
-                      "dropped", topic, partition, offset, exc)
-
-    async def emit(channel: Any, key: bytes, value: bytes, what: str, source: Any) -> bool:
-        """Send one output of the record `source` (an event); True when the producer took it.
-
-        An output the producer refuses for good (`refused_for_good`: over its 1,000,000-byte limit,
-        or invalid) is dead-lettered as its source record (the reason, where the record came from,
-        a bounded head of the record and of the output) and counted, and the agent goes on with the
-        record's other outputs and the next record. Before, the refusal escaped the agent, the
-        worker stopped, and its restart refused the same uncommitted record again: a crash loop
-        that stopped every command fleet-wide (the fleet agent is one partition). Any other send
-        failure is raised as before (the worker restarts and reads the record again)."""
-        try:
-            await channel.send(key=key, value=value)
-            return True
-        except Exception as exc:  # noqa: BLE001 - sorted by refused_for_good: the rest is raised
-            if not refused_for_good(exc):
-                raise
-            await refused(source, f"the producer refused its {what} ({len(value):,} bytes, to "
-                          f"{channel.get_topic_name()})", value, exc)
-            return False
-
-    async def refused(source: Any, why: str, value: bytes, exc: BaseException) -> None:
-        """Count and dead-letter the record `source` (an event), one of whose outputs (`value`)
-        cannot be sent; `why` says which and what became of it."""
-        stats["outputs_refused"] += 1
-        msg = source.message
-        quiet.log(logging.ERROR, "refused", "%s, an output of the record from %s[%s]@%s: %r; the record is "
-                  "dead-lettered and the agent goes on", why, msg.topic, msg.partition, msg.offset, exc)
-        cause = exc
-        while not isinstance(cause, _REFUSED_FOR_GOOD) and (cause.__cause__ or cause.__context__) is not None:
-            cause = cause.__cause__ or cause.__context__
-        head = value[:_OUTPUT_HEAD_CHARS].decode("utf-8", "replace")
-        await dead(source.value, source.key, msg.topic, msg.partition, msg.offset,
-                   RuntimeError(f"{why}: {cause}; the output begins: {head}"), error_type=type(cause).__name__)
-
-    async def handle(event: Any, dirty: dict[bytes, tuple[Any, GpuState]]) -> None:
-        """Fold one event into its row (in `cache`); a row whose persisted facts changed goes into
-        `dirty`, written once per batch by `gpus_body`. Alerts and fleet messages go out at once."""
-        msg = event.message
-        topic, raw, key = msg.topic, event.value, event.key
-        logical = names.get(topic)
-        model = _MODELS.get(logical) if logical else (RemediationResult if topic == rekeyed else None)
-        sender = None
-        try:
-            if verifier is not None and logical is not None:
-                sender = verifier.sender(msg.headers, topic, key, raw)
-            elif topic == rekeyed:
-                raw = handoff.unseal(raw)  # the results agent checked its sender, then sealed it
-            # A record from a channel that is none of our topics (agent.test_context()) is taken
-            # for what its `schema` says it is.
-            record = decode_input(model, raw) if model is not None else decode_any(raw)
-        except (DecodeError, AuthError, HandoffError) as exc:
-            await dead(raw, key, topic, msg.partition, msg.offset, exc)
-            return
-        if sender is not None and record.node != sender:
-            await dead(raw, key, topic, msg.partition, msg.offset, AuthError(
-                f"a record about node {record.node} sent by {sender}: only a node speaks for itself"))
-            return
-        # The row is chosen by streams.routing, as in streams.engine and the tests. The message's
-        # key must name the same row: the row's changelog goes to the message's partition, and a
-        # record keyed otherwise would fold into a row another worker owns after a rebalance.
-        row = state_key(record)
-        if row is None:
-            await dead(raw, key, topic, msg.partition, msg.offset, DecodeError(
-                "the record names no GPU: neither gpu_uuid nor node and pci_bus_id", raw))
-            return
-        if key != row.encode():
-            await dead(raw, key, topic, msg.partition, msg.offset, DecodeError(
-                f"record keyed {key!r} belongs to row {row!r}: its producer does not key by the topic "
-                f"registry (schemas.topics), so it reached a partition that does not own its GPU", raw))
-            return
-        try:
-            state = cache.get(key)
-            if state is None:
-                stored = gpu_table.get(key)
-                state = GpuState.from_dict(orjson.loads(stored)) if stored else None
-            if sender is not None and state is not None and state.node and state.node != sender:
-                # A GPU row belongs to the node that first spoke for it: node A naming node B's GPU
-                # UUID (they are not secret: commands carry them) must not re-point B's row to A,
-                # open incidents on it, or answer B's commands for it.
-                raise AuthError(f"GPU row {row} belongs to node {state.node}; {sender} cannot speak for it")
-            state, outputs, changed = step(state, row, record, policy)
-            announced = state.announced
-            to_fleet, to_alert = fan_out(state, record, outputs)
-            changed = changed or state.announced != announced  # the announcement is part of the row
-            fleet_msgs = [orjson.dumps({**m, "command": to_dict(m["command"])} if m["kind"] == "command" else m)
-                          for m in to_fleet]
-            alert_msgs = [((a.gpu_uuid or a.node).encode(), encode(a), a) for a in to_alert]
-        except AuthError as exc:
-            await dead(raw, key, topic, msg.partition, msg.offset, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
-            log.exception("processing a record from %s failed", topic)
-            await dead(raw, key, topic, msg.partition, msg.offset, exc)
-            return
-        cache[key] = state
-        if changed:
-            dirty[key] = (event, state)
-        for k, v, a in alert_msgs:
-            if await emit(alerts, k, v, "alert", event):
-                stats["alerts"] += 1
-                labelled.alert(a)
-        for v in fleet_msgs:
-            await emit(fleet_topic, FLEET_KEY, handoff.seal(v), "message to the fleet agent", event)
-
-    async def gpus_body(stream: Any) -> None:
-        async for events in faust_fast.take_batches(stream, batch, within):
-            # One table write per changed row per batch, not one per record: a row
-            # folded from 40 records of a batch costs one changelog record, not 40. Exact on
-            # recovery: take_batches acks the batch's events only after this body has run, so the
-            # offsets faust commits never pass a record whose row was not written; a crash
-            # re-reads the uncommitted records onto the last written rows, as before.
-            dirty: dict[bytes, tuple[Any, GpuState]] = {}
-            for event in events:
-                stats["events"] += 1
-                await handle(event, dirty)
-            for key, (event, state) in dirty.items():
-                row = _exact(orjson.dumps(state.to_dict()))
-                if not fits(key, row, max_request):
-                    # A row the producer would refuse is not written (faust sends table writes from
-                    # its buffer, where a refusal stops the worker): the changelog keeps this GPU's
-                    # last row that fit, and this worker goes on deciding with the row in memory,
-                    # which saw every record. After a restart or a failover the GPU resumes from that
-                    # last row (the records since are not in it; commands re-emitted from it carry
-                    # the ids they had). Not a row cut down here to fit: which facts can be left out
-                    # without changing a verdict is the fold's to say (streams.evidence bounds its
-                    # lists), and a row cut by the writer could drop an incident's commands.
-                    await refused(event, f"the table row of GPU {key[:200]!r} is {len(row):,} bytes, over the "
-                                  f"producer's limit of {max_request:,}: not written (the table keeps its last row "
-                                  f"that fit)", row, MessageSizeTooLargeError(f"a {len(row):,}-byte table row"))
-                    continue
-                # The changelog partition of a table write is the current event's: the row's own.
-                _current_event.set(weakref.ref(event))
-                await partitions_known(gpu_table, event.message.topic)
-                gpu_table[key] = row
-                stats["rows_written"] += 1
-
-    gpus = app.agent(inputs, name="gpus")(guarded("gpus", gpus_body))
-
-    async def rekey_body(stream: Any) -> None:
-        """Results arrive keyed by node; each goes to the row of the GPU its command named
-        (`streams.routing.state_key`: the UUID, else node/pci_bus_id for a GPU whose UUID was
-        never resolved), on the topic co-partitioned with the inputs."""
-        async for event in stream.events():
-            msg = event.message
-            try:
-                result = decode(RemediationResult, event.value)
-                row = state_key(result)
-                if row is None:
-                    raise DecodeError("a remediation result must name its GPU: gpu_uuid, or pci_bus_id (with its "
-                                      "node), copied from the command it answers", event.value)
-                if verifier is not None:
-                    sender = verifier.sender(msg.headers, msg.topic, event.key, event.value)
-                    # The node executor answers what only the node's hands do; everything else is
-                    # an API call, the cluster executor's (executors.gate SCOPE_ACTIONS).
-                    entitled = result.node if result.action in NODE_EXECUTOR_ACTIONS else CLUSTER_IDENTITY
-                    if sender != entitled:
-                        raise AuthError(f"a {result.action.value} result for node {result.node} must come from "
-                                        f"{entitled}; it was sent by {sender}")
-            except (DecodeError, AuthError) as exc:
-                await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
-                continue
-            await emit(results_by_gpu, row.encode(), handoff.seal(event.value), "re-keyed result", event)
-
-    rekey = app.agent(results_in, name="results-rekey")(guarded("results-rekey", rekey_body))
-
-    def load_fleet() -> FleetState:
-        """The fleet state from the cache, else from the table: the main row, plus one row per
-        known node (when its GPU inventory was last seen). Known nodes are rows of their own (`node:<name>`) so that the main row stays
-        small: in one row, 12,500 nodes (100k GPUs) made every write ~0.5 MB, and a 1M-GPU fleet's
-        row would pass Kafka's 1 MB message limit. Pods with recent application faults are rows of
-        their own too (`workload:<pod UID>`): 9,700 of them in the main row made it 1.3 MB, and the
-        producer's refusal crash-looped the worker."""
-        state = fleet_cache.get("state")
-        if state is None:
-            stored = fleet_table.get(FLEET_KEY)
-            data = orjson.loads(stored) if stored else {}
-            older = data.pop("known_nodes", None) or {}  # a row written before the node rows
-            older_pods = data.pop("workload_gpus", None) or {}  # likewise, before the pod rows
-            state = FleetState.from_dict(data)
-            state.known_nodes, pods = {}, {}
-            for k, v in fleet_table.items():
-                if k.startswith(NODE_ROW):
-                    state.known_nodes[k[len(NODE_ROW):].decode()] = orjson.loads(v)
-                elif k.startswith(WORKLOAD_ROW):
-                    pods[k[len(WORKLOAD_ROW):].decode()] = orjson.loads(v)
-            fleet_cache["unsaved_nodes"] = [n for n in older if n not in state.known_nodes]
-            state.known_nodes = {**older, **state.known_nodes}
-            state.workload_gpus = {**older_pods, **pods}
-            state.dirty_pods = {p for p in older_pods if p not in pods}
-            fleet_cache["state"], fleet_cache["row"] = state, stored
-        return state
-
-    async def fleet_body(stream: Any) -> None:
-        async for events in faust_fast.take_batches(stream, batch, within):
-            # One batch, one write of what changed: the main row when it changed, and
-            # a row for each node seen for the first time. Acked after the body, as in gpus_body.
-            state = load_fleet()
-            nodes_before = dict(state.known_nodes)  # a node's row is written when its inventory time moves
-            for event in events:
-                msg = event.message
-                # When it was handed over, by this processor's clock (its producer stamps the
-                # record): the breaker's bound on a node's clock (streams.fleet.breaker_time).
-                received = msg.timestamp if isinstance(msg.timestamp, (int, float)) and msg.timestamp > 0 else time.time()
-                try:
-                    data = handoff.open(event.value, time.time())
-                    if data.get("kind") == "command":
-                        data["command"] = RemediationCommand.model_validate(data["command"])
-                    elif data.get("kind") == "reset":
-                        log.warning("fleet breaker reset by %s (approval %s, key %s)", data.get("by"),
-                                    data.get("approval_id"), data.get("key_id"))
-                    state, outputs = fleet_step(state, data, policy, now=received)
-                    labelled.breaker = 1 if state.tripped else 0
-                except Exception as exc:  # noqa: BLE001
-                    await dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
-                    continue
-                for kind, out in outputs:
-                    if isinstance(out, RemediationCommand):
-                        if signing_key is not None:
-                            out = signing_key.sign(out)
-                        if await emit(remediation, out.node.encode(), encode(out), "command", event):
-                            stats["commands"] += 1
-                            labelled.command(out)
-                    elif isinstance(out, Alert):
-                        if await emit(alerts, (out.gpu_uuid or out.node).encode(), encode(out), "alert", event):
-                            stats["alerts"] += 1
-                            labelled.alert(out)
-                    else:  # a kind this agent does not publish: say so rather than guess a topic
-                        log.error("the fleet step gave an output of kind %r that has no topic: %r", kind, out)
-            if not events:
-                continue
-            last = events[-1]
-            _current_event.set(weakref.ref(last))
-            await partitions_known(fleet_table, last.message.topic)
-
-            async def write(key: bytes, row: bytes, what: str) -> None:
-                # A row the producer would refuse is not written (see gpus_body): the table keeps
-                # the last one that fit, and this worker goes on with the fleet state in memory.
-                if fits(key, row, max_request):
-                    fleet_table[key] = row
-                else:
-                    await refused(last, f"the fleet table row of {what} is {len(row):,} bytes with its "
-                                  f"{len(key):,}-byte key, over the producer's limit of {max_request:,}: not written "
-                                  f"(the table keeps its last row that fit)", row,
-                                  MessageSizeTooLargeError(f"a {len(row):,}-byte table row"))
-
-            moved = [n for n, seen in state.known_nodes.items() if nodes_before.get(n) != seen]
-            for node in moved + [n for n in fleet_cache.pop("unsaved_nodes", []) if n in state.known_nodes]:
-                await write(NODE_ROW + node.encode(), _exact(orjson.dumps(state.known_nodes[node])),
-                            f"node {node[:200]!r}")
-            for node in nodes_before.keys() - state.known_nodes.keys():  # forgotten (no inventory for a day)
-                fleet_table.pop(NODE_ROW + node.encode(), None)
-            for pod in state.dirty_pods:
-                gpus = state.workload_gpus.get(pod)
-                if gpus:
-                    await write(WORKLOAD_ROW + pod.encode(), _exact(orjson.dumps(gpus)), f"pod {pod[:200]!r}")
-                else:
-                    fleet_table.pop(WORKLOAD_ROW + pod.encode(), None)
-            state.dirty_pods = set()
-            row = fleet_row({k: v for k, v in state.to_dict().items() if k not in ("known_nodes", "workload_gpus")},
-                            max_request)
-            if row != fleet_cache.get("row"):
-                fleet_cache["row"] = row
-                await write(FLEET_KEY, row, "the breaker")
-
-    fleet = app.agent(fleet_topic, name="fleet")(guarded("fleet", fleet_body))
+    gpus = app.agent(ctx.inputs, name="gpus")(guarded(app, "gpus", GpuAgent(ctx)))
+    rekey = app.agent(ctx.results_in, name="results-rekey")(guarded(app, "results-rekey", RekeyAgent(ctx)))
+    fleet = app.agent(ctx.fleet_topic, name="fleet")(guarded(app, "fleet", FleetAgent(ctx)))
 
     @app.timer(interval=TRIM_INTERVAL_S)
     async def _give_back_memory() -> None:
@@ -782,9 +465,428 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
         # Prometheus text format: what the worker did since it started (per process; sum over workers)
-        return web.text(metrics_text(stats, labelled), content_type="text/plain; version=0.0.4")
+        return web.text(metrics_text(ctx.stats, ctx.labelled), content_type="text/plain; version=0.0.4")
 
-    return ProcessorApp(app, gpus=gpus, rekey=rekey, fleet=fleet, gpu_table=gpu_table, fleet_table=fleet_table,
-                        inputs=inputs, alerts=alerts, remediation=remediation, deadletter=deadletter,
-                        fleet_topic=fleet_topic, results_by_gpu=results_by_gpu, stats=stats, policy=policy, settings=settings,
-                        changelogs=changelogs)
+    return ProcessorApp(app, gpus=gpus, rekey=rekey, fleet=fleet, gpu_table=ctx.gpu_table, fleet_table=ctx.fleet_table,
+                        inputs=ctx.inputs, alerts=ctx.alerts, remediation=ctx.remediation, deadletter=ctx.deadletter,
+                        fleet_topic=ctx.fleet_topic, results_by_gpu=ctx.results_by_gpu, stats=ctx.stats, policy=policy,
+                        settings=settings, changelogs=changelogs)
+
+
+def guarded(app: faust.App, name: str, body: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    """An agent that dies takes the worker with it. faust's supervisor would restart the actor
+    (or, when that fails, leave the worker running without it): a worker without its fleet
+    agent releases no command again while looking alive. Crashing the app makes the worker stop
+    and exit non-zero, so an orchestrator restarts it whole. One bad record never gets here:
+    the agents dead-letter those and go on."""
+
+    async def agent(stream: Any) -> None:
+        try:
+            await body(stream)
+        except Exception as exc:  # noqa: BLE001 - anything that escapes the loop ends the worker
+            log.critical("agent %s died: %r; stopping the worker (non-zero exit) so it is restarted whole",
+                         name, exc, exc_info=exc)
+            await app.crash(exc)
+
+    agent.__name__ = agent.__qualname__ = f"{name}_agent"
+    agent.__doc__ = body.__doc__
+    return agent
+
+
+# -- what the agents share ----------------------------------------------------------------------
+@dataclass(eq=False)
+class Context:
+    """One worker's topics, tables, caches and counters, and the three ways an output leaves it:
+    sent (`emit`), refused for good and dead-lettered as its source record (`refused`), or a bad
+    input dead-lettered (`dead`)."""
+
+    app: Any
+    settings: KafkaConfig
+    policy: Policy
+    handoff: Handoff
+    signing_key: Any
+    verifier: Any
+    batch: int
+    within: float
+    names: dict[str, str]  # physical input topic -> its contract name
+    rekeyed: str  # the results-by-gpu topic
+    inputs: Any
+    results_in: Any
+    results_by_gpu: Any
+    fleet_topic: Any
+    alerts: Any
+    remediation: Any
+    deadletter: Any
+    gpu_table: Any
+    fleet_table: Any
+    max_request: int
+    cache: dict[bytes, GpuState] = field(default_factory=dict)
+    fleet_cache: dict[str, Any] = field(default_factory=dict)  # "state": the FleetState, "row": its main row as last written
+    stats: dict[str, int] = field(default_factory=lambda: {
+        "events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0})
+    labelled: LabelledCounts = field(default_factory=LabelledCounts)  # the same outputs by verdict and action
+    quiet: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
+    verified: set[tuple[str, str]] = field(default_factory=set)
+
+    async def partitions_known(self, table: Any, source_topic: str) -> None:
+        """Before a table's first write from `source_topic`: wait until the consumer's metadata
+        knows both the source and the changelog (see `wait_for_partitions`)."""
+        if (table.name, source_topic) in self.verified:
+            return
+        consumer = self.app._consumer  # None in agent.test_context(): no Kafka, nothing to check
+        if consumer is not None:
+            async def refresh() -> None:
+                thread = consumer._thread  # aiokafka's client lives on the consumer's own thread
+
+                async def force() -> None:
+                    await thread._ensure_consumer()._client.force_metadata_update()
+
+                try:
+                    await thread.call_thread(force)
+                except Exception as exc:  # noqa: BLE001 - faust internals; the bounded wait still decides
+                    log.warning("could not ask the consumer for fresh metadata (%r); waiting for its own refresh", exc)
+
+            t0 = time.monotonic()
+            await wait_for_partitions(consumer.topic_partitions, refresh,
+                                      [source_topic, table.changelog_topic_name])
+            if time.monotonic() - t0 > 0.1:
+                log.warning("table %s: waited %.1f s for the partition counts of %s and %s before its first write",
+                            table.name, time.monotonic() - t0, source_topic, table.changelog_topic_name)
+        self.verified.add((table.name, source_topic))
+
+    async def dead(self, raw: bytes | None, key: bytes | None, topic: str, partition: int | None, offset: int | None,
+                   error: BaseException, error_type: str | None = None) -> None:
+        self.stats["deadletters"] += 1
+        kind = error_type or type(error).__name__
+        text = str(error)
+        self.quiet.log(logging.WARNING, f"dead:{kind}", "dead-lettering a record from %s[%s]@%s: %s", topic, partition,
+                       offset, text[:500])
+        original, original_key, note = bounded_original(raw, key)
+        rec = DeadLetter(node=self.settings.node, original=original, original_key=original_key, source_topic=topic,
+                         source_partition=partition, source_offset=offset,
+                         error=text[:_ERROR_CHARS - len(note)] + note, error_type=kind)
+        try:
+            await self.deadletter.send(key=topic.encode(), value=encode(rec))
+        except Exception as exc:  # noqa: BLE001 - sorted by refused_for_good: the rest is raised
+            if not refused_for_good(exc):
+                raise
+            # Bounded above, so only a broker or topic limit far below the producer's gets here;
+            # there is nowhere left to put it, and stopping would re-read and refuse it for good.
+            self.stats["outputs_refused"] += 1
+            self.quiet.log(logging.ERROR, "dead:refused", "the dead letter of a record from %s[%s]@%s was refused too "
+                           "(%r): dropped", topic, partition, offset, exc)
+
+    async def emit(self, channel: Any, key: bytes, value: bytes, what: str, source: Any) -> bool:
+        """Send one output of the record `source` (an event); True when the producer took it.
+
+        An output the producer refuses for good (`refused_for_good`: over its 1,000,000-byte limit,
+        or invalid) is dead-lettered as its source record (the reason, where the record came from,
+        a bounded head of the record and of the output) and counted, and the agent goes on with the
+        record's other outputs and the next record. Before, the refusal escaped the agent, the
+        worker stopped, and its restart refused the same uncommitted record again: a crash loop
+        that stopped every command fleet-wide (the fleet agent is one partition). Any other send
+        failure is raised as before (the worker restarts and reads the record again)."""
+        try:
+            await channel.send(key=key, value=value)
+            return True
+        except Exception as exc:  # noqa: BLE001 - sorted by refused_for_good: the rest is raised
+            if not refused_for_good(exc):
+                raise
+            await self.refused(source, f"the producer refused its {what} ({len(value):,} bytes, to "
+                               f"{channel.get_topic_name()})", value, exc)
+            return False
+
+    async def refused(self, source: Any, why: str, value: bytes, exc: BaseException) -> None:
+        """Count and dead-letter the record `source` (an event), one of whose outputs (`value`)
+        cannot be sent; `why` says which and what became of it."""
+        self.stats["outputs_refused"] += 1
+        msg = source.message
+        self.quiet.log(logging.ERROR, "refused", "%s, an output of the record from %s[%s]@%s: %r; the record is "
+                       "dead-lettered and the agent goes on", why, msg.topic, msg.partition, msg.offset, exc)
+        cause = exc
+        while not isinstance(cause, _REFUSED_FOR_GOOD) and (cause.__cause__ or cause.__context__) is not None:
+            cause = cause.__cause__ or cause.__context__
+        head = value[:_OUTPUT_HEAD_CHARS].decode("utf-8", "replace")
+        await self.dead(source.value, source.key, msg.topic, msg.partition, msg.offset,
+                        RuntimeError(f"{why}: {cause}; the output begins: {head}"), error_type=type(cause).__name__)
+
+    async def send_alert(self, alert: Alert, value: bytes, source: Any) -> None:
+        if await self.emit(self.alerts, (alert.gpu_uuid or alert.node).encode(), value, "alert", source):
+            self.stats["alerts"] += 1
+            self.labelled.alert(alert)
+
+
+# -- agent "gpus": the input topics and the re-keyed results -> a GPU's row -----------------------
+class GpuAgent:
+    """Every input record (gpu.samples, gpu.processes, gpu.xid, gpu.workloads, gpu.inventory) and
+    every re-keyed result is folded into its GPU's row (`streams.classify.step`); alerts go to
+    gpu.alerts and commands to the fleet agent at once; a row whose persisted facts changed is
+    written to the table once per batch."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, stream: Any) -> None:
+        ctx = self.ctx
+        async for events in faust_fast.take_batches(stream, ctx.batch, ctx.within):
+            # One table write per changed row per batch, not one per record: a row
+            # folded from 40 records of a batch costs one changelog record, not 40. Exact on
+            # recovery: take_batches acks the batch's events only after this body has run, so the
+            # offsets faust commits never pass a record whose row was not written; a crash
+            # re-reads the uncommitted records onto the last written rows, as before.
+            dirty: dict[bytes, tuple[Any, GpuState]] = {}
+            for event in events:
+                ctx.stats["events"] += 1
+                await self.handle(event, dirty)
+            for key, (event, state) in dirty.items():
+                await self.write(key, event, state)
+
+    async def handle(self, event: Any, dirty: dict[bytes, tuple[Any, GpuState]]) -> None:
+        """Fold one event into its row (in the cache); a row whose persisted facts changed goes
+        into `dirty`. Alerts and fleet messages go out at once."""
+        ctx = self.ctx
+        msg = event.message
+        topic, key = msg.topic, event.key
+        record, sender, raw = await self.decode(event)
+        if record is None:
+            return
+        # The row is chosen by streams.routing, as in streams.engine and the tests. The message's
+        # key must name the same row: the row's changelog goes to the message's partition, and a
+        # record keyed otherwise would fold into a row another worker owns after a rebalance.
+        row = state_key(record)
+        if row is None:
+            await ctx.dead(raw, key, topic, msg.partition, msg.offset, DecodeError(
+                "the record names no GPU: neither gpu_uuid nor node and pci_bus_id", raw))
+            return
+        if key != row.encode():
+            await ctx.dead(raw, key, topic, msg.partition, msg.offset, DecodeError(
+                f"record keyed {key!r} belongs to row {row!r}: its producer does not key by the topic "
+                f"registry (schemas.topics), so it reached a partition that does not own its GPU", raw))
+            return
+        try:
+            state = ctx.cache.get(key)
+            if state is None:
+                stored = ctx.gpu_table.get(key)
+                state = GpuState.from_dict(orjson.loads(stored)) if stored else None
+            if sender is not None and state is not None and state.node and state.node != sender:
+                # A GPU row belongs to the node that first spoke for it: node A naming node B's GPU
+                # UUID (they are not secret: commands carry them) must not re-point B's row to A,
+                # open incidents on it, or answer B's commands for it.
+                raise AuthError(f"GPU row {row} belongs to node {state.node}; {sender} cannot speak for it")
+            state, outputs, changed = step(state, row, record, ctx.policy)
+            announced = state.announced
+            to_fleet, to_alert = fan_out(state, record, outputs)
+            changed = changed or state.announced != announced  # the announcement is part of the row
+            fleet_msgs = [orjson.dumps({**m, "command": to_dict(m["command"])} if m["kind"] == "command" else m)
+                          for m in to_fleet]
+            alert_msgs = [(a, encode(a)) for a in to_alert]
+        except AuthError as exc:
+            await ctx.dead(raw, key, topic, msg.partition, msg.offset, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
+            log.exception("processing a record from %s failed", topic)
+            await ctx.dead(raw, key, topic, msg.partition, msg.offset, exc)
+            return
+        ctx.cache[key] = state
+        if changed:
+            dirty[key] = (event, state)
+        for a, v in alert_msgs:
+            await ctx.send_alert(a, v, event)
+        for v in fleet_msgs:
+            await ctx.emit(ctx.fleet_topic, FLEET_KEY, ctx.handoff.seal(v), "message to the fleet agent", event)
+
+    async def decode(self, event: Any) -> tuple[Record | None, str | None, bytes | None]:
+        """(the record, the node whose MAC it carries, its bytes unsealed); the record None when it
+        was dead-lettered."""
+        ctx = self.ctx
+        msg = event.message
+        topic, raw, key = msg.topic, event.value, event.key
+        logical = ctx.names.get(topic)
+        model = _MODELS.get(logical) if logical else (RemediationResult if topic == ctx.rekeyed else None)
+        sender = None
+        try:
+            if ctx.verifier is not None and logical is not None:
+                sender = ctx.verifier.sender(msg.headers, topic, key, raw)
+            elif topic == ctx.rekeyed:
+                raw = ctx.handoff.unseal(raw)  # the results agent checked its sender, then sealed it
+            # A record from a channel that is none of our topics (agent.test_context()) is taken
+            # for what its `schema` says it is.
+            record = decode_input(model, raw) if model is not None else decode_any(raw)
+        except (DecodeError, AuthError, HandoffError) as exc:
+            await ctx.dead(raw, key, topic, msg.partition, msg.offset, exc)
+            return None, None, raw
+        if sender is not None and record.node != sender:
+            await ctx.dead(raw, key, topic, msg.partition, msg.offset, AuthError(
+                f"a record about node {record.node} sent by {sender}: only a node speaks for itself"))
+            return None, None, raw
+        return record, sender, raw
+
+    async def write(self, key: bytes, event: Any, state: GpuState) -> None:
+        ctx = self.ctx
+        row = _exact(orjson.dumps(state.to_dict()))
+        if not fits(key, row, ctx.max_request):
+            # A row the producer would refuse is not written (faust sends table writes from its
+            # buffer, where a refusal stops the worker): the changelog keeps this GPU's last row
+            # that fit, and this worker goes on deciding with the row in memory, which saw every
+            # record. After a restart or a failover the GPU resumes from that last row (the records
+            # since are not in it; commands re-emitted from it carry the ids they had). Not a row
+            # cut down here to fit: which facts can be left out without changing a verdict is the
+            # fold's to say (streams.evidence bounds its lists), and a row cut by the writer could
+            # drop an incident's commands.
+            await ctx.refused(event, f"the table row of GPU {key[:200]!r} is {len(row):,} bytes, over the "
+                              f"producer's limit of {ctx.max_request:,}: not written (the table keeps its last row "
+                              f"that fit)", row, MessageSizeTooLargeError(f"a {len(row):,}-byte table row"))
+            return
+        # The changelog partition of a table write is the current event's: the row's own.
+        _current_event.set(weakref.ref(event))
+        await ctx.partitions_known(ctx.gpu_table, event.message.topic)
+        ctx.gpu_table[key] = row
+        ctx.stats["rows_written"] += 1
+
+
+# -- agent "results-rekey": gpu.remediation.results (keyed by node) -> the GPU's partition ---------
+class RekeyAgent:
+    """Results arrive keyed by node; each goes to the row of the GPU its command named
+    (`streams.routing.state_key`: the UUID, else node/pci_bus_id for a GPU whose UUID was
+    never resolved), on the topic co-partitioned with the inputs."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, stream: Any) -> None:
+        ctx = self.ctx
+        async for event in stream.events():
+            msg = event.message
+            try:
+                result = decode(RemediationResult, event.value)
+                row = state_key(result)
+                if row is None:
+                    raise DecodeError("a remediation result must name its GPU: gpu_uuid, or pci_bus_id (with its "
+                                      "node), copied from the command it answers", event.value)
+                if ctx.verifier is not None:
+                    sender = ctx.verifier.sender(msg.headers, msg.topic, event.key, event.value)
+                    # The node executor answers what only the node's hands do; everything else is
+                    # an API call, the cluster executor's (executors.gate SCOPE_ACTIONS).
+                    entitled = result.node if result.action in NODE_EXECUTOR_ACTIONS else CLUSTER_IDENTITY
+                    if sender != entitled:
+                        raise AuthError(f"a {result.action.value} result for node {result.node} must come from "
+                                        f"{entitled}; it was sent by {sender}")
+            except (DecodeError, AuthError) as exc:
+                await ctx.dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
+                continue
+            await ctx.emit(ctx.results_by_gpu, row.encode(), ctx.handoff.seal(event.value), "re-keyed result", event)
+
+
+# -- agent "fleet": every command and node sighting -> the breaker -> gpu.remediation -------------
+class FleetAgent:
+    """One partition: every command passes here, where the fleet circuit breaker holds node-level
+    actions during a storm (`streams.fleet.fleet_step`) and each command is signed as it leaves."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, stream: Any) -> None:
+        ctx = self.ctx
+        async for events in faust_fast.take_batches(stream, ctx.batch, ctx.within):
+            # One batch, one write of what changed: the main row when it changed, and
+            # a row for each node seen for the first time. Acked after the body, as in GpuAgent.
+            state = self.load()
+            nodes_before = dict(state.known_nodes)  # a node's row is written when its inventory time moves
+            for event in events:
+                state = await self.fold(state, event)
+            if events:
+                await self.write(state, nodes_before, events[-1])
+
+    async def fold(self, state: FleetState, event: Any) -> FleetState:
+        ctx = self.ctx
+        msg = event.message
+        # When it was handed over, by this processor's clock (its producer stamps the
+        # record): the breaker's bound on a node's clock (streams.fleet.breaker_time).
+        received = msg.timestamp if isinstance(msg.timestamp, (int, float)) and msg.timestamp > 0 else time.time()
+        try:
+            data = ctx.handoff.open(event.value, time.time())
+            if data.get("kind") == "command":
+                data["command"] = RemediationCommand.model_validate(data["command"])
+            elif data.get("kind") == "reset":
+                log.warning("fleet breaker reset by %s (approval %s, key %s)", data.get("by"),
+                            data.get("approval_id"), data.get("key_id"))
+            state, outputs = fleet_step(state, data, ctx.policy, now=received)
+            ctx.labelled.breaker = 1 if state.tripped else 0
+        except Exception as exc:  # noqa: BLE001
+            await ctx.dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
+            return state
+        for kind, out in outputs:
+            if isinstance(out, RemediationCommand):
+                if ctx.signing_key is not None:
+                    out = ctx.signing_key.sign(out)
+                if await ctx.emit(ctx.remediation, out.node.encode(), encode(out), "command", event):
+                    ctx.stats["commands"] += 1
+                    ctx.labelled.command(out)
+            elif isinstance(out, Alert):
+                await ctx.send_alert(out, encode(out), event)
+            else:  # a kind this agent does not publish: say so rather than guess a topic
+                log.error("the fleet step gave an output of kind %r that has no topic: %r", kind, out)
+        return state
+
+    def load(self) -> FleetState:
+        """The fleet state from the cache, else from the table: the main row, plus one row per
+        known node (when its GPU inventory was last seen). Known nodes are rows of their own
+        (`node:<name>`) so that the main row stays small: in one row, 12,500 nodes (100k GPUs) made
+        every write ~0.5 MB, and a 1M-GPU fleet's row would pass Kafka's 1 MB message limit. Pods
+        with recent application faults are rows of their own too (`workload:<pod UID>`): 9,700 of
+        them in the main row made it 1.3 MB, and the producer's refusal crash-looped the worker."""
+        ctx = self.ctx
+        state = ctx.fleet_cache.get("state")
+        if state is None:
+            stored = ctx.fleet_table.get(FLEET_KEY)
+            data = orjson.loads(stored) if stored else {}
+            older = data.pop("known_nodes", None) or {}  # a row written before the node rows
+            older_pods = data.pop("workload_gpus", None) or {}  # likewise, before the pod rows
+            state = FleetState.from_dict(data)
+            state.known_nodes, pods = {}, {}
+            for k, v in ctx.fleet_table.items():
+                if k.startswith(NODE_ROW):
+                    state.known_nodes[k[len(NODE_ROW):].decode()] = orjson.loads(v)
+                elif k.startswith(WORKLOAD_ROW):
+                    pods[k[len(WORKLOAD_ROW):].decode()] = orjson.loads(v)
+            ctx.fleet_cache["unsaved_nodes"] = [n for n in older if n not in state.known_nodes]
+            state.known_nodes = {**older, **state.known_nodes}
+            state.workload_gpus = {**older_pods, **pods}
+            state.dirty_pods = {p for p in older_pods if p not in pods}
+            ctx.fleet_cache["state"], ctx.fleet_cache["row"] = state, stored
+        return state
+
+    async def write(self, state: FleetState, nodes_before: dict, last: Any) -> None:
+        """The rows that changed in a batch: nodes whose inventory time moved, pods, the main row."""
+        ctx = self.ctx
+        _current_event.set(weakref.ref(last))
+        await ctx.partitions_known(ctx.fleet_table, last.message.topic)
+
+        async def put(key: bytes, row: bytes, what: str) -> None:
+            # A row the producer would refuse is not written (see GpuAgent.write): the table keeps
+            # the last one that fit, and this worker goes on with the fleet state in memory.
+            if fits(key, row, ctx.max_request):
+                ctx.fleet_table[key] = row
+            else:
+                await ctx.refused(last, f"the fleet table row of {what} is {len(row):,} bytes with its "
+                                  f"{len(key):,}-byte key, over the producer's limit of {ctx.max_request:,}: not "
+                                  f"written (the table keeps its last row that fit)", row,
+                                  MessageSizeTooLargeError(f"a {len(row):,}-byte table row"))
+
+        moved = [n for n, seen in state.known_nodes.items() if nodes_before.get(n) != seen]
+        for node in moved + [n for n in ctx.fleet_cache.pop("unsaved_nodes", []) if n in state.known_nodes]:
+            await put(NODE_ROW + node.encode(), _exact(orjson.dumps(state.known_nodes[node])), f"node {node[:200]!r}")
+        for node in nodes_before.keys() - state.known_nodes.keys():  # forgotten (no inventory for a day)
+            ctx.fleet_table.pop(NODE_ROW + node.encode(), None)
+        for pod in state.dirty_pods:
+            gpus = state.workload_gpus.get(pod)
+            if gpus:
+                await put(WORKLOAD_ROW + pod.encode(), _exact(orjson.dumps(gpus)), f"pod {pod[:200]!r}")
+            else:
+                ctx.fleet_table.pop(WORKLOAD_ROW + pod.encode(), None)
+        state.dirty_pods = set()
+        row = fleet_row({k: v for k, v in state.to_dict().items() if k not in ("known_nodes", "workload_gpus")},
+                        ctx.max_request)
+        if row != ctx.fleet_cache.get("row"):
+            ctx.fleet_cache["row"] = row
+            await put(FLEET_KEY, row, "the breaker")
