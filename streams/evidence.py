@@ -258,7 +258,10 @@ def name_by_deaths(state: GpuState, policy: Policy) -> None:
     `burst_seconds` of clock difference after): one pod's restart cannot claim other pods' faults,
     and two pods dying after two faults are two workloads. Read again from all deaths and faults
     each time one is read, so the names do not depend on which was read first."""
-    faults = [o for o in state.occurrences if o["pid"] is not None and not _named_by_lists(o)]
+    # A closed fault (its incident resolved) keeps the name it had: the deaths that named it are
+    # forgotten with the incident, and renamed by PID a crash-looping pod's closed faults would
+    # count as several workloads beside its next fault (one tenant's crash loop -> GPU_SUSPECT).
+    faults = [o for o in state.occurrences if o["pid"] is not None and not _named_by_lists(o) and not o.get("closed")]
     if not faults:
         return
     for o in faults:

@@ -258,14 +258,14 @@ def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] |
     window = policy.suspect_window_s
     workloads: dict[str, int] = {}
     unidentified = 0
+    fresh = 0  # open faults in the window: closed ones (a resolved incident's) count only beside one
     lo = i = 0
     n = len(cands)
     while i < n:
         t = cands[i]["ts"]
-        fresh = False  # the rule is asked at an open fault's time: closed ones only count beside one
         while i < n and cands[i]["ts"] == t:  # every occurrence of this instant is in its window
             o = cands[i]
-            fresh = fresh or not o.get("closed")
+            fresh += not o.get("closed")
             if o["wl"] is None:
                 unidentified += 1
             elif settled(state, o):
@@ -273,6 +273,7 @@ def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] |
             i += 1
         while t - cands[lo]["ts"] > window:  # the same test as suspect_verdict's `ts - o["ts"] <= window`
             o = cands[lo]
+            fresh -= not o.get("closed")
             if o["wl"] is None:
                 unidentified -= 1
             elif settled(state, o):
@@ -280,7 +281,7 @@ def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] |
                 if not workloads[o["wl"]]:
                     del workloads[o["wl"]]
             lo += 1
-        if fresh and (len(workloads) >= policy.suspect_distinct_pids
+        if fresh > 0 and (len(workloads) >= policy.suspect_distinct_pids
                       or len(workloads) + unidentified >= policy.suspect_occurrences):
             verdict = suspect_verdict(state, t, policy)  # the words and evidence, read once
             if verdict is not None:

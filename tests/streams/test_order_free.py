@@ -258,3 +258,37 @@ def test_a_resolved_quarantine_is_not_raised_again_by_its_own_faults_but_a_new_o
     again = fold(recs)
     assert _suspects(again, GPU) == [at(100), at(590)]
     assert [c.action for c in again.commands].count(Action.QUARANTINE_GPU) == 2
+
+
+def test_a_crash_looping_pods_closed_faults_stay_one_workload():
+    """Found by review of the closed faults: a crash-looping pod faults every ~5 min (its
+    CrashLoopBackOff), each fault named by the pod's death, each APP_FAULT incident resolving before
+    the next. The deaths are forgotten with the incident; renamed by their PIDs, the closed faults
+    counted as three workloads beside the pod's next fault, and one tenant's crash loop quarantined
+    the GPU."""
+    recs = [inventory(), *[sample(t) for t in range(0, 1300, 10)], *[procs(t) for t in range(0, 1300, 10)]]
+    for i, t in enumerate((100, 420, 740, 1060)):
+        recs += [xid(t, 13, pid=101 + i), workload(t + 2, pod="crashy")]
+    recs.sort(key=lambda r: r.ts)
+    e = fold(recs)
+    assert _suspects(e, GPU) == []
+    resolved = [a for a in e.alerts if str(getattr(a.state, "value", a.state)) == "resolved"]
+    assert len(resolved) >= 3  # each fault's incident resolved before the next: the faults were closed
+
+
+def test_an_open_fault_read_late_counts_with_a_newer_closed_one():
+    """The rule holds at the newer closed fault's time when an older open fault (read late) is in
+    its window: in time order both were open and it held there."""
+    from streams.evidence import GpuState
+    from streams.policy import Policy
+    from streams.verdict import earliest_suspect
+
+    state = GpuState(key="k", gpu_index=0, node="n")
+    state.occurrences = [
+        {"ts": 1100.0, "last_ts": 1100.0, "pid": 1, "wl": "pid:1", "codes": [13], "pod": None, "id": "a", "closed": True},
+        {"ts": 1000.0, "last_ts": 1000.0, "pid": 2, "wl": "pid:2", "codes": [13], "pod": None, "id": "c"},
+    ]
+    found = earliest_suspect(state, Policy())
+    assert found is not None and found[0] == 1100.0
+    state.occurrences[1]["closed"] = True  # both closed: never again
+    assert earliest_suspect(state, Policy()) is None
