@@ -8,6 +8,7 @@ record delivered twice (after a crash between writing and committing) is recogni
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -51,19 +52,30 @@ class JsonlSink:
     def __init__(self, path: str):
         self._stdout = path == "-"
         self._f: IO[bytes] = sys.stdout.buffer if self._stdout else open(path, "ab")
+        # fsync only makes a regular file durable; on a pipe, a terminal or /dev/stdout it fails
+        # with EINVAL, and `jsonl:/dev/stdout` crashed on its first commit
+        self._sync = not self._stdout and stat.S_ISREG(os.fstat(self._f.fileno()).st_mode)
 
     def write(self, record, doc, key, partition, offset) -> None:
         self._f.write(orjson.dumps(doc) + b"\n")
 
     def durable(self) -> None:
         self._f.flush()
-        if not self._stdout:
+        if self._sync:
             os.fsync(self._f.fileno())
 
     def close(self) -> None:
         self.durable()
         if not self._stdout:
             self._f.close()
+
+
+def _event_ms(record: Record) -> int:
+    """The Kafka timestamp of an exported document: its event's time (consumers such as Splunk's
+    Kafka connector take the record's timestamp as the event time), never ahead of now: Kafka 4
+    refuses a record stamped more than `log.message.timestamp.after.max.ms` (1 h) ahead, and a
+    node's clock may be."""
+    return min(int(record.ts.timestamp() * 1000), int(time.time() * 1000))
 
 
 class KafkaTopicSink:
@@ -90,7 +102,8 @@ class KafkaTopicSink:
     def write(self, record, doc, key, partition, offset) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, orjson.dumps(doc), key=key, on_delivery=self._ack)
+                self._producer.produce(self.topic, orjson.dumps(doc), key=key, on_delivery=self._ack,
+                                       timestamp=_event_ms(record))
                 break
             except BufferError:
                 self._producer.poll(0.1)

@@ -85,6 +85,10 @@ def test_findings_exported_to_a_kafka_topic_as_valid_ocsf(kafka_settings):
     msgs = read_all(kafka_settings, [out_topic], expected=len(recs), timeout=30)
     events = [orjson.loads(m.value()) for m in msgs]
     assert sorted(e["metadata"]["uid"] for e in events) == sorted(r.event_id for r in recs)
+    # each document's Kafka timestamp is its event's time (what a Splunk connector takes as it)
+    by_id = {r.event_id: r for r in recs}
+    assert all(m.timestamp()[1] == int(by_id[orjson.loads(m.value())["metadata"]["uid"]].ts.timestamp() * 1000)
+               for m in msgs)
     assert all(ocsf_errors(e) == [] for e in events)
     # the group committed: a second run finds nothing new
     again = Exporter("ocsf", KafkaTopicSink(kafka_settings, out_topic)).run_kafka(
