@@ -30,6 +30,14 @@ class ExecutorMetrics:
                        "Seconds the oldest command held for an approval has waited (0 when none)", ["scope"], registry=r)
         oldest.labels(scope).set_function(self._oldest)
         self.scope = scope
+        # Every series this executor can answer exists from the start, at 0: increase() over a
+        # series whose first sample is already 1 is 0, and the first refusal would never page.
+        from executors.gate import SCOPE_ACTIONS
+        from schemas.vocab import Outcome
+
+        for action in SCOPE_ACTIONS.get(scope, ()):
+            for outcome in Outcome:
+                self.results.labels(scope, action.value, outcome.value, "false")
 
     def _oldest(self) -> float:
         since = self._held().values()

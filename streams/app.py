@@ -435,6 +435,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         # State of partitions that moved away must be read from the table again, never from here.
         ctx.cache.clear()
         ctx.fleet_cache.clear()
+        ctx.labelled.breaker = 0  # the breaker is the fleet partition's owner's to report
 
     @app.on_partitions_assigned.connect
     async def _drop_cache_assigned(sender: Any, assigned: Any = None, **kwargs: Any) -> None:
@@ -854,6 +855,7 @@ class FleetAgent:
             state.workload_gpus = {**older_pods, **pods}
             state.dirty_pods = {p for p in older_pods if p not in pods}
             ctx.fleet_cache["state"], ctx.fleet_cache["row"] = state, stored
+            ctx.labelled.breaker = 1 if state.tripped else 0  # as stored, before the next message
         return state
 
     async def write(self, state: FleetState, nodes_before: dict, last: Any) -> None:

@@ -9,8 +9,10 @@ collector and executor registries.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Any
+
+from schemas.vocab import Action, Classification
 
 __all__ = ["LabelledCounts", "metrics_text", "PROCESSOR_METRICS"]
 
@@ -24,22 +26,42 @@ _TOTALS = (
                         "fleet messages, table rows, dead letters); each record was dead-lettered and the agent went on"),
 )
 VERDICT_ALERTS = "xidstream_processor_verdict_alerts_total"
+VERDICTS_RAISED = "xidstream_processor_verdicts_raised_total"
 ACTION_COMMANDS = "xidstream_processor_action_commands_total"
 BREAKER = "xidstream_processor_breaker_tripped"
-PROCESSOR_METRICS = frozenset({f"xidstream_processor_{n}_total" for n, _ in _TOTALS} | {VERDICT_ALERTS, ACTION_COMMANDS, BREAKER})
+PROCESSOR_METRICS = frozenset({f"xidstream_processor_{n}_total" for n, _ in _TOTALS}
+                              | {VERDICT_ALERTS, VERDICTS_RAISED, ACTION_COMMANDS, BREAKER})
+_STATES = ("open", "updated", "resolved")
+# Incidents remembered for "raised": the newest, per worker (an incident's alerts come from the one
+# worker that owns its GPU); far more than a worker has open at once.
+_RAISED_KEPT = 100_000
 
 
 class LabelledCounts:
-    """Alerts by verdict and state (opened, escalated, updated, resolved), commands by action and
-    whether they are held for an approval, and the fleet breaker's state."""
+    """Alerts by verdict and state, verdicts raised (an incident's first alert of a verdict: opened
+    with it or escalated to it; not a later step's outcome or a closing step's failure, which are
+    alerts of the same verdict), commands by action and whether they are held for an approval, and
+    the fleet breaker's state.
+
+    Every series exists from the start, at 0: Prometheus's increase() over a series whose first
+    sample is already 1 is 0, and the first wedged GPU after a worker started would never page."""
 
     def __init__(self) -> None:
-        self.alerts: Counter = Counter()
-        self.commands: Counter = Counter()
+        self.alerts: Counter = Counter({(c.value, s): 0 for c in Classification for s in _STATES})
+        self.raised: Counter = Counter({c.value: 0 for c in Classification})
+        self.commands: Counter = Counter({(a.value, h): 0 for a in Action for h in ("false", "true")})
         self.breaker = 0
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def alert(self, a: Any) -> None:
-        self.alerts[(_value(a.classification), _value(a.state))] += 1
+        cls = _value(a.classification)
+        self.alerts[(cls, _value(a.state))] += 1
+        key = (str(a.incident_id), cls)
+        if _value(a.state) != "resolved" and key not in self._seen:
+            self._seen[key] = None
+            if len(self._seen) > _RAISED_KEPT:
+                self._seen.popitem(last=False)
+            self.raised[cls] += 1
 
     def command(self, c: Any) -> None:
         self.commands[(_value(c.action), "true" if c.requires_approval else "false")] += 1
@@ -57,6 +79,9 @@ def metrics_text(stats: dict, labelled: LabelledCounts) -> str:
         lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} counter", f"{metric} {stats[name]}"]
     lines += [f"# HELP {VERDICT_ALERTS} alerts published, by verdict and alert state", f"# TYPE {VERDICT_ALERTS} counter"]
     lines += [f'{VERDICT_ALERTS}{{classification="{c}",state="{s}"}} {n}' for (c, s), n in sorted(labelled.alerts.items())]
+    lines += [f"# HELP {VERDICTS_RAISED} incidents opened with or escalated to a verdict (what the alert rules page on)",
+              f"# TYPE {VERDICTS_RAISED} counter"]
+    lines += [f'{VERDICTS_RAISED}{{classification="{c}"}} {n}' for c, n in sorted(labelled.raised.items())]
     lines += [f"# HELP {ACTION_COMMANDS} remediation commands published, by action and whether held for an approval",
               f"# TYPE {ACTION_COMMANDS} counter"]
     lines += [f'{ACTION_COMMANDS}{{action="{a}",held="{h}"}} {n}' for (a, h), n in sorted(labelled.commands.items())]

@@ -36,6 +36,10 @@ def test_results_by_action_and_outcome_and_the_oldest_held_command(tmp_path):
     port = _port()
     m.serve(port)
     try:
+        # every answer this executor can give exists at 0 before the first (increase() needs it)
+        first = _scrape(port)
+        assert first['xidstream_executor_results_total{action="DRAIN_NODE",dry_run="false",outcome="refused",scope="cluster"}'] == 0
+        assert not any('action="RESET_GPU"' in k for k in first)  # the node executor's, not this one's
         ex.handle(key.sign(command("n1", "CORDON_NODE")))
         ex.handle(command("n1", "CORDON_NODE"))  # unsigned: refused
         ex.apply = False
