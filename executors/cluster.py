@@ -146,7 +146,10 @@ class ClusterActions:
             Action.RELEASE_GPU: self._release, Action.REPLACE_NODE: self._replace,
         }[cmd.action]
         outcome, detail = handler(cmd, node, dry_run)
-        if outcome == "succeeded" and (cmd.action in CONDITION_REASONS or cmd.action in _CLOSING):
+        # A closing step is the processor saying the incident resolved: its hold on the condition
+        # goes whatever became of the step (an UNCORDON refused for someone else's cordon, a
+        # release that found nothing to delete), or the condition stayed False for good.
+        if not dry_run and ((outcome == "succeeded" and cmd.action in CONDITION_REASONS) or cmd.action in _CLOSING):
             detail += self._condition(cmd)
         return outcome, detail
 

@@ -449,3 +449,25 @@ def test_a_record_or_a_refused_command_leaves_the_condition_alone(kube, executor
     # a closing step of an incident that never held the condition writes none
     assert executor.handle(key.sign(command(node, "RELEASE_GPU", gpu_index=1))).outcome == Outcome.succeeded
     assert condition(kube, node) is None
+
+
+def test_a_refused_closing_step_still_takes_its_incidents_hold_off_the_condition(kube, executor, keys):
+    """Found by review: the closing step is the processor saying the incident resolved; when the
+    UNCORDON is refused (someone else took the cordon over), the incident's hold on GPUHealthy must
+    go too, or the condition stays False for good."""
+    key, _ = keys
+    node = make_node(kube, "condref")
+    cmd = key.sign(command(node, "CORDON_NODE"))
+    assert executor.handle(cmd).outcome == Outcome.succeeded
+    assert condition(kube, node)["status"] == "False"
+    n = get_node(kube, node)  # an operator replaces our cordon with their own
+    status, body = kube.request("PATCH", f"/api/v1/nodes/{node}", {
+        "metadata": {"annotations": {CORDON_ANNOTATION: None}},
+        "spec": {"taints": [t for t in n["spec"].get("taints") or [] if t["key"] != TAINT_KEY]}},
+        content_type="application/merge-patch+json")
+    assert status == 200, body
+    r = executor.handle(key.sign(command(node, "UNCORDON_NODE", incident_id=cmd.incident_id)))
+    assert r.outcome == Outcome.refused and "cordoned by someone else" in r.detail, r.detail
+    assert get_node(kube, node)["spec"]["unschedulable"] is True  # their cordon stays
+    c = condition(kube, node)
+    assert (c["status"], c["reason"]) == ("True", "NoOpenGPUIncident"), c
