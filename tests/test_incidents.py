@@ -77,8 +77,14 @@ def test_a_held_command_is_listed_with_the_line_that_releases_it_until_answered_
     assert h["approve"] == f"xidstream approve {drain.command_id} --node {NODE} --key APPROVER.key --reason '...' --publish"
     assert "held for approval" in book.render_summary(now) and h["approve"] in book.render_summary(now)
     assert book.held(held.expires_at.timestamp() + 1) == []  # expired: nothing left to approve
+    # a result naming another node (or action) is not this command's answer: it stays held
+    book.add({"schema": "xidstream.remediation_result/3", "ts": "2026-11-28T03:06:00Z", "node": "evil",
+              "command_id": drain.command_id, "incident_id": drain.incident_id, "action": "DRAIN_NODE",
+              "outcome": "succeeded"})
+    assert [c["command_id"] for c in book.held(now)] == [drain.command_id]
     book.add({"schema": "xidstream.remediation_result/3", "ts": "2026-11-28T03:06:00Z", "node": NODE,
-              "command_id": drain.command_id, "incident_id": drain.incident_id, "outcome": "succeeded"})
+              "command_id": drain.command_id, "incident_id": drain.incident_id, "action": "DRAIN_NODE",
+              "outcome": "succeeded"})
     assert book.held(now) == []
 
 
@@ -144,3 +150,36 @@ def test_the_cli_reads_replay_json_lines_on_stdin(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
     assert cli(["incident", "ffff", "--stdin"]) == 2
     assert "no incident 'ffff'" in capsys.readouterr().err
+
+
+def test_records_read_as_published_cannot_crash_the_views_or_repaint_the_terminal():
+    """Found by review: anything on these topics may come from a node. A year-9999 or 1e20 time, an
+    evidence that is not an object, a terminal escape in a result's detail."""
+    engine = _wedged_engine()
+    book = _book([*engine.alerts, *engine.commands])
+    cordon = next(c for c in engine.commands if c.action.value == "CORDON_NODE")
+    book.add({"schema": "xidstream.remediation_result/3", "ts": "9999-12-31T23:59:59-14:00", "node": NODE,
+              "command_id": cordon.command_id, "incident_id": cordon.incident_id, "action": "CORDON_NODE",
+              "outcome": "failed", "detail": "\x1b[2J\x1b[Hall fine\nxidstream approve x"})
+    book.add({"schema": "xidstream.alert/1", "ts": 1e20, "node": NODE, "incident_id": "odd", "classification": "GPU_WEDGED",
+              "severity": "critical", "state": "open", "summary": "s", "evidence": "not an object"})
+    inc = book.find(cordon.incident_id)
+    text = book.render_incident(inc) + book.render_summary(book.newest)
+    assert "\x1b" not in text and "\\x1b[2J" in text  # shown, escaped, never interpreted
+    assert not any(line.startswith("xidstream approve x") for line in text.splitlines())
+    assert book.find("odd").gpu_index is None
+    from xidstream.report import render_report
+
+    assert "<svg" in render_report(book, inc)  # the year-9999 result does not break the chart
+    book.add({"schema": "xidstream.alert/1", "ts": "2026-11-28T03:00:00Z", "node": NODE, "incident_id": "tex",
+              "gpu_uuid": "GPU-$\\frac{1}{0}$", "classification": "GPU_WEDGED", "severity": "critical",
+              "state": "open", "summary": "s", "evidence": {"gpu_index": 0}})
+    assert "GPU-$\\frac{1}{0}$" in render_report(book, book.find("tex"))  # text, not TeX
+
+
+def test_a_resolved_incident_stays_resolved_when_a_closing_step_fails_afterwards():
+    book = IncidentBook()
+    book.add(_alert("q1", "GPU_SUSPECT", "open"))
+    book.add(_alert("q1", "GPU_SUSPECT", "resolved", t=500))
+    book.add(_alert("q1", "GPU_SUSPECT", "updated", t=520))  # RELEASE_GPU refused: news, not a reopening
+    assert book.open_incidents() == []

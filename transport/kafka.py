@@ -370,11 +370,13 @@ def read_key(settings: KafkaConfig, topic: str, key: bytes, start_ms: int, end_m
                     if m.error().code() == KafkaError._PARTITION_EOF:
                         return out
                     raise TopicError(f"error reading {topic}: {m.error()}")
-                # The broker's timestamp is when a collector published: a sample spooled through a
-                # short broker outage is published late, so the read goes 10 minutes past the span.
-                if m.timestamp()[1] > end_ms + 600_000:
-                    return out
                 if m.key() == key:
+                    # The broker's timestamp is when a collector published: a sample spooled through
+                    # a short broker outage is published late, so the read goes 10 minutes past the
+                    # span. Only this key's own records end it: another node's record on the same
+                    # partition, stamped far ahead, must not cut this GPU's chart short.
+                    if m.timestamp()[1] > end_ms + 600_000:
+                        return out
                     out.append(m)
                 if m.offset() + 1 >= end:
                     return out

@@ -19,6 +19,7 @@ and the exporters validate. `bench/incidents_bench.py` measures it on a month of
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import time
@@ -28,6 +29,7 @@ from typing import IO, Any
 
 import orjson
 
+from schemas.base import plain_text
 from schemas.errors import ConfigError
 from xidstream.cliargs import add_kafka_args
 from xidstream.settings import Settings
@@ -48,13 +50,22 @@ def parse_since(text: str) -> float:
     return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
+_MAX_TS = 253402300799.0  # 9999-12-31T23:59:59Z: what a datetime can show
+
+
 def _ts(value: Any) -> float:
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    """Seconds since the epoch of a record's time; 0 for anything that is not one (a record is
+    read as published: a node can write any value)."""
+    if isinstance(value, bool):
         return 0.0
+    if isinstance(value, (int, float)):
+        t = float(value)
+    else:
+        try:
+            t = datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except (ValueError, OverflowError):
+            return 0.0
+    return t if math.isfinite(t) and 0 <= t <= _MAX_TS else 0.0
 
 
 def _iso(t: float | None) -> str:
@@ -88,12 +99,15 @@ class Incident:
 
     @property
     def is_open(self) -> bool:
-        return bool(self.alerts) and self.last.get("state") != "resolved"
+        # Once resolved, an incident stays resolved (a new fault opens a new incident): an alert
+        # about a closing step that failed afterwards is news about it, not a reopening.
+        return bool(self.alerts) and not any(a.get("state") == "resolved" for a in self.alerts)
 
     @property
     def gpu_index(self) -> Any:
         for a in reversed(self.alerts):
-            idx = (a.get("evidence") or {}).get("gpu_index")
+            ev = a.get("evidence")
+            idx = ev.get("gpu_index") if isinstance(ev, dict) else None
             if idx is not None:
                 return idx
         return next((c.get("gpu_index") for c in self.commands if c.get("gpu_index") is not None), None)
@@ -114,7 +128,7 @@ class IncidentBook:
         self.detail = detail
         self.incidents: dict[str, Incident] = {}
         self.samples: dict[str, list[dict]] = {}  # gpu_uuid -> gpu.samples records (--stdin with telemetry)
-        self.results: dict[str, dict] = {}  # command_id -> newest result
+        self.results: dict[str, list[dict]] = {}  # command_id -> its results, as read
         self.counts = {"alert": 0, "command": 0, "result": 0, "other": 0}
         self.newest = 0.0
 
@@ -131,11 +145,15 @@ class IncidentBook:
         self.counts[kind] += 1
         self.newest = max(self.newest, _ts(value.get("ts")))
         if kind == "result":
-            self.results[str(value.get("command_id"))] = value if self.detail else {"outcome": value.get("outcome")}
+            cid = str(value.get("command_id"))
+            if not self.detail:
+                value = {k: value.get(k) for k in ("outcome", "node", "action", "ts")}
+            self.results.setdefault(cid, []).append(value)
             return
         if not self.detail:
             if kind == "alert":
-                gpu_index = (value.get("evidence") or {}).get("gpu_index")
+                ev = value.get("evidence")
+                gpu_index = ev.get("gpu_index") if isinstance(ev, dict) else None
                 value = {k: value.get(k) for k in _ALERT_FIELDS}
                 value["evidence"] = {"gpu_index": gpu_index}
             else:
@@ -168,8 +186,16 @@ class IncidentBook:
         cmd = max(inc.commands, key=lambda c: (_ts(c.get("ts")), c.get("step") or 0))
         return cmd, self.outcome(cmd)
 
+    def result_for(self, cmd: dict) -> dict | None:
+        """The newest result that answers `cmd`: same node and action. Records are read as
+        published, so a result naming another node or action than its command's is not its answer
+        (the processor, with per-node identity on, also checks who sent it; this viewer does not)."""
+        answers = [r for r in self.results.get(str(cmd.get("command_id")), [])
+                   if r.get("node") == cmd.get("node") and r.get("action") == cmd.get("action")]
+        return max(answers, key=lambda r: _ts(r.get("ts"))) if answers else None
+
     def outcome(self, cmd: dict) -> str:
-        r = self.results.get(str(cmd.get("command_id")))
+        r = self.result_for(cmd)
         if r is not None:
             return str(r.get("outcome"))
         return "held for approval" if cmd.get("requires_approval") else "no result yet"
@@ -177,7 +203,7 @@ class IncidentBook:
     def held(self, now: float, *, node: str | None = None) -> list[dict]:
         """Commands held for an approval, unanswered and not expired at `now`."""
         out = [c for i in self.incidents.values() for c in i.commands
-               if c.get("requires_approval") and str(c.get("command_id")) not in self.results
+               if c.get("requires_approval") and self.result_for(c) is None
                and _ts(c.get("expires_at")) > now and (node is None or c.get("node") == node)]
         return sorted(out, key=lambda c: _ts(c.get("ts")))
 
@@ -228,23 +254,23 @@ class IncidentBook:
             table = [("NODE", "GPU", "UUID", "VERDICT", "SEVERITY", "AGE", "LAST COMMAND", "INCIDENT")]
             for r in rows:
                 last = r["last_command"]
-                table.append((str(r["node"]), "-" if r["gpu_index"] is None else str(r["gpu_index"]),
-                              _short(r["gpu_uuid"]), str(r["classification"]), str(r["severity"]),
-                              _age(r["age_s"]), "-" if last is None else f"{last['action']} {last['outcome']}",
-                              r["incident_id"][:12]))
+                table.append((_clean(r["node"], 100), "-" if r["gpu_index"] is None else _clean(r["gpu_index"], 10),
+                              _short(r["gpu_uuid"]), _clean(r["classification"], 40), _clean(r["severity"], 20),
+                              _age(r["age_s"]), "-" if last is None else _clean(f"{last['action']} {last['outcome']}", 60),
+                              _clean(r["incident_id"], 12)))
             lines += _columns(table)
         else:
             lines.append("  none")
         lines.append("")
         lines.append(f"HELD FOR APPROVAL: {len(data['held'])}")
         for h in data["held"]:
-            lines.append(f"  {h['action']} on {h['node']} (incident {str(h['incident_id'])[:12]}, held since "
-                         f"{h['since']}, expires {h['expires_at']})")
-            lines.append(f"    {h['approve']}")
+            lines.append(_clean(f"  {h['action']} on {h['node']} (incident {str(h['incident_id'])[:12]}, held since "
+                                f"{h['since']}, expires {h['expires_at']})"))
+            lines.append("    " + _clean(h["approve"]))
         b = data["breaker"]
         lines.append("")
-        lines.append(f"BREAKER: {b['state']}" + (f" since {b['since']}: {b['summary']}" if b["state"] == "tripped" else "")
-                     + ("" if b["state"] == "tripped" else f" ({b['summary'] if not b.get('since') else 'last storm ' + b['since']})"))
+        lines.append(_clean(f"BREAKER: {b['state']}" + (f" since {b['since']}: {b['summary']}" if b["state"] == "tripped" else "")
+                            + ("" if b["state"] == "tripped" else f" ({b['summary'] if not b.get('since') else 'last storm ' + b['since']})")))
         return "\n".join(lines) + "\n"
 
     def timeline(self, inc: Incident) -> list[dict]:
@@ -254,7 +280,10 @@ class IncidentBook:
         for a in inc.alerts:
             items.append({"ts": a.get("ts"), "what": f"alert {a.get('state')}",
                           "text": f"{a.get('classification')} ({a.get('severity')}): {a.get('summary')}"})
-            for e in (a.get("evidence") or {}).get("timeline") or []:
+            ev = a.get("evidence")
+            for e in (ev.get("timeline") or [] if isinstance(ev, dict) else []):
+                if not isinstance(e, dict):
+                    continue
                 k = (e.get("ts"), e.get("kind"), e.get("summary"))
                 if k not in seen:
                     seen.add(k)
@@ -265,7 +294,7 @@ class IncidentBook:
                           "text": f"step {c.get('step')} {c.get('command_id')}"
                                   + (" HELD for approval" if c.get("requires_approval") else "")
                                   + f", expires {c.get('expires_at')}" + (f"; preconditions: {pre}" if pre else "")})
-            r = self.results.get(str(c.get("command_id")))
+            r = self.result_for(c)
             if r is not None:
                 items.append({"ts": r.get("ts"), "what": f"result {r.get('outcome')}",
                               "text": f"{c.get('action')} ({c.get('command_id')}) on {r.get('node')}: {r.get('detail', '')}"})
@@ -287,16 +316,16 @@ class IncidentBook:
 
     def render_incident(self, inc: Incident) -> str:
         data = self.incident_json(inc)
-        lines = [f"INCIDENT {inc.id}: {data['classification']} on {data['node']} GPU {data['gpu_index']} "
-                 f"({data['gpu_uuid']}), {data['state']}, opened {data['opened']}", ""]
+        lines = [_clean(f"INCIDENT {inc.id}: {data['classification']} on {data['node']} GPU {data['gpu_index']} "
+                        f"({data['gpu_uuid']}), {data['state']}, opened {data['opened']}"), ""]
         for item in data["timeline"]:
-            lines.append(f"{item['ts']}  {item['what']:<24} {item['text']}")
+            lines.append(_clean(f"{item['ts']}  {item['what']:<24} {item['text']}"))
         lines += ["", "STEPS (done and left):"]
         for s in data["steps"]:
             mark = "done" if s["outcome"] == "succeeded" else s["outcome"]
-            lines.append(f"  {s['step']}. {s['action']:<16} {mark}")
+            lines.append(_clean(f"  {s['step']}. {s['action']:<16} {mark}"))
         if data["recommended_steps"]:
-            lines += ["", "RECOMMENDED (the alert's words):"] + [f"  - {s}" for s in data["recommended_steps"]]
+            lines += ["", "RECOMMENDED (the alert's words):"] + [_clean(f"  - {s}") for s in data["recommended_steps"]]
         return "\n".join(lines) + "\n"
 
 
@@ -305,8 +334,14 @@ def approve_line(cmd: dict) -> str:
             f"--reason '...' --publish")
 
 
+def _clean(value: Any, limit: int = 2000) -> str:
+    """Text read from a record, for a terminal: one line, no control characters (a node can
+    write an escape sequence that repaints what the operator sees), bounded."""
+    return plain_text(str(value), limit) or "-"
+
+
 def _short(uuid: Any) -> str:
-    text = str(uuid or "-")
+    text = _clean(uuid or "-", 200)
     return text if len(text) <= 17 else text[:17] + "…"
 
 

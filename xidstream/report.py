@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,15 @@ def _ts(value: Any) -> float:
 
 
 def _dt(t: float) -> datetime:
-    return datetime.fromtimestamp(t, timezone.utc)
+    return datetime.fromtimestamp(t, timezone.utc)  # t from _ts: 0 .. year 9999
+
+
+def _number(v: Any) -> float | None:
+    """A sample's value to chart: a finite number within what a GPU can report, else a gap (a
+    record is read as published; a node can write anything)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or abs(v) > 1e9:
+        return None
+    return float(v)
 
 
 def live_samples(settings: Any, gpu_uuid: str, inc: Any) -> list[dict]:
@@ -57,6 +66,7 @@ def live_samples(settings: Any, gpu_uuid: str, inc: Any) -> list[dict]:
 
     from transport.kafka import read_key
 
+    node = inc.last.get("node") if inc.alerts else None
     times = [_ts(a.get("ts")) for a in inc.alerts] + [_ts(c.get("ts")) for c in inc.commands]
     start, end = min(times) - 600, max(times) + 300
     msgs = read_key(settings, settings.topics.name("gpu.samples"), gpu_uuid.encode(), int(start * 1000), int(end * 1000))
@@ -66,7 +76,8 @@ def live_samples(settings: Any, gpu_uuid: str, inc: Any) -> list[dict]:
             v = orjson.loads(m.value())
         except orjson.JSONDecodeError:
             continue
-        if isinstance(v, dict) and start <= _ts(v.get("ts")) <= end:
+        # the GPU's own node's samples only: another node cannot draw this GPU's chart
+        if isinstance(v, dict) and v.get("node") == node and start <= _ts(v.get("ts")) <= end:
             out.append(v)
     return out
 
@@ -81,14 +92,15 @@ def _chart_svg(book: Any, inc: Any, samples: list[dict]) -> str:
     except ImportError:
         raise ConfigError("--html needs matplotlib: pip install 'xidstream[report]'") from None
     plt.rcParams["svg.fonttype"] = "none"  # text stays text (searchable), not paths
-    samples = sorted(samples, key=lambda s: _ts(s.get("ts")))
+    plt.rcParams["text.parse_math"] = False  # a "$" in node-supplied text is a character, not TeX
+    samples = sorted((s for s in samples if _ts(s.get("ts")) > 0), key=lambda s: _ts(s.get("ts")))
     xs = [_dt(_ts(s.get("ts"))) for s in samples]
     fig, axes = plt.subplots(4, 1, figsize=(11, 7.5), sharex=True,
                              gridspec_kw={"height_ratios": [3, 3, 3, 2]}, constrained_layout=True)
     series = [("utilization_gpu_pct", "utilization %", "#1f77b4"), ("memory_used_mib", "memory used MiB", "#9467bd"),
               ("power_w", "power W", "#8c564b")]
     for ax, (key, label, colour) in zip(axes[:3], series):
-        ys = [s.get(key) for s in samples]
+        ys = [_number(s.get(key)) for s in samples]
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, linewidth=1.6, label=label)
@@ -98,7 +110,7 @@ def _chart_svg(book: Any, inc: Any, samples: list[dict]) -> str:
         axes[0].text(0.5, 0.5, "no samples of this GPU were read for this span", transform=axes[0].transAxes,
                      ha="center", va="center")
     for ax, (key, _, _) in zip(axes[:3], series):
-        top = max((s.get(key) or 0 for s in samples), default=0)
+        top = max((_number(s.get(key)) or 0 for s in samples), default=0)
         ax.set_ylim(0, 105 if key == "utilization_gpu_pct" else max(top * 1.1, 1))  # from zero: no magnified step
     # Xid and recovery records as markers across the three panels; the lines of one fault (within
     # 10 s) share one label, so a 13 -> 31 -> 43 burst reads as one event
@@ -115,10 +127,12 @@ def _chart_svg(book: Any, inc: Any, samples: list[dict]) -> str:
     actions = [c.get("action") for c in sorted(inc.commands, key=lambda c: c.get("step") or 0)]
     rows = {a: i for i, a in enumerate(dict.fromkeys(actions))}
     for c in inc.commands:
+        if _ts(c.get("ts")) <= 0:
+            continue
         y = rows[c.get("action")]
         band.plot([_dt(_ts(c.get("ts")))], [y], marker="s", color="#1f77b4", markersize=7)
-        r = book.results.get(str(c.get("command_id")))
-        if r is not None:
+        r = book.result_for(c)
+        if r is not None and _ts(r.get("ts")) > 0:
             band.plot([_dt(_ts(r.get("ts")))], [y], marker="o", markersize=8,
                       color=_OUTCOME_COLOURS.get(str(r.get("outcome")), "#17becf"))
     band.set_yticks(list(rows.values()), list(rows.keys()), fontsize=8)
@@ -145,7 +159,7 @@ def _xid_marks(inc: Any) -> list[tuple[float, str]]:
             label = f"Xid {x}" if x is not None else ("fallen off the bus" if "fallen" in str(e.get("summary"))
                                                       else "driver failed to recover")
             seen[(e.get("ts"), label)] = label
-    return sorted((_ts(t), label) for (t, label) in seen)
+    return sorted((_ts(t), label) for (t, label) in seen if _ts(t) > 0)
 
 
 def _clusters(marks: list[tuple[float, str]], within: float) -> list[tuple[float, str]]:
