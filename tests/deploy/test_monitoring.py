@@ -102,3 +102,24 @@ def test_the_chart_ships_the_rules_and_the_dashboard_unchanged(helm):  # noqa: F
     assert json.loads(dash["data"]["xidstream-fleet.json"]) == json.loads(DASHBOARD.read_text())
     # without the Prometheus operator's CRD there is no PrometheusRule (helm install would fail on it)
     assert "PrometheusRule" not in by_kind(render(helm)[0])
+
+
+def test_what_the_rules_read_is_scraped_where_they_are_installed(helm):  # noqa: F811
+    """Found by review: the only monitor was the collector's ServiceMonitor, so where the
+    PrometheusRule is installed nothing scraped the processor or the cluster executor, and the
+    wedge, breaker, held-command and refusal alerts could never fire."""
+    from tests.deploy.test_helm_chart import containers
+
+    kinds = by_kind(render(helm, "--api-versions", "monitoring.coreos.com/v1")[0])
+    monitors = kinds["PodMonitor"]
+    for component, deployment in (("processor", "xs-xidstream-processor"),
+                                  ("cluster-executor", "xs-xidstream-cluster-executor")):
+        mon = monitors[f"xs-xidstream-{component}"]
+        pod = kinds["Deployment"][deployment]["spec"]["template"]
+        assert mon["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        [endpoint] = mon["spec"]["podMetricsEndpoints"]
+        ports = {p["name"] for c in containers(kinds["Deployment"][deployment]).values() for p in c.get("ports", [])}
+        assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+    off = by_kind(render(helm, "--api-versions", "monitoring.coreos.com/v1", "--set", "clusterExecutor.metricsPort=0")[0])
+    assert set(off["PodMonitor"]) == {"xs-xidstream-processor"}
+    assert "PodMonitor" not in by_kind(render(helm)[0])
