@@ -92,10 +92,13 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
             if used in state.resets_used:
                 return state, []  # the same approval again (a replayed reset): already applied
             state.resets_used = (state.resets_used + [used])[-64:]
+        # The storm's incident resolves with the reset: without this alert its last word stayed
+        # "open", and `xidstream incidents` showed the breaker tripped for as long as it read back.
+        outputs = [("alert", _storm_reset_alert(state, msg, now))] if state.tripped else []
         state.tripped = False
         state.tripped_at = None
         state.starts = []
-        return state, []
+        return state, outputs
     if kind == "workload_fault":
         return state, _workload_fault(state, msg, policy, now)
     if kind != "command":
@@ -135,8 +138,28 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
     return state, outputs
 
 
+def _storm_id(state: FleetState) -> str:
+    return hashlib.sha256(f"fleet-storm:{state.trips}:{state.tripped_at}".encode()).hexdigest()[:24]
+
+
+def _storm_reset_alert(state: FleetState, msg: dict, now: float | None) -> Alert:
+    """The storm's incident, resolved by `xidstream breaker reset` (an approver's signed reset)."""
+    inc = _storm_id(state)
+    when = msg.get("ts") if isinstance(msg.get("ts"), (int, float)) else (now if now is not None else state.tripped_at)
+    ts = datetime.fromtimestamp(float(when or 0), timezone.utc)
+    who = f" by {msg['by']}" if msg.get("by") else ""
+    summary = (f"fleet circuit breaker reset{who} (approval {msg.get('approval_id') or '-'}): node-level commands "
+               f"are no longer held")
+    return Alert(
+        ts=ts, node=FLEET_NODE, alert_id=f"{inc}-reset-{msg.get('approval_id') or 'local'}"[:128], incident_id=inc,
+        gpu_uuid=None, pci_bus_id=None, classification=Classification.FLEET_STORM, severity=Severity.critical,
+        state="resolved", summary=summary,
+        evidence=Evidence(node=FLEET_NODE, timeline=[EvidenceEntry(ts=ts, kind="note", summary=summary,
+                                                                   data={"approval_id": msg.get("approval_id")})]))
+
+
 def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known: int, policy: Policy) -> Alert:
-    inc = hashlib.sha256(f"fleet-storm:{state.trips}:{state.tripped_at}".encode()).hexdigest()[:24]
+    inc = _storm_id(state)
     # Stamped with the evidence time of the command that tripped it, like every other alert (a
     # replay of last week's storm reads as last week's); the window itself ran on the bounded time.
     ts = cmd.ts

@@ -109,7 +109,7 @@ def test_resolved_incidents_filters_and_the_breaker():
     assert b["state"] == "tripped" and b["incident_id"] == "s1"
     assert "s1" not in [i.id for i in book.open_incidents()]  # the breaker is its own line, not a GPU's
     assert "BREAKER: tripped since" in book.render_summary(1e10)
-    book.add(_alert("s1", "FLEET_STORM", "resolved", node="fleet", t=900))
+    book.add(_alert("s1", "FLEET_STORM", "resolved", node="fleet", t=900))  # what a reset publishes
     assert book.breaker()["state"] == "closed"
 
 

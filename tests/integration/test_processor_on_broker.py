@@ -158,5 +158,8 @@ def test_fleet_storm_then_breaker_reset_on_a_real_worker(kafka_settings, tmp_pat
         Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE)]
     held = {n for n, a, h in node_cmds if h}
     assert held and "node-9" not in held  # held during the storm, free again after the reset
+    # the storm's incident resolves with the reset (`xidstream incidents` no longer shows it tripped)
+    storms = [r for t, r in got if t == "gpu.alerts" and r.classification == Classification.FLEET_STORM]
+    assert [a.state for a in storms] == ["open", "resolved"] and len({a.incident_id for a in storms}) == 1
     assert ("node-9", Action.CORDON_NODE, False) in node_cmds
     assert "breaker reset sent" in capsys.readouterr().out

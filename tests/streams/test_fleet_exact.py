@@ -195,9 +195,17 @@ def test_held_commands_are_counted_and_say_why():
 
 
 def test_a_second_storm_after_a_reset_is_the_second_trip():
-    s, _ = _cmds(_known(10), ["n0", "n1", "n2"], Policy())
-    s, out = fleet_step(s, {"kind": "reset", "approval_id": "a1"}, Policy())
-    assert out == [] and s.tripped is False and s.tripped_at is None and s.starts == []
+    s, tripped = _cmds(_known(10), ["n0", "n1", "n2"], Policy())
+    [storm] = [a for kind, a in tripped if kind == "alert"]
+    s, out = fleet_step(s, {"kind": "reset", "approval_id": "a1", "by": "ops", "ts": 1_800_000_000.0}, Policy())
+    # the storm's incident resolves with the reset (its last alert said "open" for good before)
+    [(kind, done)] = out
+    assert kind == "alert" and done.state == "resolved" and done.incident_id == storm.incident_id
+    assert done.classification.value == "FLEET_STORM" and done.ts.timestamp() == 1_800_000_000.0
+    assert done.summary == ("fleet circuit breaker reset by ops (approval a1): node-level commands are no longer held")
+    assert s.tripped is False and s.tripped_at is None and s.starts == []
+    s, out = fleet_step(s, {"kind": "reset", "approval_id": "a2"}, Policy())
+    assert out == []  # not tripped: nothing to resolve
     s, _ = _cmds(s, ["n3", "n4", "n5"], Policy())
     assert s.trips == 2 and s.tripped is True
     for i in range(70):
