@@ -77,7 +77,7 @@ def unmanaged_reason(node: Any, managed_labels: tuple[str, ...]) -> str | None:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _rfc3339(datetime.now(timezone.utc))
 
 
 def quarantine_rule_name(node: str, gpu: str) -> str:
@@ -168,10 +168,7 @@ class ClusterActions:
             return f"; condition {CONDITION_TYPE} not updated: HTTP {exc.status.code}: {exc.status.message}"
 
     def _hold_condition(self, cmd: RemediationCommand) -> str:
-        for _ in range(5):
-            n = node_or_none(self.client, cmd.node)
-            if n is None:
-                return f"; condition {CONDITION_TYPE} not updated: node {cmd.node} is gone"
+        def act(n: Any) -> str:
             held = _condition_holders(n)
             if cmd.action in _CLOSING:
                 if held.pop(cmd.incident_id, None) is None:
@@ -185,18 +182,16 @@ class ClusterActions:
                 held[cmd.incident_id] = {"gpu": cmd.gpu_uuid or cmd.pci_bus_id, "gpu_index": cmd.gpu_index,
                                          "action": reason, "at": prior.get("at") or _now(),
                                          "why": plain_text(cmd.reason, 200)}
-            try:
-                self._patch_node(n, {"metadata": {"annotations": {
-                    CONDITION_ANNOTATION: json.dumps(held, sort_keys=True) if held else None}}})
-            except ApiError as exc:
-                if exc.status.code == 409:
-                    continue
-                raise
+            self._patch_node(n, {"metadata": {"annotations": {
+                CONDITION_ANNOTATION: json.dumps(held, sort_keys=True) if held else None}}})
             cond = condition_for(held, _condition_of(n))
             self.client.patch(Node.Status, cmd.node, {"status": {"conditions": [cond]}},
                               patch_type=PatchType.STRATEGIC)
             return f"; condition {CONDITION_TYPE}={cond['status']} ({cond['reason']})"
-        return f"; condition {CONDITION_TYPE} not updated: node {cmd.node} kept changing (5 conflicts)"
+
+        return self._retrying(cmd, act, gone=f"; condition {CONDITION_TYPE} not updated: node {cmd.node} is gone",
+                              changing=f"; condition {CONDITION_TYPE} not updated: node {cmd.node} kept changing "
+                                       f"(5 conflicts)")
 
     def _event(self, node: Any, cmd: RemediationCommand, reason: str, message: str, warning: bool = True) -> None:
         record_event(self.client, node, reason=reason, type_="Warning" if warning else "Normal",
@@ -209,17 +204,21 @@ class ClusterActions:
         patch.setdefault("metadata", {})["resourceVersion"] = node.metadata.resourceVersion
         return self.client.patch(Node, node.metadata.name, patch, patch_type=PatchType.MERGE)
 
-    def _retrying(self, cmd: RemediationCommand, fn: Any) -> Outcome:
+    def _retrying(self, cmd: RemediationCommand, fn: Any, *, gone: Any = None, changing: Any = None) -> Any:
+        """`fn(node)` on the node as read now, again on a conflict (409: it changed since the read),
+        up to 5 times; `gone` / `changing` are what to answer when the node disappears or keeps
+        changing (an action's failed outcome by default)."""
         for _ in range(5):
             node = node_or_none(self.client, cmd.node)
             if node is None:
-                return "failed", f"node {cmd.node} disappeared while acting"
+                return gone if gone is not None else ("failed", f"node {cmd.node} disappeared while acting")
             try:
                 return fn(node)
             except ApiError as exc:
                 if exc.status.code != 409:
                     raise
-        return "failed", f"node {cmd.node} kept changing under us (5 conflicts); nothing more was done"
+        return changing if changing is not None else (
+            "failed", f"node {cmd.node} kept changing under us (5 conflicts); nothing more was done")
 
     # -- RECORD ------------------------------------------------------------------------------
     def _record(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
@@ -523,7 +522,8 @@ def _gpu_text(held: dict) -> str:
     return f"{held.get('gpu')}" if idx is None else f"{idx} ({held.get('gpu')})"
 
 
-def _rfc3339(value: Any) -> str | None:
+def _rfc3339(value: Any) -> Any:
+    """A datetime as RFC 3339 text (UTC, seconds); anything else as it is."""
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return value
@@ -537,8 +537,7 @@ def _plain(taint: Any) -> dict:
     """A taint as JSON-ready data (timeAdded back to RFC 3339 text)."""
     out = {}
     for k, v in taint.to_dict().items():
-        if isinstance(v, datetime):
-            v = v.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        v = _rfc3339(v)
         if v is not None:
             out[k] = v
     return out
