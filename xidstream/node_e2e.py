@@ -568,19 +568,11 @@ def _device_taint_rules(kube: Any) -> tuple[str, list[dict]]:
     return version, [r for r in body["items"] if r["metadata"]["name"].startswith("xidstream")]
 
 
-def _poll(ok, timeout: float, every: float = 1.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if ok():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every)
-
-
-def _gpu_condition(kube, name: str) -> dict | None:
+def _gpu_condition(kube, name: str) -> tuple[dict | None, dict]:
+    """(the node's GPUHealthy condition, the incidents holding it), from one read of the node."""
     node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{name}"), "node")
-    return next((c for c in node_obj.get("status", {}).get("conditions") or [] if c["type"] == "GPUHealthy"), None)
+    cond = next((c for c in node_obj.get("status", {}).get("conditions") or [] if c["type"] == "GPUHealthy"), None)
+    return cond, json.loads((node_obj["metadata"].get("annotations") or {}).get("xidstream.io/gpu-incidents") or "{}")
 
 
 def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml) -> None:
@@ -612,14 +604,17 @@ def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvm
     mine = f"incident {quarantined.incident_id}: GPU 0 ("
 
     def holds() -> bool:
-        cond = _gpu_condition(kube, node.node)
+        cond, _ = _gpu_condition(kube, node.node)
         return cond is not None and cond["status"] == "False" and mine in cond["message"] \
             and "GPUQuarantined" in cond["message"]
 
-    if "condition GPUHealthy=False" not in quarantined.detail or not _poll(holds, 10):
-        node_now = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")
-        raise E2eError(f"after QUARANTINE_GPU the node's GPUHealthy condition is {_gpu_condition(kube, node.node)}; "
-                       f"annotation {(node_now['metadata'].get('annotations') or {}).get('xidstream.io/gpu-incidents')} "
+    try:
+        if "condition GPUHealthy=False" not in quarantined.detail:
+            raise E2eError("the QUARANTINE_GPU result says no condition was written")
+        _wait("GPU 0's quarantine in the GPUHealthy condition", holds, 10, 1)
+    except E2eError:
+        cond, held = _gpu_condition(kube, node.node)
+        raise E2eError(f"after QUARANTINE_GPU the node's GPUHealthy condition is {cond}; held by {sorted(held)} "
                        f"({quarantined.detail})")
     released = _wait("a result for RELEASE_GPU after GPU 0 was healthy", topics.result(Action.RELEASE_GPU), 300, 0)
     _, left = _device_taint_rules(kube)
@@ -627,14 +622,14 @@ def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvm
     # reset) is in its message, minutes of the kubelet's own status updates after they were
     # written: the kubelet's patch keeps conditions it does not own.
     def consistent() -> tuple[bool, Any, dict]:
-        node_now = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")
-        held = json.loads((node_now["metadata"].get("annotations") or {}).get("xidstream.io/gpu-incidents") or "{}")
-        cond = _gpu_condition(kube, node.node)
+        cond, held = _gpu_condition(kube, node.node)
         ok = cond is not None and quarantined.incident_id not in held and quarantined.incident_id not in cond["message"] \
             and cond["status"] == ("False" if held else "True") and all(i in cond["message"] for i in held)
         return ok, cond, held
 
-    if not _poll(lambda: consistent()[0], 20):
+    try:
+        _wait("GPU 0's quarantine gone from the GPUHealthy condition", lambda: consistent()[0], 20, 1)
+    except E2eError:
         _, cond, held = consistent()
         raise E2eError(f"after RELEASE_GPU the node's GPUHealthy condition is {cond}, held by {sorted(held)} "
                        f"({released.detail})")
