@@ -4,9 +4,7 @@ Chromium (Debian's; `make chromium` installs it): the chart must be drawn, not o
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from schemas.models import GpuSample
 from schemas.xid_catalog import lookup
 from streams.engine import Engine
 from xidstream.incidents import IncidentBook
+from tests.tools import find_tool
 from xidstream.report import RECOVERY_ORDER, render_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,10 +61,8 @@ def test_the_report_is_one_self_contained_page_with_chart_evidence_xids_and_reco
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    for cand in (os.environ.get("XIDSTREAM_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")):
-        if cand and Path(cand).is_file():
-            return cand
-    pytest.fail("chromium not found: run `make chromium` (apt-get install chromium, as root)")
+    return find_tool("XIDSTREAM_CHROMIUM", names=("chromium", "chromium-browser"),
+                     hint="run `make chromium` (apt-get install chromium, as root)")
 
 
 def _colour_pixels(img, rgb: tuple[int, int, int], tol: int = 40) -> int:

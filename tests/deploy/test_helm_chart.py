@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.tools import find_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "xidstream"
@@ -36,10 +36,8 @@ RUN = uuid.uuid4().hex[:6]
 
 @pytest.fixture(scope="session")
 def helm() -> str:
-    for cand in (os.environ.get("XIDSTREAM_HELM"), str(HELM_CACHE), shutil.which("helm")):
-        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return cand
-    pytest.fail("helm not found: run `make helm` (builds helm v3.16.4 into ~/.cache/xidstream once)")
+    return find_tool("XIDSTREAM_HELM", cached=HELM_CACHE, names=("helm",),
+                     hint="run `make helm` (builds helm v3.16.4 into ~/.cache/xidstream once)")
 
 
 def render(helm: str, *args: str, namespace: str = "xidstream", release: str = "xs", check: bool = True):

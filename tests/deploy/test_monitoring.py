@@ -6,9 +6,7 @@ them unchanged."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import yaml
 from collectors.metrics import CollectorMetrics
 from executors.metrics import ExecutorMetrics
 from streams.metrics import PROCESSOR_METRICS
+from tests.tools import find_tool
 from tests.deploy.test_helm_chart import by_kind, helm, render  # noqa: F401 - the helm fixture
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,10 +31,8 @@ RUNBOOK_BASE = "https://github.com/xidstream/xidstream/blob/main/docs/operations
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    for cand in (os.environ.get("XIDSTREAM_PROMTOOL"), str(PROMTOOL_CACHE), shutil.which("promtool")):
-        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return cand
-    pytest.fail("promtool not found: run `make promtool` (unpacks Debian's prometheus package into ~/.cache/xidstream)")
+    return find_tool("XIDSTREAM_PROMTOOL", cached=PROMTOOL_CACHE, names=("promtool",),
+                     hint="run `make promtool` (unpacks Debian's prometheus package into ~/.cache/xidstream)")
 
 
 def _rules() -> list[dict]:
