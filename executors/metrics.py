@@ -10,7 +10,8 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
 from collectors.metrics import serve_wsgi
-from executors.gate import DRY_RUN_PREFIX
+from executors.gate import DRY_RUN_PREFIX, SCOPE_ACTIONS
+from schemas.vocab import Outcome
 
 __all__ = ["ExecutorMetrics"]
 
@@ -32,9 +33,6 @@ class ExecutorMetrics:
         self.scope = scope
         # Every series this executor can answer exists from the start, at 0: increase() over a
         # series whose first sample is already 1 is 0, and the first refusal would never page.
-        from executors.gate import SCOPE_ACTIONS
-        from schemas.vocab import Outcome
-
         for action in SCOPE_ACTIONS.get(scope, ()):
             for outcome in Outcome:
                 self.results.labels(scope, action.value, outcome.value, "false")

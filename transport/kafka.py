@@ -220,6 +220,17 @@ def delete_topics(settings: KafkaConfig, timeout: float = 30.0) -> list[str]:
     return names
 
 
+def _reader(settings: KafkaConfig, **overrides: object) -> Any:
+    """A consumer for the tools' reads, under a group of its own named under the run's prefix (so
+    a run's clean-up, `delete_run`, takes it too); it commits nothing."""
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    return Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-read-{uuid.uuid4().hex[:12]}",
+                                    **overrides))
+
+
 def read_all(settings: KafkaConfig, topics: list[str], *, timeout: float = 10.0, idle: float = 1.5,
              expected: int | None = None) -> list:
     """Read physical `topics` from the beginning until `expected` messages arrived, or nothing
@@ -228,12 +239,10 @@ def read_all(settings: KafkaConfig, topics: list[str], *, timeout: float = 10.0,
     Returns confluent-kafka `Message` objects (errors skipped). For tools and tests, not hot paths.
     """
     import time
-    import uuid as _uuid
 
-    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import KafkaError
 
-    # the group is named under the run's prefix, so a run's clean-up (`delete_run`) takes it too
-    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-read-{_uuid.uuid4().hex[:12]}"))
+    consumer = _reader(settings)
     consumer.subscribe(topics)
     out = []
     deadline = time.monotonic() + timeout
@@ -263,12 +272,10 @@ def read_since(settings: KafkaConfig, topics: list[str], since_ms: int, *, timeo
     offsets (no waiting for silence), for the operator's commands. No group is joined and nothing
     is committed. Raises TopicError for a missing topic, or when the ends are not reached in time."""
     import time
-    import uuid as _uuid
 
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
-    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-read-{_uuid.uuid4().hex[:12]}",
-                                        **{"enable.partition.eof": True}))
+    consumer = _reader(settings, **{"enable.partition.eof": True})
     try:
         meta = consumer.list_topics(timeout=15)
         tps = []
@@ -346,12 +353,10 @@ def read_key(settings: KafkaConfig, topic: str, key: bytes, start_ms: int, end_m
     past `end_ms` or the end offset found when the read began (the caller filters by the records'
     own times). For one GPU's samples over an incident's span."""
     import time
-    import uuid as _uuid
 
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
-    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}xidstream-read-{_uuid.uuid4().hex[:12]}",
-                                        **{"enable.partition.eof": True}))
+    consumer = _reader(settings, **{"enable.partition.eof": True})
     out: list[Any] = []
     try:
         tm = consumer.list_topics(topic, timeout=15).topics.get(topic)

@@ -161,12 +161,15 @@ class IncidentBook:
         inc = self.incidents.setdefault(str(value["incident_id"]), Incident(str(value["incident_id"])))
         (inc.alerts if kind == "alert" else inc.commands).append(value)
 
-    def add_raw(self, raw: bytes | None) -> None:
+    def add_raw(self, raw: bytes | None, *, unwrap: bool = False) -> None:
+        """One record's JSON; `unwrap`: a `xidstream replay --json` line ({"topic", "key",
+        "value"}) is taken for its value, a bare record as it is."""
         try:
             value = orjson.loads(raw or b"")
         except orjson.JSONDecodeError:
-            self.counts["other"] += 1
-            return
+            value = None
+        if unwrap and isinstance(value, dict) and "value" in value:
+            value = value["value"]
         if isinstance(value, dict):
             self.add(value)
         else:
@@ -355,16 +358,8 @@ def read_book(settings: Settings, since_s: float, stdin: IO[bytes] | None = None
     book = IncidentBook(detail)
     if stdin is not None:
         for line in stdin:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                book.counts["other"] += 1
-                continue
-            # `xidstream replay --json` lines: {"topic", "key", "value"}; a bare record works too
-            book.add(value.get("value") if isinstance(value, dict) and "value" in value else value)
+            if line.strip():
+                book.add_raw(line, unwrap=True)
         return book
     from transport.kafka import read_since
 

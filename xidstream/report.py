@@ -24,6 +24,7 @@ from typing import Any
 
 from schemas.errors import ConfigError
 from schemas.xid_catalog import lookup
+from xidstream.incidents import _ts
 
 __all__ = ["write_report", "render_report", "live_samples", "RECOVERY_ORDER"]
 
@@ -39,12 +40,6 @@ RECOVERY_ORDER = [
     ("Bring work back gradually, a small share first.", ("UNCORDON_NODE", "RELEASE_GPU")),
 ]
 _OUTCOME_COLOURS = {"succeeded": "#2ca02c", "failed": "#d62728", "refused": "#ff7f0e", "expired": "#7f7f7f"}
-
-
-def _ts(value: Any) -> float:
-    from xidstream.incidents import _ts as parse
-
-    return parse(value)
 
 
 def _dt(t: float) -> datetime:
