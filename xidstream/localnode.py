@@ -102,6 +102,23 @@ def default_state_dir() -> Path:
     return REPO_ROOT / ".xidstream" / "node"
 
 
+def mounts_under(mounts: str, *roots: Path) -> list[str]:
+    """The mount points of `mounts` (/proc/self/mounts text) at or below `roots`, deepest first.
+    The roots themselves too: the kubelet bind-mounts its own root folder onto itself (to make it
+    a shared mount), and leaving that one left a mount behind each `node down`, under a folder
+    that could then not be deleted."""
+    roots_ = tuple(str(r.resolve()) for r in roots)
+    found = []
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        target = parts[1].replace("\\040", " ")
+        if any(target == r or target.startswith(r + "/") for r in roots_):
+            found.append(target)
+    return sorted(found, key=len, reverse=True)
+
+
 @dataclass
 class LocalNode:
     node: str = NODE_NAME
@@ -495,14 +512,8 @@ state = "{self.state_dir / 'containerd' / 'state'}"
             self.ctr("containers", "delete", container, check=False)
 
     def _unmount_under(self, *roots: Path) -> None:
-        """Every mount below these folders (pod volumes, rootfs overlays, shm), deepest first."""
-        prefixes = tuple(str(r.resolve()) + "/" for r in roots)
-        mounts = []
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            target = line.split()[1].replace("\\040", " ")
-            if target.startswith(prefixes):
-                mounts.append(target)
-        for target in sorted(mounts, key=len, reverse=True):
+        """Every mount at or below these folders (pod volumes, rootfs overlays, shm), deepest first."""
+        for target in mounts_under(Path("/proc/self/mounts").read_text(), *roots):
             subprocess.run(["umount", "-l", target], capture_output=True)
 
     def down(self) -> bool:
