@@ -37,7 +37,9 @@ class FleetState:
     # one of its GPU rows. A node not vouched for within `fleet_node_ttl_s` is forgotten (made-up
     # nodes used to grow the denominator for good).
     known_nodes: dict = field(default_factory=dict)
-    starts: list = field(default_factory=list)  # [ts, node] of node-level command starts
+    # [ts, node, incident_id] of node-level command starts (a state written before the incident id
+    # was kept has [ts, node]): the storm's alert names the incidents it groups
+    starts: list = field(default_factory=list)
     # pod UID -> {GPU UUID: [ts, node, incident_id]}: application faults of known pods, per GPU.
     # Persisted as one table row per pod (streams.app), never inside the main row: a fleet-wide
     # burst of app faults from 9,700 pods grew the one row past Kafka's 1 MB and crash-looped the
@@ -120,7 +122,7 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
         return state, [("command", cmd.model_copy(update={
             "requires_approval": True,
             "reason": f"{cmd.reason} [held: node {cmd.node} has published no GPU inventory]"}))]
-    nodes = {n for _, n in state.starts}
+    nodes = {s[1] for s in state.starts}
     outputs: list = []
     if not state.tripped and cmd.node not in nodes:
         would = len(nodes) + 1
@@ -128,8 +130,9 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
         if would > policy.fleet_fraction * known and would >= policy.fleet_min_nodes:
             state.tripped, state.tripped_at = True, ts
             state.trips += 1
-            outputs.append(("alert", _storm_alert(state, cmd, sorted(nodes | {cmd.node}), known, policy)))
-    state.starts.append([ts, cmd.node])
+            members = sorted({(s[1], s[2]) for s in state.starts if len(s) > 2} | {(cmd.node, cmd.incident_id)})
+            outputs.append(("alert", _storm_alert(state, cmd, sorted(nodes | {cmd.node}), known, policy, members)))
+    state.starts.append([ts, cmd.node, cmd.incident_id])
     if state.tripped:
         state.held += 1
         cmd = cmd.model_copy(update={"requires_approval": True,
@@ -158,7 +161,8 @@ def _storm_reset_alert(state: FleetState, msg: dict, now: float | None) -> Alert
                                                                    data={"approval_id": msg.get("approval_id")})]))
 
 
-def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known: int, policy: Policy) -> Alert:
+def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known: int, policy: Policy,
+                 members: list) -> Alert:
     inc = _storm_id(state)
     # Stamped with the evidence time of the command that tripped it, like every other alert (a
     # replay of last week's storm reads as last week's); the window itself ran on the bounded time.
@@ -172,7 +176,11 @@ def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known:
         classification=Classification.FLEET_STORM, severity=Severity.critical, summary=summary,
         evidence=Evidence(node=FLEET_NODE, timeline=[EvidenceEntry(ts=ts, kind="note", summary=summary,
                                                                    data={"nodes": nodes, "known_nodes": known,
-                                                                         "trigger_command": cmd.command_id})]),
+                                                                         "trigger_command": cmd.command_id,
+                                                                         # (node, incident) of each start in
+                                                                         # the window: what the storm groups
+                                                                         "members": [{"node": n, "incident_id": i}
+                                                                                     for n, i in members]})]),
         recommended_steps=["Look for a common cause (a driver or firmware rollout, a bad image) before approving any held command.",
                            "Approve held commands one by one, or reset the breaker with `xidstream breaker reset`."],
     )

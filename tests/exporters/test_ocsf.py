@@ -15,7 +15,7 @@ from tests.factories import NODE, T0, UUID1, one_of_each
 
 
 def _cases():
-    recs = alerts() + commands_and_results() + [r for r in one_of_each() if to_ocsf(r) is not None]
+    recs = [r for r in alerts() + commands_and_results() + one_of_each() if to_ocsf(r) is not None]
     return [pytest.param(r, id=f"{type(r).__name__}-{i}") for i, r in enumerate(recs)]
 
 
@@ -40,7 +40,7 @@ def test_an_incident_is_one_finding_created_updated_closed():
     assert {e["finding_info"]["uid"] for e in by_state.values()} == {"inc-2"}
     assert {e["class_uid"] for e in by_state.values()} == {2004}
     assert by_state["resolved"]["status_id"] == 4 and by_state["open"]["type_uid"] == 200401
-    assert {s: e["severity_id"] for s, e in by_state.items()} == {"open": 1, "updated": 3, "resolved": 5}
+    assert {s: e["severity_id"] for s, e in by_state.items()} == {"open": 1, "updated": 3, "resolved": 4}
 
 
 def test_the_gpu_is_a_resource_with_its_uuid_and_the_node_the_device():
@@ -67,7 +67,7 @@ def test_a_fleet_storm_is_an_incident_finding():
 
 
 def test_commands_and_results_correlate_by_command_uid():
-    recs = commands_and_results()
+    recs = [r for r in commands_and_results() if r.action is not Action.RECORD]
     events = [to_ocsf(r) for r in recs]
     assert {e["class_uid"] for e in events} == {7001}
     for r, e in zip(recs, events):
@@ -110,7 +110,7 @@ def test_a_detection_finding_in_full():
     assert to_ocsf(_wedged_alert()) == {
         "class_uid": 2004, "class_name": "Detection Finding", "category_uid": 2, "category_name": "Findings",
         "activity_id": 2, "activity_name": "Update", "type_uid": 200402, "type_name": "Detection Finding: Update",
-        "severity_id": 5, "severity": "Critical", "time": T0_MS + 62_000,
+        "severity_id": 4, "severity": "High", "time": T0_MS + 62_000,
         "metadata": _meta("e-alert", "xidstream.alert/1", "inc-1"),
         "finding_info": {"uid": "inc-1", "uid_alt": "a1", "title": "GPU 1 wedged", "types": ["GPU_WEDGED"],
                          "data_sources": ["NVML", "kernel log", "Kubernetes"],
@@ -134,6 +134,8 @@ def test_a_detection_finding_in_full():
         "resources": [{"type": "GPU", "hostname": NODE, "name": "GPU 1", "uid": UUID1,
                        "data": {"gpu_index": 1, "pci_bus_id": "0000:01:00"}}],
         "remediation": {"desc": "cordon node-a; drain node-a"},
+        "observables": [{"name": "device.hostname", "type_id": 1, "type": "Hostname", "value": NODE},
+                        {"name": "resources.uid", "type_id": 10, "type": "Resource UID", "value": UUID1}],
     }
 
 
@@ -180,19 +182,23 @@ def test_a_remediation_command_in_full():
         "activity_id": 1, "activity_name": "Isolate", "type_uid": 700101, "type_name": "Remediation Activity: Isolate",
         "severity_id": 4, "severity": "High", "time": T0_MS,
         "metadata": _meta("e-cmd", "xidstream.remediation_command/2", "inc-1", ["host"]),
-        "command_uid": "c1", "status_id": 0, "status": "Requires approval",
+        "command_uid": "c1", "status_id": 0, "status": "Unknown", "status_detail": "Requires approval",
         "message": "CORDON_NODE step 1 on node-a: GPU 1 wedged",
         "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},
         "remediation": {"desc": "GPU 1 wedged"},
         "unmapped": {"incident_id": "inc-1", "action": "CORDON_NODE", "gpu_uuid": UUID1, "pci_bus_id": "0000:01:00",
                      "step": 1, "preconditions": ["no other cordon"], "expires_at": "2026-11-28T03:15:00.000000Z",
                      "dry_run": False, "requires_approval": True, "evidence_ids": ["x43"]},
+        "observables": [{"name": "device.hostname", "type_id": 1, "type": "Hostname", "value": NODE},
+                        {"name": "unmapped.gpu_uuid", "type_id": 10, "type": "Resource UID", "value": UUID1}],
     }
     # no reason, no GPU ids, not held, a dry run: the action names itself, absent ids are left out
     bare = to_ocsf(RemediationCommand(event_id="e-2", ts=T0, node=NODE, command_id="c2", incident_id="inc-1",
                                       action=Action.REBOOT_NODE, step=3, expires_at=T0, dry_run=True))
-    assert (bare["status"], bare["message"], bare["remediation"]) == ("Issued", "REBOOT_NODE step 3 on node-a",
-                                                                       {"desc": "REBOOT_NODE"})
+    assert (bare["status_detail"], bare["message"], bare["remediation"]) == (
+        "Issued", "REBOOT_NODE step 3 on node-a", {"desc": "REBOOT_NODE"})
+    assert "actor" not in bare  # unsigned: no key to name
+    assert bare["observables"] == [{"name": "device.hostname", "type_id": 1, "type": "Hostname", "value": NODE}]
     assert bare["unmapped"] == {"incident_id": "inc-1", "action": "REBOOT_NODE", "step": 3, "preconditions": [],
                                 "expires_at": "2026-11-28T03:00:00.000000Z", "dry_run": True,
                                 "requires_approval": False, "evidence_ids": []}
@@ -212,6 +218,8 @@ def test_a_remediation_result_in_full():
         "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},
         "unmapped": {"incident_id": "inc-1", "action": "RESET_GPU", "gpu_uuid": UUID1, "pci_bus_id": "0000:01:00",
                      "outcome": "refused"},
+        "observables": [{"name": "device.hostname", "type_id": 1, "type": "Hostname", "value": NODE},
+                        {"name": "unmapped.gpu_uuid", "type_id": 10, "type": "Resource UID", "value": UUID1}],
     }
     bare = to_ocsf(res.model_copy(update={"detail": "", "outcome": Outcome.succeeded}))
     assert (bare["status_detail"], bare["message"]) == ("succeeded", "RESET_GPU on node-a: succeeded")
@@ -231,7 +239,7 @@ def test_each_outcome_has_its_own_status(outcome, status):
 
 
 ACTIONS = [
-    (Action.RECORD, (5, "Detect"), 1), (Action.QUARANTINE_GPU, (1, "Isolate"), 3),
+    (Action.QUARANTINE_GPU, (1, "Isolate"), 3),
     (Action.RELEASE_GPU, (3, "Restore"), 1), (Action.CORDON_NODE, (1, "Isolate"), 4),
     (Action.UNCORDON_NODE, (3, "Restore"), 1), (Action.DRAIN_NODE, (2, "Evict"), 4),
     (Action.RESET_GPU, (3, "Restore"), 4), (Action.REBOOT_NODE, (3, "Restore"), 4),
@@ -239,8 +247,8 @@ ACTIONS = [
 ]
 
 
-def test_the_action_table_below_lists_every_action():
-    assert sorted(a.value for a, _, _ in ACTIONS) == sorted(a.value for a in Action)
+def test_the_action_table_below_lists_every_action_but_record():
+    assert sorted(a.value for a, _, _ in ACTIONS) == sorted(a.value for a in Action if a is not Action.RECORD)
 
 
 @pytest.mark.parametrize("action, activity, severity", ACTIONS)

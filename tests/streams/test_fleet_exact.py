@@ -144,7 +144,8 @@ def test_the_storm_alert_says_what_tripped_and_what_to_do():
     assert a.evidence.node == FLEET_NODE
     (entry,) = a.evidence.timeline
     assert (entry.ts, entry.kind, entry.summary) == (T0, "note", summary)
-    assert entry.data == {"nodes": ["n0", "n1", "n2"], "known_nodes": 10, "trigger_command": cmds[2].command_id}
+    assert entry.data == {"nodes": ["n0", "n1", "n2"], "known_nodes": 10, "trigger_command": cmds[2].command_id,
+                          "members": [{"node": c.node, "incident_id": c.incident_id} for c in cmds]}
     assert [s.split(" ")[0] for s in a.recommended_steps] == ["Look", "Approve"]
     assert "`xidstream breaker reset`" in a.recommended_steps[1]
 
@@ -360,3 +361,16 @@ def test_every_reset_refusal_says_exactly_why(approver):
     with pytest.raises(HandoffError, match="^breaker reset refused: its approval is stamped ahead of the processor's clock$"):
         h.open(orjson.dumps(msg), now)
     assert Handoff(None).open(b'{"kind":"reset","by":"x"}', now) == {"kind": "reset", "by": "x"}  # a demo without keys
+
+
+def test_a_state_kept_before_starts_named_their_incident_still_trips_and_names_what_it_knows():
+    # A changelog written by the previous release holds [ts, node] starts: they still count
+    # towards the storm, and its alert names the incidents it knows (the new start's).
+    old = [[T0.timestamp(), "n0"], [T0.timestamp(), "n1"]]
+    state = FleetState(known_nodes={f"n{i}": T0.timestamp() for i in range(10)}, starts=old)
+    c = _cmd("n2", "CORDON_NODE", T0)
+    state, out = fleet_step(state, {"kind": "command", "command": c}, P)
+    (a,) = [o for k, o in out if k == "alert"]
+    assert a.evidence.timeline[0].data["nodes"] == ["n0", "n1", "n2"]
+    assert a.evidence.timeline[0].data["members"] == [{"node": "n2", "incident_id": c.incident_id}]
+    assert state.starts[-1] == [T0.timestamp(), "n2", c.incident_id]
