@@ -6,9 +6,23 @@ public keys (several during a key rotation) and refuse anything unsigned, forged
 unknown key.
 
 What is signed is the record's canonical encoding: its JSON contract form (`schemas.codec.to_dict`)
-without the `signature` field, keys sorted, no whitespace, UTF-8. `key_id` is inside what is
-signed, so a signature cannot be re-labelled as another key's. Key files are PEM: PKCS#8 for the
-private key, SubjectPublicKeyInfo for the public one (what `openssl pkey` reads).
+without the `signature` field, canonicalized by RFC 8785, the JSON Canonicalization Scheme (JCS:
+keys sorted by their UTF-16 code units, no whitespace, ECMAScript number and minimal string
+escaping, UTF-8), which a consumer in any language implements from the RFC or one of its
+libraries (docs/consumers.md has test vectors; tests/go/ is a verifier in Go's standard library).
+`key_id` is inside what is signed, so a signature cannot be re-labelled as another key's. The
+signature is Ed25519 (RFC 8032) over those bytes, base64 (RFC 4648, padded) in `signature`. Key
+files are PEM: PKCS#8 for the private key, SubjectPublicKeyInfo for the public one (what
+`openssl pkey` reads).
+
+Signature versions. Version 1 (the previous release) signed orjson's sorted compact form
+(`canonical_v1`); version 2 signs JCS. The two differ only on floats, integers beyond 2**53 and
+keys outside the Basic Multilingual Plane, none of which a command or an approval holds (only
+strings, booleans, small integers and timestamps as strings), so for every record either release
+signs, both encodings are the same bytes: an executor of the previous release verifies what this
+processor signs, and this executor what the previous processor signed (tests/schemas/
+test_signing_jcs.py proves it over generated records). A record JCS cannot encode (an integer
+beyond 2**53, which only a forger would send) is refused as not authentic.
 
 `cryptography` is imported when a key is loaded, not at import: decoding records needs only
 pydantic and orjson.
@@ -27,7 +41,7 @@ from schemas.base import Record
 from schemas.codec import to_dict
 from schemas.errors import ConfigError
 
-__all__ = ["SigningKey", "VerifyKeys", "canonical", "key_id", "generate_keys", "SignatureError"]
+__all__ = ["SigningKey", "VerifyKeys", "canonical", "canonical_v1", "key_id", "generate_keys", "SignatureError"]
 
 R = TypeVar("R", bound=Record)
 
@@ -36,10 +50,27 @@ class SignatureError(ValueError):
     """A record that is not authentic: unsigned, forged, or signed by a key we do not trust."""
 
 
-def canonical(record: Record) -> bytes:
+def _unsigned(record: Record) -> dict:
     doc = to_dict(record)
     doc.pop("signature", None)
-    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+    return doc
+
+
+def canonical(record: Record) -> bytes:
+    """The bytes a signature covers: RFC 8785 (JCS) of the record's contract JSON less `signature`.
+    Raises `SignatureError` for a record JCS cannot encode (an integer beyond 2**53)."""
+    import rfc8785
+
+    try:
+        return rfc8785.dumps(_unsigned(record))
+    except rfc8785.CanonicalizationError as exc:
+        raise SignatureError(f"cannot be canonicalized (RFC 8785): {exc}") from None
+
+
+def canonical_v1(record: Record) -> bytes:
+    """Signature version 1's bytes (orjson, keys sorted, compact): what the previous release signed
+    and verified; the same bytes as `canonical` for every command and approval."""
+    return orjson.dumps(_unsigned(record), option=orjson.OPT_SORT_KEYS)
 
 
 def key_id(public_raw: bytes) -> str:

@@ -1,0 +1,3 @@
+module xidstream.test/jcsverify
+
+go 1.22
