@@ -15,6 +15,10 @@ The Node condition `GPUHealthy` (node-problem-detector's convention) is False wh
 that quarantined a GPU, cordoned or marked the node holds it (the `xidstream.io/gpu-incidents`
 annotation names them), and True again once the closing step (UNCORDON_NODE, RELEASE_GPU) of the
 last one succeeded.
+
+REPLACE_NODE hands the node to the system that replaces nodes in this cluster, chosen by
+--replace-backend (executors.replace): a label (the default), the Machine's Cluster API
+remediation annotation, the deletion of Karpenter's NodeClaim, or the GPUHealthy condition.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from lightkube.types import PatchType
 from executors.gate import DRY_RUN_PREFIX
 from executors.kube import (device_taint_rule_resource, discover_version, is_daemonset_pod, is_mirror_pod, kept_by_drain,
                             node_or_none, pods_on_node, record_event)
+from executors.replace import DEFAULT_REPLACE_BACKEND, REPLACE_BACKENDS, ClusterApiReplace, KarpenterReplace
 from schemas.base import plain_text
 from schemas.models import RemediationCommand
 from schemas.vocab import Action
 
 __all__ = ["ClusterActions", "CONDITION_TYPE", "CONDITION_ANNOTATION", "condition_for", "TAINT_KEY", "CORDON_ANNOTATION", "REPLACE_LABEL", "quarantine_rule_name",
+           "REPLACEMENT_REQUESTED",
            "DRA_DRIVER", "MANAGED_NODE_LABELS", "CONTROL_PLANE_LABELS", "unmanaged_reason"]
 
 log = logging.getLogger(__name__)
@@ -124,8 +130,17 @@ def _incidents(holders: dict[str, dict]) -> str:
 
 class ClusterActions:
     def __init__(self, client: Client, *, drain_timeout: float = 120.0, eviction_retry: float = 2.0,
-                 managed_labels: tuple[str, ...] = MANAGED_NODE_LABELS, keep_namespaces: tuple[str, ...] = ()) -> None:
+                 managed_labels: tuple[str, ...] = MANAGED_NODE_LABELS, keep_namespaces: tuple[str, ...] = (),
+                 replace_backend: str = DEFAULT_REPLACE_BACKEND, replace_client: Client | None = None) -> None:
+        """`replace_backend`: where REPLACE_NODE hands the node over (executors.replace);
+        `replace_client`: the API server of the Cluster API Machines when it is not `client`'s (a
+        management cluster)."""
+        if replace_backend not in REPLACE_BACKENDS:
+            raise ValueError(f"replace backend {replace_backend!r}: not one of {', '.join(REPLACE_BACKENDS)}")
         self.client = client
+        self.replace_backend = replace_backend
+        self._replacer = {"cluster-api": lambda: ClusterApiReplace(replace_client or client),
+                          "karpenter": lambda: KarpenterReplace(client)}.get(replace_backend, lambda: None)()
         self.keep_namespaces = tuple(keep_namespaces)
         self.managed_labels = tuple(managed_labels)
         self.drain_timeout = drain_timeout
@@ -174,11 +189,11 @@ class ClusterActions:
                 if held.pop(cmd.incident_id, None) is None:
                     return ""  # this incident never held it (or it was cleared already)
             else:
-                if cmd.incident_id in held and held[cmd.incident_id].get("action") == CONDITION_REASONS[cmd.action]:
+                if cmd.incident_id in held and held[cmd.incident_id].get("action") == self._reason(cmd.action):
                     return ""
                 prior = held.get(cmd.incident_id, {})
                 # the strongest thing done for the incident names it (a cordon outranks a quarantine)
-                reason = max((CONDITION_REASONS[cmd.action], prior.get("action") or ""), key=_REASON_RANK.get)
+                reason = max((self._reason(cmd.action), prior.get("action") or ""), key=lambda r: _REASON_RANK.get(r, 0))
                 held[cmd.incident_id] = {"gpu": cmd.gpu_uuid or cmd.pci_bus_id, "gpu_index": cmd.gpu_index,
                                          "action": reason, "at": prior.get("at") or _now(),
                                          "why": plain_text(cmd.reason, 200)}
@@ -192,6 +207,13 @@ class ClusterActions:
         return self._retrying(cmd, act, gone=f"; condition {CONDITION_TYPE} not updated: node {cmd.node} is gone",
                               changing=f"; condition {CONDITION_TYPE} not updated: node {cmd.node} kept changing "
                                        f"(5 conflicts)")
+
+    def _reason(self, action: Action) -> str:
+        """The condition's reason while `action` holds it; the condition backend's REPLACE_NODE says
+        ReplacementRequested, the reason its consumers are pointed at (docs/operations.md)."""
+        if action == Action.REPLACE_NODE and self.replace_backend == "condition":
+            return REPLACEMENT_REQUESTED
+        return CONDITION_REASONS[action]
 
     def _event(self, node: Any, cmd: RemediationCommand, reason: str, message: str, warning: bool = True) -> None:
         record_event(self.client, node, reason=reason, type_="Warning" if warning else "Normal",
@@ -460,7 +482,41 @@ class ClusterActions:
         return "succeeded", detail
 
     # -- REPLACE -----------------------------------------------------------------------------------
+    # The node-lifecycle system that owns the node replaces it (--replace-backend, executors.replace).
+    # A re-delivered command is answered from the journal; one that reaches the API again (journal
+    # lost) finds the hand-over done (annotation present, NodeClaim deleting, condition held) and
+    # writes nothing.
     def _replace(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        if self._replacer is not None:
+            outcome, detail, acted = self._replacer.replace(cmd, node, dry_run)
+            if acted:
+                self._event(node, cmd, "XidstreamReplaceNode",
+                            f"node handed over for replacement ({self.replace_backend}): {detail}")
+            return outcome, detail
+        if self.replace_backend == "condition":
+            return self._replace_by_condition(cmd, node, dry_run)
+        return self._replace_by_label(cmd, node, dry_run)
+
+    def _replace_by_condition(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
+        what = (f"set node {cmd.node}'s condition {CONDITION_TYPE}=False, reason {REPLACEMENT_REQUESTED}, for "
+                f"incident {cmd.incident_id} (a remediator that reads Node conditions replaces it)")
+        if dry_run:
+            return "refused", DRY_RUN_PREFIX + what
+        try:
+            done = self._hold_condition(cmd)
+        except ApiError as exc:
+            return "failed", (f"could not set node {cmd.node}'s condition {CONDITION_TYPE}: HTTP {exc.status.code}: "
+                              f"{exc.status.message}; nothing was handed over")
+        if done.startswith(f"; condition {CONDITION_TYPE} not updated"):
+            return "failed", f"could not set node {cmd.node}'s condition{done.split('not updated', 1)[1]}"
+        if not done:
+            return "succeeded", (f"node {cmd.node}'s condition {CONDITION_TYPE} already says {REPLACEMENT_REQUESTED} "
+                                 f"for incident {cmd.incident_id}; unchanged")
+        self._event(node, cmd, "XidstreamReplaceNode", f"replacement requested through condition {CONDITION_TYPE}: "
+                                                       f"{cmd.reason or 'see incident'}")
+        return "succeeded", "set " + what.removeprefix("set ")
+
+    def _replace_by_label(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
         what = f"label node {cmd.node} {REPLACE_LABEL}=true for replacement (incident {cmd.incident_id})"
         if dry_run:
             return "refused", DRY_RUN_PREFIX + what
@@ -480,7 +536,8 @@ CONDITION_REASONS = {
     Action.CORDON_NODE: "GPUFaultCordonedNode",
     Action.REPLACE_NODE: "GPUFaultReplaceNode",
 }
-_REASON_RANK = {"": 0, "GPUQuarantined": 1, "GPUFaultCordonedNode": 2, "GPUFaultReplaceNode": 3}
+REPLACEMENT_REQUESTED = "ReplacementRequested"  # the condition backend's REPLACE_NODE (--replace-backend condition)
+_REASON_RANK = {"": 0, "GPUQuarantined": 1, "GPUFaultCordonedNode": 2, "GPUFaultReplaceNode": 3, REPLACEMENT_REQUESTED: 3}
 _CLOSING = (Action.UNCORDON_NODE, Action.RELEASE_GPU)
 HEALTHY_REASON = "NoOpenGPUIncident"
 
@@ -491,7 +548,12 @@ def _condition_holders(node: Any) -> dict[str, dict]:
         held = json.loads(raw) if raw else {}
     except ValueError:
         held = {}
-    return {str(k): v for k, v in held.items() if isinstance(v, dict)} if isinstance(held, dict) else {}
+    if not isinstance(held, dict):
+        return {}
+    # the node's own credentials can write this annotation: an "action" that is not text counts as
+    # none (an unknown reason, e.g. a newer release's, ranks lowest), never a TypeError
+    return {str(k): {**v, "action": v.get("action") if isinstance(v.get("action"), str) else ""}
+            for k, v in held.items() if isinstance(v, dict)}
 
 
 def _condition_of(node: Any) -> Any:

@@ -4,6 +4,7 @@
     xidstream keys sign --key DIR/signing.key < commands.jsonl > signed.jsonl
     xidstream approve COMMAND_ID --key FILE --node NODE [--by NAME] [--ttl S] [--publish]
     xidstream execute --scope cluster --verify-key DIR/signing.pub [--approver-key OPS/signing.pub] [--apply] [--kubeconfig FILE]
+                      [--replace-backend label|cluster-api|karpenter|condition] [--replace-kubeconfig FILE]
     xidstream execute --scope node --node NAME --verify-key FILE [--apply] [--reboot-sentinel PATH]
     xidstream execute ... --stdin                  # command JSON lines in, one result line each out; no Kafka
 """
@@ -120,6 +121,9 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
 
     if args.scope == "node" and not args.node:
         raise ConfigError("--scope node needs --node NAME (the node this executor runs on)")
+    if args.replace_kubeconfig and args.replace_backend != "cluster-api":
+        raise ConfigError("--replace-kubeconfig names the Cluster API management cluster: it goes with "
+                          "--replace-backend cluster-api")
     keys = VerifyKeys.load(args.verify_key or [], args.revoked_keys)
     approval_keys = VerifyKeys.load(args.approver_key or [], args.revoked_keys, purpose="approvals")
     client = None
@@ -132,9 +136,11 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
 
         from executors.cluster import MANAGED_NODE_LABELS
 
+        replace_client = make_client(args.replace_kubeconfig) if args.replace_kubeconfig else None
         actions = ClusterActions(client, drain_timeout=args.drain_timeout,
                                  managed_labels=tuple(args.managed_node_label or MANAGED_NODE_LABELS),
-                                 keep_namespaces=tuple(args.drain_keep_namespace))
+                                 keep_namespaces=tuple(args.drain_keep_namespace),
+                                 replace_backend=args.replace_backend, replace_client=replace_client)
     else:
         from executors.node import NodeActions, NvmlGpuOps
 
@@ -297,6 +303,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a drain never evicts pods of this namespace, and RESET_GPU's 'drained' precondition ignores "
                         "them (repeat; the chart gives its own namespace: the processor and the cluster executor "
                         "must outlive the drain they carry out)")
+    p.add_argument("--replace-backend", choices=["label", "cluster-api", "karpenter", "condition"], default="label",
+                   help="cluster scope: where REPLACE_NODE hands the node over: label (xidstream.io/replace=true, for "
+                        "your own tooling; the default, as before), cluster-api (annotate its Machine "
+                        "cluster.x-k8s.io/remediate-machine for MachineHealthCheck), karpenter (delete its NodeClaim), "
+                        "condition (GPUHealthy=False, reason ReplacementRequested); docs/operations.md")
+    p.add_argument("--replace-kubeconfig", metavar="FILE",
+                   help="with --replace-backend cluster-api: the management cluster's kubeconfig, where the Machines "
+                        "live (default: the same API server as the Nodes, a self-managed cluster)")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="cluster scope: seconds a drain waits on blocking PodDisruptionBudgets (default 120)")
     p.add_argument("--reboot-sentinel", default="/var/run/reboot-required", help="node scope: kured's sentinel file (default /var/run/reboot-required)")
     p.add_argument("--collector-state-dir", default=".xidstream/collector",

@@ -24,3 +24,19 @@ def test_true_when_none_holds_it_and_the_transition_time_moves_only_with_the_sta
     assert (c["status"], c["reason"]) == ("True", "NoOpenGPUIncident") and c["lastTransitionTime"] != was.lastTransitionTime
     same = condition_for({"x": {"gpu": "g", "gpu_index": 0, "action": "GPUQuarantined", "at": "t"}}, was)
     assert same["lastTransitionTime"] == "2026-12-01T00:00:00Z"
+
+
+def test_a_holder_annotation_the_node_rewrote_never_crashes_the_executor():
+    # The incidents annotation lives on the Node, which the node's own kubelet credentials may
+    # write: an unknown reason, a number or a list as "action" must not raise (a TypeError from
+    # comparing None with an int crashed the cluster executor on every later command for the node).
+    from executors.cluster import _condition_holders
+
+    node = SimpleNamespace(metadata=SimpleNamespace(annotations={"xidstream.io/gpu-incidents": (
+        '{"a": {"action": "SomethingNew"}, "b": {"action": 5}, "c": {"action": ["x"]}, '
+        '"d": {"action": "GPUQuarantined", "gpu": "g", "gpu_index": 0, "at": "t"}, "e": 7}')}))
+    held = _condition_holders(node)
+    assert sorted(held) == ["a", "b", "c", "d"]
+    assert {k: v["action"] for k, v in held.items()} == {"a": "SomethingNew", "b": "", "c": "", "d": "GPUQuarantined"}
+    c = condition_for(held)
+    assert (c["status"], c["reason"]) == ("False", "GPUQuarantined")
