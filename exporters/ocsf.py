@@ -204,7 +204,8 @@ def alert_to_ocsf(alert: Alert) -> dict[str, Any]:
         out = _base(alert, CLASS_INCIDENT_FINDING, _FINDING_ACTIVITY[state], sev_id, correlation=alert.incident_id)
         out.update({
             # the storm's own finding, then each incident it groups, by the uid of its Detection Finding
-            "finding_info_list": [finding] + [{"uid": inc, "title": f"node-level remediation on {node}",
+            # (a member's title is its node: the Hostname observables point at it)
+            "finding_info_list": [finding] + [{"uid": inc, "title": node, "desc": f"node-level remediation on {node}",
                                                "types": ["FLEET_STORM member"]} for node, inc in members],
             "status_id": status[0], "status": status[1],
             "assignee_group": {"name": "gpu-fleet-operators"},

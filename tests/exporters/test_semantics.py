@@ -210,3 +210,63 @@ def test_ecs_process_and_pod_are_single_values_with_the_rest_under_xidstream():
     doc = to_ecs(a)
     assert doc["process"]["pid"] == 4242 and doc["orchestrator"]["resource"]["id"] == "pod-1"
     assert doc["xidstream"]["pids"] == [4242, 4243] and doc["xidstream"]["pod_uids"] == ["pod-1"]
+
+
+# -- every field of the new events, exactly (what a SIEM parser keys on) ------------------------------
+def test_a_storm_incident_finding_in_full():
+    storm = Alert(event_id="e-s", ts=T0, node="fleet", alert_id="s1", incident_id="inc-s", classification=Classification.FLEET_STORM,
+                  severity=Severity.critical, summary="FLEET STORM", evidence=Evidence(node="fleet", timeline=[
+                      EvidenceEntry(ts=T0, kind="note", summary="n", data={
+                          # node-z started before its incident was kept (a previous release's state)
+                          "nodes": ["node-b", "node-a", "node-z", 7],
+                          "members": [{"node": "node-b", "incident_id": "inc-1"}, {"node": "node-a", "incident_id": "inc-2"},
+                                      {"node": "node-c", "incident_id": "inc-1"}, {"node": "node-x"}, ["node-y", "inc-9"],
+                                      {"node": 3, "incident_id": "inc-3"}]})]))
+    e = to_ocsf(storm)
+    assert [(f["uid"], f.get("title"), f.get("desc"), f["types"]) for f in e["finding_info_list"][1:]] == [
+        ("inc-1", "node-b", "node-level remediation on node-b", ["FLEET_STORM member"]),
+        ("inc-1", "node-c", "node-level remediation on node-c", ["FLEET_STORM member"]),
+        ("inc-2", "node-a", "node-level remediation on node-a", ["FLEET_STORM member"])]
+    assert e["observables"] == [{"name": "finding_info_list.title", "type_id": 1, "type": "Hostname", "value": n}
+                                for n in ("node-a", "node-b", "node-c", "node-z")]
+    assert e["severity_id"] == 5 and ocsf_errors(e) == []
+    doc = to_ecs(storm)
+    assert doc["related"]["hosts"] == ["node-a", "node-b", "node-c", "node-z"]
+    assert doc["xidstream"]["members"] == [{"node": "node-b", "incident_id": "inc-1"},
+                                           {"node": "node-c", "incident_id": "inc-1"},
+                                           {"node": "node-a", "incident_id": "inc-2"}]
+
+
+def test_a_signed_command_names_the_processor_as_its_actor():
+    key = _key()
+    e = to_ocsf(key.sign(RemediationCommand(ts=T0, node=NODE, command_id="c", incident_id="i", action=Action.CORDON_NODE,
+                                            step=1, expires_at=T0)))
+    assert e["actor"] == {"app_name": "xidstream processor",
+                          "user": {"type_id": 4, "type": "Service", "name": "xidstream-processor",
+                                   "credential_uid": key.key_id}}
+
+
+def test_an_approval_in_full():
+    key = _key()
+    appr = key.sign(_approval())
+    assert to_ocsf(appr) == {
+        "class_uid": 7001, "class_name": "Remediation Activity", "category_uid": 7, "category_name": "Remediation",
+        "activity_id": 99, "activity_name": "Approve", "type_uid": 700199, "type_name": "Remediation Activity: Approve",
+        "severity_id": 1, "severity": "Informational", "time": int((T0 + timedelta(minutes=2)).timestamp() * 1000),
+        "metadata": {"version": OCSF_VERSION, "product": {"name": "xidstream", "vendor_name": "xidstream",
+                                                          "version": "0.1.0"},
+                     "uid": "e-appr", "original_event_uid": "e-appr", "log_name": "xidstream.approval/1",
+                     "profiles": ["host"]},
+        "command_uid": "c1", "status_id": 99, "status": "Approved",
+        "message": "command c1 approved by alice: checked the rack",
+        "actor": {"user": {"type_id": 1, "type": "User", "name": "alice", "credential_uid": key.key_id}},
+        "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},
+        "unmapped": {"approval_id": "ap1", "reason": "checked the rack", "expires_at": "2026-11-28T03:17:00.000000Z"},
+        "observables": [{"name": "device.hostname", "type_id": 1, "type": "Hostname", "value": NODE},
+                        {"name": "actor.user.name", "type_id": 4, "type": "User Name", "value": "alice"},
+                        {"name": "actor.user.credential_uid", "type_id": 19, "type": "User Credential ID",
+                         "value": key.key_id}],
+    }
+    bare = to_ocsf(_approval(reason=""))  # unsigned, no reason: no key to name, the message ends
+    assert bare["message"] == "command c1 approved by alice" and "credential_uid" not in bare["actor"]["user"]
+    assert [o["type_id"] for o in bare["observables"]] == [1, 4]
