@@ -44,13 +44,14 @@ def test_partitioned_by_the_records_own_hour_and_read_by_duckdb(tmp_path):
     for i, s in enumerate(_samples(150)):  # 2.5 hours of one sample a minute
         lander.add("gpu.samples", s, partition=0, offset=i)
     files = lander.flush()
-    assert sorted(p.path.parent.name for p in files) == ["hour=03", "hour=04", "hour=05"]
+    # no leading zero: DuckDB guessed "03" as text but "13" as a number
+    assert sorted(p.path.parent.name for p in files) == ["hour=3", "hour=4", "hour=5"]
     assert all(p.path.parent.parent.name == "dt=2026-11-28" for p in files)
     table = ds.dataset(tmp_path / "topic=gpu.samples", format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 150
     rows = duckdb.sql(f"select hour, count(*) from read_parquet('{tmp_path}/topic=*/dt=*/hour=*/*.parquet', "
                       "hive_partitioning=true) group by hour order by hour").fetchall()
-    assert [(int(h), n) for h, n in rows] == [(3, 60), (4, 60), (5, 30)]  # DuckDB 2 keeps "03" as text
+    assert rows == [(3, 60), (4, 60), (5, 30)]
 
 
 def test_rolls_by_size_and_by_age(tmp_path):
