@@ -45,7 +45,7 @@ from schemas.models import RemediationCommand
 from schemas.vocab import Action
 
 __all__ = ["ClusterActions", "CONDITION_TYPE", "CONDITION_ANNOTATION", "condition_for", "TAINT_KEY", "CORDON_ANNOTATION", "REPLACE_LABEL", "quarantine_rule_name",
-           "REPLACEMENT_REQUESTED",
+           "REPLACEMENT_REQUESTED", "REPLACEMENT_CONDITION_TYPE", "replacement_condition_for",
            "DRA_DRIVER", "MANAGED_NODE_LABELS", "CONTROL_PLANE_LABELS", "unmanaged_reason"]
 
 log = logging.getLogger(__name__)
@@ -200,9 +200,15 @@ class ClusterActions:
             self._patch_node(n, {"metadata": {"annotations": {
                 CONDITION_ANNOTATION: json.dumps(held, sort_keys=True) if held else None}}})
             cond = condition_for(held, _condition_of(n))
-            self.client.patch(Node.Status, cmd.node, {"status": {"conditions": [cond]}},
+            conds = [cond]
+            # the condition backend's own condition: written once it is in use, and kept up to date
+            # (back to False) on a node that has it, whichever backend runs now
+            current = _condition_of(n, REPLACEMENT_CONDITION_TYPE)
+            if self.replace_backend == "condition" or current is not None:
+                conds.append(replacement_condition_for(held, current))
+            self.client.patch(Node.Status, cmd.node, {"status": {"conditions": conds}},
                               patch_type=PatchType.STRATEGIC)
-            return f"; condition {CONDITION_TYPE}={cond['status']} ({cond['reason']})"
+            return "".join(f"; condition {c['type']}={c['status']} ({c['reason']})" for c in conds)
 
         return self._retrying(cmd, act, gone=f"; condition {CONDITION_TYPE} not updated: node {cmd.node} is gone",
                               changing=f"; condition {CONDITION_TYPE} not updated: node {cmd.node} kept changing "
@@ -498,8 +504,9 @@ class ClusterActions:
         return self._replace_by_label(cmd, node, dry_run)
 
     def _replace_by_condition(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
-        what = (f"set node {cmd.node}'s condition {CONDITION_TYPE}=False, reason {REPLACEMENT_REQUESTED}, for "
-                f"incident {cmd.incident_id} (a remediator that reads Node conditions replaces it)")
+        what = (f"set node {cmd.node}'s condition {REPLACEMENT_CONDITION_TYPE}=True (and {CONDITION_TYPE}=False, "
+                f"reason {REPLACEMENT_REQUESTED}) for incident {cmd.incident_id} (a remediator that reads Node "
+                f"conditions replaces it)")
         if dry_run:
             return "refused", DRY_RUN_PREFIX + what
         try:
@@ -512,8 +519,8 @@ class ClusterActions:
         if not done:
             return "succeeded", (f"node {cmd.node}'s condition {CONDITION_TYPE} already says {REPLACEMENT_REQUESTED} "
                                  f"for incident {cmd.incident_id}; unchanged")
-        self._event(node, cmd, "XidstreamReplaceNode", f"replacement requested through condition {CONDITION_TYPE}: "
-                                                       f"{cmd.reason or 'see incident'}")
+        self._event(node, cmd, "XidstreamReplaceNode", f"replacement requested through condition "
+                                                       f"{REPLACEMENT_CONDITION_TYPE}: {cmd.reason or 'see incident'}")
         return "succeeded", "set " + what.removeprefix("set ")
 
     def _replace_by_label(self, cmd: RemediationCommand, node: Any, dry_run: bool) -> Outcome:
@@ -537,6 +544,7 @@ CONDITION_REASONS = {
     Action.REPLACE_NODE: "GPUFaultReplaceNode",
 }
 REPLACEMENT_REQUESTED = "ReplacementRequested"  # the condition backend's REPLACE_NODE (--replace-backend condition)
+REPLACEMENT_CONDITION_TYPE = "GPUReplacementRequired"
 _REASON_RANK = {"": 0, "GPUQuarantined": 1, "GPUFaultCordonedNode": 2, "GPUFaultReplaceNode": 3, REPLACEMENT_REQUESTED: 3}
 _CLOSING = (Action.UNCORDON_NODE, Action.RELEASE_GPU)
 HEALTHY_REASON = "NoOpenGPUIncident"
@@ -556,8 +564,28 @@ def _condition_holders(node: Any) -> dict[str, dict]:
             for k, v in held.items() if isinstance(v, dict)}
 
 
-def _condition_of(node: Any) -> Any:
-    return next((c for c in (node.status.conditions or []) if c.type == CONDITION_TYPE), None) if node.status else None
+def _condition_of(node: Any, type_: str = CONDITION_TYPE) -> Any:
+    return next((c for c in (node.status.conditions or []) if c.type == type_), None) if node.status else None
+
+
+def replacement_condition_for(held: dict[str, dict], current: Any = None) -> dict:
+    """GPUReplacementRequired (the condition backend): True while an incident's REPLACE_NODE holds
+    the node, else False. A condition of its own, because a consumer that acts on a condition's
+    type and status alone (a MachineHealthCheck's unhealthyNodeConditions, medik8s NodeHealthCheck,
+    Karpenter's node repair) would replace a node at the first rung if pointed at GPUHealthy, which
+    a cordon or one GPU's quarantine already turns False."""
+    now = _now()
+    asking = sorted(i for i, h in held.items() if h.get("action") == REPLACEMENT_REQUESTED)
+    if asking:
+        status, reason = "True", REPLACEMENT_REQUESTED
+        message = plain_text(f"xidstream asks for this node's replacement: incident {', '.join(asking)} "
+                             f"(see condition {CONDITION_TYPE} for its GPU and why)", 1024)
+    else:
+        status, reason, message = "False", "NoReplacementRequested", "no open xidstream incident asks for it"
+    moved = current is None or current.status != status
+    return {"type": REPLACEMENT_CONDITION_TYPE, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now if moved else _rfc3339(current.lastTransitionTime) or now}
 
 
 def condition_for(held: dict[str, dict], current: Any = None) -> dict:

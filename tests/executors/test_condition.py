@@ -40,3 +40,18 @@ def test_a_holder_annotation_the_node_rewrote_never_crashes_the_executor():
     assert {k: v["action"] for k, v in held.items()} == {"a": "SomethingNew", "b": "", "c": "", "d": "GPUQuarantined"}
     c = condition_for(held)
     assert (c["status"], c["reason"]) == ("False", "GPUQuarantined")
+
+
+def test_the_replacement_condition_is_true_only_while_a_replace_holds_the_node():
+    from executors.cluster import replacement_condition_for
+
+    cordon = {"a": {"gpu": "g", "gpu_index": 0, "action": "GPUFaultCordonedNode", "at": "t"}}
+    c = replacement_condition_for(cordon)  # a cordon is no request to replace
+    assert (c["type"], c["status"], c["reason"]) == ("GPUReplacementRequired", "False", "NoReplacementRequested")
+    both = {**cordon, "z": {"action": "ReplacementRequested"}, "m": {"action": "ReplacementRequested"}}
+    c = replacement_condition_for(both)
+    assert (c["status"], c["reason"]) == ("True", "ReplacementRequested")
+    assert c["message"].startswith("xidstream asks for this node's replacement: incident m, z (")
+    was = SimpleNamespace(status="True", lastTransitionTime="2026-12-01T00:00:00Z")
+    assert replacement_condition_for(both, was)["lastTransitionTime"] == "2026-12-01T00:00:00Z"
+    assert replacement_condition_for(cordon, was)["lastTransitionTime"] != "2026-12-01T00:00:00Z"

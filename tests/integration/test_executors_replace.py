@@ -271,6 +271,9 @@ def test_condition_backend_sets_gpu_healthy_false_replacement_requested_once(kub
     assert r.outcome == Outcome.succeeded and "ReplacementRequested" in r.detail, r.detail
     c = condition(kube, node)
     assert (c["status"], c["reason"]) == ("False", "ReplacementRequested") and cmd.incident_id in c["message"]
+    # the condition a type-and-status consumer (MachineHealthCheck, NodeHealthCheck) is pointed at
+    asks = replacement(kube, node)
+    assert (asks["status"], asks["reason"]) == ("True", "ReplacementRequested") and cmd.incident_id in asks["message"]
     n = get_node(kube, node)
     assert REPLACE_LABEL not in n["metadata"]["labels"]
     assert [e["reason"] for e in node_events(kube, node)] == ["XidstreamReplaceNode"]
@@ -282,6 +285,12 @@ def test_condition_backend_sets_gpu_healthy_false_replacement_requested_once(kub
     # the incident's closing step takes the request back with the rest of its hold
     r = ex.handle(key.sign(command(node, "UNCORDON_NODE", incident_id=cmd.incident_id)))
     assert condition(kube, node)["status"] == "True", r.detail
+    assert replacement(kube, node)["status"] == "False", r.detail
+
+
+def replacement(kube, node: str) -> dict | None:
+    return next((c for c in get_node(kube, node)["status"].get("conditions") or []
+                 if c["type"] == "GPUReplacementRequired"), None)
 
 
 def test_label_backend_is_the_default(kube, keys, tmp_path):
