@@ -16,6 +16,13 @@
                (LITERAL): with a node's credentials (threat T2) the cluster executor's group was
                committed to its end, after which it handled none of the signed commands, or
                rewound to replay them
+    exporter   (`xidstream export`) READ the finding topics (gpu.alerts, gpu.remediation,
+               gpu.remediation.results, gpu.remediation.approvals) and the telemetry topics it lands
+               as Parquet (the input topics); its consumer groups: the prefix
+               `<prefix>xidstream-export-` (PREFIXED), which every default group of the command
+               (`xidstream-export-FORMAT-KIND`) starts with; WRITE the document topics
+               `<prefix>xidstream.findings.ocsf` and `<prefix>xidstream.findings.ecs` (LITERAL:
+               a prefix such as `gpu.alerts` would let it write fake alerts into gpu.alerts itself)
     admin      a super user (the broker's `super.users`): topics, ACLs, approvals
 
 `acl_bindings()` is a pure function (tests read it); `apply_acls()` creates them through the Admin
@@ -31,10 +38,17 @@ from schemas.errors import TopicError
 from transport.config import KafkaConfig
 
 __all__ = ["INPUT_TOPICS", "ROLE_NAMES", "acl_bindings", "apply_acls", "CLUSTER_EXECUTOR_GROUP",
-           "NODE_EXECUTOR_GROUP_PREFIX", "executor_group"]
+           "NODE_EXECUTOR_GROUP_PREFIX", "executor_group", "EXPORT_GROUP_PREFIX", "EXPORT_READ_TOPICS", "EXPORT_TOPICS",
+           "export_group"]
 
 INPUT_TOPICS = ("gpu.inventory", "gpu.samples", "gpu.processes", "gpu.xid", "gpu.workloads")
-ROLE_NAMES = ("collector", "processor", "executor", "cluster-executor")
+ROLE_NAMES = ("collector", "processor", "executor", "cluster-executor", "exporter")
+# what `xidstream export` reads: the findings it maps to OCSF/ECS (the same tuple as
+# exporters.pipeline.FINDING_TOPICS, which a test compares: transport does not import exporters)
+EXPORT_READ_TOPICS = ("gpu.alerts", "gpu.remediation", "gpu.remediation.results", "gpu.remediation.approvals")
+# the documents' topics the exporter may write (`--to kafka:<prefix>xidstream.findings.ocsf`)
+EXPORT_TOPICS = ("xidstream.findings.ocsf", "xidstream.findings.ecs")
+EXPORT_GROUP_PREFIX = "xidstream-export-"
 
 
 CLUSTER_EXECUTOR_GROUP = "xidstream-executor-cluster"
@@ -47,6 +61,12 @@ def executor_group(topic_prefix: str, scope: str, node: str | None = None) -> st
     if scope == "cluster":
         return f"{topic_prefix}{CLUSTER_EXECUTOR_GROUP}"
     return f"{topic_prefix}{NODE_EXECUTOR_GROUP_PREFIX}{node}"
+
+
+def export_group(topic_prefix: str, fmt: str, kind: str) -> str:
+    """The default consumer group of `xidstream export --format FMT --to KIND:...`: under the
+    exporter role's group prefix."""
+    return f"{topic_prefix}{EXPORT_GROUP_PREFIX}{fmt}-{kind}"
 
 
 def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
@@ -93,6 +113,12 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
     allow("executor", G, p + NODE_EXECUTOR_GROUP_PREFIX, (D,), PREFIXED)
     allow("cluster-executor", G, p + CLUSTER_EXECUTOR_GROUP, (R, D))
     allow("cluster-executor", T, p + "xidstream.identities", (W, D))  # the enroller's enrollments
+    # exporter: reads findings and telemetry, writes only its documents' topics
+    for t in (*EXPORT_READ_TOPICS, *INPUT_TOPICS):
+        allow("exporter", T, p + t, (R, D))
+    for t in EXPORT_TOPICS:
+        allow("exporter", T, p + t, (W, D))
+    allow("exporter", G, p + EXPORT_GROUP_PREFIX, (R, D), PREFIXED)
     return out
 
 

@@ -1,6 +1,6 @@
 """`xidstream export`: findings for the SIEM (OCSF or ECS), telemetry for the lake (Parquet).
 
-    xidstream export --format ocsf --to kafka:gpu.alerts.ocsf       # consumer group, at-least-once
+    xidstream export --format ocsf --to kafka:xidstream.findings.ocsf   # consumer group, at-least-once
     xidstream export --format ecs --to jsonl:findings.ndjson
     xidstream export --to parquet:/lake                              # + gpu.samples/xid/processes/workloads
     xidstream replay --json scenarios/motivating-incident.yaml | xidstream export --stdin --to jsonl:-
@@ -29,6 +29,7 @@ def _parse_to(value: str) -> tuple[str, str]:
 def _export(args: argparse.Namespace, settings: Settings) -> int:
     from exporters.parquet import ParquetLander
     from exporters.pipeline import Exporter, JsonlSink, KafkaTopicSink, ParquetSink
+    from transport.acls import export_group
 
     kind, where = _parse_to(args.to)
     lander = None
@@ -58,7 +59,8 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    group = args.group or f"{settings.topic_prefix}xidstream-export-{args.format}-{kind}"
+    # the exporter role's ACLs grant exactly the groups under this name's prefix
+    group = args.group or export_group(settings.topic_prefix, args.format, kind)
     print(f"export: group {group}, {args.format} -> {args.to}" + (" (+ telemetry as Parquet)" if lander else ""),
           file=sys.stderr, flush=True)
     exporter.run_kafka(settings, group, telemetry=lander is not None, idle_exit=args.idle_exit,
@@ -70,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="findings as OCSF or ECS for a SIEM; raw telemetry as Parquet for a data lake")
     p.add_argument("--format", choices=["ocsf", "ecs"], default="ocsf", help="document format (default ocsf)")
     p.add_argument("--to", required=True, metavar="SINK",
-                   help="kafka:TOPIC (e.g. gpu.alerts.ocsf), jsonl:PATH or jsonl:- (stdout), or parquet:DIR "
+                   help="kafka:TOPIC (e.g. xidstream.findings.ocsf, what the exporter role may write), jsonl:PATH or jsonl:- (stdout), or parquet:DIR "
                         "(also lands gpu.samples, gpu.xid, gpu.processes, gpu.workloads, gpu.inventory)")
     p.add_argument("--stdin", action="store_true", help="read {topic,key,value} JSON lines (xidstream replay --json); no Kafka")
     p.add_argument("--group", help="consumer group (default: xidstream-export-FORMAT-KIND under the topic prefix)")

@@ -12,8 +12,8 @@ Steps, each idempotent and each logging to `<state>/broker.log`:
 `LocalBroker(secure=True)` (`xidstream broker start --secure`) is a second, separate instance
 (`.xidstream/broker-secure/`, 127.0.0.1:19392, controller 19393) as a production cluster would
 run it: one SASL_SSL listener (a local CA and a broker certificate made at first start, PEM key
-stores), SCRAM-SHA-512 users `collector`, `processor`, `executor` and `admin` (added at format
-time, passwords generated once), KRaft's StandardAuthorizer with no access unless an ACL grants it,
+stores), SCRAM-SHA-512 users `collector`, `processor`, `executor`, `cluster-executor`, `exporter` and
+`admin` (added at format time, passwords generated once), KRaft's StandardAuthorizer with no access unless an ACL grants it,
 and the contract's least-privilege ACLs (`transport.acls`) created as `admin` through the Admin
 API. The controller listener is TLS with client certificates on loopback (its principal, the
 broker certificate's subject, is a super user like `admin`). Each role gets a librdkafka properties
@@ -56,7 +56,7 @@ def default_state_dir(secure: bool = False) -> Path:
 
 # SCRAM users of the secure broker; `admin` is a super user, the others get the ACLs of
 # transport.acls.
-ROLES = ("collector", "processor", "executor", "cluster-executor", "admin")
+ROLES = ("collector", "processor", "executor", "cluster-executor", "exporter", "admin")
 PLAIN_PORT = 19092
 SECURE_PORT = 19392  # 19192 is the throwaway broker of tests/integration/test_collector_on_broker.py
 # The subject of the secure broker's certificate: the principal of its controller listener.

@@ -560,3 +560,55 @@ def test_install_without_the_runtime_class_fails_naming_the_value_to_set(kube, h
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     render(helm, "--set", f"nvml.runtimeClassName={missing}")  # no cluster: no lookup, renders
+
+
+def test_the_exporter_runs_as_the_exporter_role_ocsf_to_a_topic_and_parquet_to_a_claim(helm):
+    """exporter.enabled (off by default): OCSF to `<prefix>xidstream.findings.ocsf`, the topic the
+    exporter role may write, and Parquet to a PersistentVolumeClaim, each with the exporter role's
+    Kafka Secret; restricted, no API token, no port. Parquet without a claim is refused (an
+    emptyDir would lose files whose offsets are committed)."""
+    import kubernetes_validate
+
+    from transport.acls import EXPORT_GROUP_PREFIX, EXPORT_TOPICS, export_group
+    from xidstream.cli import build_parser
+    from xidstream.export_cmd import _parse_to
+
+    assert "xs-xidstream-exporter" not in by_kind(render(helm)[0])["Deployment"]
+    on = ("-f", str(SECURE), "--set", "exporter.enabled=true", "--set", "exporter.parquet.enabled=true",
+          "--set", "exporter.parquet.claimName=gpu-lake", "--set", "kafka.topicPrefix=staging.")
+    objs, _ = render(helm, *on)
+    kinds = by_kind(objs)
+    dep = kinds["Deployment"]["xs-xidstream-exporter"]
+    spec = pod_spec(dep)
+    assert spec["automountServiceAccountToken"] is False and spec["securityContext"]["runAsNonRoot"] is True
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["lake"]["persistentVolumeClaim"] == {"claimName": "gpu-lake"}
+    c = containers(dep)
+    assert set(c) == {"ocsf", "parquet"}
+    for name, ctr in c.items():
+        args = build_parser().parse_args(ctr["args"])
+        assert args.handler.__module__ == "xidstream.export_cmd" and args.group is None
+        assert args.kafka_config == "/etc/xidstream/kafka/client.properties"
+        mount = next(m for m in ctr["volumeMounts"] if m["mountPath"] == "/etc/xidstream/kafka")
+        assert vols[mount["name"]]["secret"]["secretName"] == "xidstream-kafka-exporter"
+        assert "ports" not in ctr and ctr["securityContext"]["readOnlyRootFilesystem"] is True
+        env = {e["name"]: e.get("value") for e in ctr["env"]}
+        kind, where = _parse_to(args.to)
+        # its default group is one the exporter role's ACLs grant
+        assert export_group(env["XIDSTREAM_TOPIC_PREFIX"], args.format, kind).startswith("staging." + EXPORT_GROUP_PREFIX)
+    assert c["ocsf"]["args"][c["ocsf"]["args"].index("--to") + 1] == "kafka:staging.xidstream.findings.ocsf"
+    assert "xidstream.findings.ocsf" in EXPORT_TOPICS
+    assert c["parquet"]["args"][c["parquet"]["args"].index("--to") + 1] == "parquet:/var/lib/xidstream/lake"
+    assert {"name": "lake", "mountPath": "/var/lib/xidstream/lake"} in c["parquet"]["volumeMounts"]
+    assert kinds["NetworkPolicy"]["xs-xidstream-exporter"]["spec"]["ingress"] == []
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "NetworkPolicy"):
+            for version in KUBE_VERSIONS:
+                kubernetes_validate.validate(obj, version, strict=True)
+    # OCSF only (the default when enabled); and what the chart refuses
+    only, _ = render(helm, "--set", "exporter.enabled=true")
+    assert set(containers(by_kind(only)["Deployment"]["xs-xidstream-exporter"])) == {"ocsf"}
+    _, no_claim = render(helm, "--set", "exporter.enabled=true", "--set", "exporter.parquet.enabled=true", check=False)
+    assert no_claim.returncode != 0 and "exporter.parquet.claimName is required" in no_claim.stderr
+    _, nothing = render(helm, "--set", "exporter.enabled=true", "--set", "exporter.ocsf.enabled=false", check=False)
+    assert nothing.returncode != 0 and "exporter.ocsf.enabled or exporter.parquet.enabled" in nothing.stderr

@@ -70,8 +70,11 @@ def _counts(records) -> dict[str, int]:
 
 
 def test_findings_exported_to_a_kafka_topic_as_valid_ocsf(kafka_settings):
-    recs = alerts() + commands_and_results()
-    _produce(kafka_settings, recs)
+    from exporters import ocsf
+
+    produced = alerts() + commands_and_results()
+    _produce(kafka_settings, produced)
+    recs = [r for r in produced if ocsf.to_ocsf(r) is not None]  # RECORD commands and their results map to none
     out_topic = kafka_settings.topics.name("gpu.alerts") + ".ocsf"
     with pytest.raises(ConfigError, match="does not exist"):
         KafkaTopicSink(kafka_settings, out_topic)
@@ -153,3 +156,53 @@ def test_a_killed_exporter_restarted_loses_no_record(kafka_settings, tmp_path):
         assert distinct == d_distinct == n, table  # nothing lost
         assert rows == d_rows >= n  # at-least-once: duplicates only of what was not yet committed
     assert not list(tmp_path.rglob("*.tmp")) or all(p.name.startswith(".") for p in tmp_path.rglob("*.tmp"))
+
+
+def test_a_document_over_the_topics_size_limit_is_shrunk_or_skipped_and_the_export_goes_on(kafka_settings, capfd):
+    """A document bigger than the output topic takes killed the exporter (MSG_SIZE_TOO_LARGE failed
+    durable()), and its uncommitted offset killed the restarted one again. Now it is shrunk (its
+    timeline cut) or, too big however cut, skipped with an error naming it; the rest goes on and
+    the group commits."""
+    import base64
+
+    from schemas import EvidenceEntry
+
+    def noise(n: int) -> str:  # incompressible: the broker's limit applies to the lz4 batch
+        return base64.b64encode(os.urandom(n)).decode()
+
+    small = alerts()[:6]
+    a = small[0]
+    timeline = [EvidenceEntry(ts=a.ts + timedelta(milliseconds=i), kind="xid", summary=noise(150), data={"xid": 13})
+                for i in range(2000)]
+    long_timeline = a.model_copy(update={"alert_id": "big-timeline", "event_id": "ev-big-timeline",
+                                         "evidence": a.evidence.model_copy(update={"timeline": timeline})})
+    # 300 steps of 1,000 random characters stay about 300 kB however cut
+    uncuttable = a.model_copy(update={"alert_id": "big-steps", "event_id": "ev-big-steps",
+                                      "recommended_steps": [noise(750) for _ in range(300)]})
+    recs = small[:3] + [long_timeline, uncuttable] + small[3:]
+    _produce(kafka_settings, recs)
+    out_topic = kafka_settings.topics.name("gpu.alerts") + ".ocsf"
+    client = admin(kafka_settings)
+    client.create_topics([NewTopic(out_topic, num_partitions=1, replication_factor=1,
+                                   config={"max.message.bytes": "65536"})])[out_topic].result(30)
+    deadline = time.monotonic() + 30  # until it has a leader
+    while time.monotonic() < deadline and any(
+            t.error or any(p.leader < 0 for p in t.partitions.values())
+            for t in [client.list_topics(out_topic, timeout=10).topics[out_topic]]):
+        time.sleep(0.2)
+    group = f"{kafka_settings.topic_prefix}export-size"
+    exporter = Exporter("ocsf", KafkaTopicSink(kafka_settings, out_topic))
+    stats = exporter.run_kafka(kafka_settings, group, telemetry=False, idle_exit=3.0)
+    assert (stats.consumed, stats.truncated, stats.too_large) == (len(recs), 1, 1)
+    assert "too large (skipped)" in stats.line()
+    assert "skipped the document of event ev-big-steps" in capfd.readouterr().err
+    msgs = read_all(kafka_settings, [out_topic], expected=len(recs) - 1, timeout=30)
+    docs = {orjson.loads(m.value())["metadata"]["uid"]: orjson.loads(m.value()) for m in msgs}
+    assert set(docs) == {r.event_id for r in recs} - {"ev-big-steps"}
+    cut = docs["ev-big-timeline"]["unmapped"]
+    assert cut["truncated"] is True and len(cut.get("timeline", [])) <= 5
+    assert not any("truncated" in d["unmapped"] for uid, d in docs.items() if uid != "ev-big-timeline")
+    # committed past both: a restart has nothing to read, and nothing to die on
+    again = Exporter("ocsf", KafkaTopicSink(kafka_settings, out_topic)).run_kafka(
+        kafka_settings, group, telemetry=False, idle_exit=3.0)
+    assert again.consumed == 0
