@@ -69,6 +69,17 @@ def breaker_time(ts: float, now: float | None, policy: Policy) -> float:
     return now
 
 
+def _newest_incidents(starts: list) -> dict[str, str]:
+    """Each node's incident of its newest start (the first of equal times): what a storm names per
+    node. The newest only, so a row whose starts were compacted to each node's newest
+    (streams.app.fleet_row) names the same ones."""
+    newest: dict[str, list] = {}
+    for s in starts:
+        if len(s) > 2 and (s[1] not in newest or s[0] > newest[s[1]][0]):
+            newest[s[1]] = s
+    return {node: s[2] for node, s in newest.items()}
+
+
 def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None = None) -> tuple[FleetState, list]:
     """msg: {"kind": "node_seen", "node", "ts"} | {"kind": "command", "command": RemediationCommand}
     | {"kind": "reset", "ts", "by"}. Returns outputs ("alert" | "command", record). `now`: when the
@@ -130,7 +141,7 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
         if would > policy.fleet_fraction * known and would >= policy.fleet_min_nodes:
             state.tripped, state.tripped_at = True, ts
             state.trips += 1
-            members = sorted({(s[1], s[2]) for s in state.starts if len(s) > 2} | {(cmd.node, cmd.incident_id)})
+            members = sorted({**_newest_incidents(state.starts), cmd.node: cmd.incident_id}.items())
             outputs.append(("alert", _storm_alert(state, cmd, sorted(nodes | {cmd.node}), known, policy, members)))
     state.starts.append([ts, cmd.node, cmd.incident_id])
     if state.tripped:
@@ -177,8 +188,8 @@ def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known:
         evidence=Evidence(node=FLEET_NODE, timeline=[EvidenceEntry(ts=ts, kind="note", summary=summary,
                                                                    data={"nodes": nodes, "known_nodes": known,
                                                                          "trigger_command": cmd.command_id,
-                                                                         # (node, incident) of each start in
-                                                                         # the window: what the storm groups
+                                                                         # each node's newest incident in the
+                                                                         # window: what the storm groups
                                                                          "members": [{"node": n, "incident_id": i}
                                                                                      for n, i in members]})]),
         recommended_steps=["Look for a common cause (a driver or firmware rollout, a bad image) before approving any held command.",

@@ -12,7 +12,6 @@ stale, foreign or repeated result is written into the timeline and changes nothi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.vocab import Action
@@ -31,28 +30,54 @@ _KEEP_HEAD = 10
 _RECORDS_KEPT = 16
 
 
-@dataclass(slots=True)
+# The fields of a row, in order (its changelog form is a dict of them).
+_FIELDS = ("id", "classification", "opened_at", "remedy", "plan", "emitted", "timeline", "alerts", "last_alert_at",
+           "hardware", "remediated", "reset_ok_at", "reboot_ok_at", "recommendation", "sample_stats", "steps", "noted")
+
+
 class Incident:
-    id: str
-    classification: str
-    opened_at: float
-    remedy: str
-    plan: list[str] = field(default_factory=list)
-    # {"step", "action", "command_id", "ts", "outcome"}: outcome is None until a result answers it
-    emitted: list[dict] = field(default_factory=list)
-    timeline: list[dict] = field(default_factory=list)
-    alerts: int = 0
-    last_alert_at: float | None = None
-    hardware: bool = False
-    remediated: bool = False
-    reset_ok_at: float | None = None
-    reboot_ok_at: float | None = None
-    recommendation: str | None = None
-    sample_stats: dict | None = None
-    steps: int = 0  # commands emitted in all: the next step's number (RECORDs past the cap are not kept)
-    # timeline entries noted in all: a full timeline drops one as it takes one, at the same length,
-    # and the row must still be written (streams.classify._material)
-    noted: int = 0
+    """A plain class with slots, not a dataclass: mutmut 3 does not mutate the methods of a decorated
+    class, and the ladder's rules live in these methods (make mutate)."""
+
+    __slots__ = _FIELDS
+
+    def __init__(self, id: str, classification: str, opened_at: float, remedy: str, plan: list[str] | None = None,
+                 emitted: list[dict] | None = None, timeline: list[dict] | None = None, alerts: int = 0,
+                 last_alert_at: float | None = None, hardware: bool = False, remediated: bool = False,
+                 reset_ok_at: float | None = None, reboot_ok_at: float | None = None,
+                 recommendation: str | None = None, sample_stats: dict | None = None, steps: int = 0,
+                 noted: int = 0) -> None:
+        self.id = id
+        self.classification = classification
+        self.opened_at = opened_at
+        self.remedy = remedy
+        self.plan = [] if plan is None else plan
+        # {"step", "action", "command_id", "ts", "outcome"}: outcome is None until a result answers it
+        self.emitted = [] if emitted is None else emitted
+        self.timeline = [] if timeline is None else timeline
+        self.alerts = alerts
+        self.last_alert_at = last_alert_at
+        self.hardware = hardware
+        self.remediated = remediated
+        self.reset_ok_at = reset_ok_at
+        self.reboot_ok_at = reboot_ok_at
+        self.recommendation = recommendation
+        self.sample_stats = sample_stats
+        # commands emitted in all: the next step's number (RECORDs past the cap are not kept)
+        self.steps = steps
+        # timeline entries noted in all: a full timeline drops one as it takes one, at the same
+        # length, and the row must still be written (streams.classify._material)
+        self.noted = noted
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Incident:
+            return NotImplemented
+        return all(getattr(self, k) == getattr(other, k) for k in _FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it was
+
+    def __repr__(self) -> str:
+        return f"Incident({', '.join(f'{k}={getattr(self, k)!r}' for k in _FIELDS)})"
 
     # -- the ladder ------------------------------------------------------------------------------
     def top_rung(self) -> int:
@@ -108,5 +133,3 @@ class Incident:
     def from_dict(cls, data: dict[str, Any]) -> "Incident":
         return cls(**{k: v for k, v in data.items() if k in _FIELDS})
 
-
-_FIELDS = tuple(Incident.__dataclass_fields__)

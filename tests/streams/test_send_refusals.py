@@ -244,7 +244,7 @@ def test_the_compacted_breaker_row_decides_exactly_as_the_full_one(before, after
     row = fleet_row(data, limit=0)  # over any limit: compacted
     restored = FleetState.from_dict(orjson.loads(row))
     restored.known_nodes = dict(state.known_nodes)
-    assert len(restored.starts) == len({n for _, n in state.starts})
+    assert len(restored.starts) == len({s[1] for s in state.starts})
     for i, c in enumerate(after, start=len(before)):
         m = msg(i, c)
         state, full = fleet_step(state, m, policy)
