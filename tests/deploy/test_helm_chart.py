@@ -162,6 +162,43 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
         ("pods", ("get", "list", "watch")), ("nodes", ("get",))}
 
 
+@pytest.mark.parametrize("backend, extra", [
+    ("label", set()), ("condition", set()),
+    ("cluster-api", {("cluster.x-k8s.io", "machines", "get"), ("cluster.x-k8s.io", "machines", "patch")}),
+    ("karpenter", {("karpenter.sh", "nodeclaims", "list"), ("karpenter.sh", "nodeclaims", "delete")}),
+])
+def test_each_replace_backend_adds_exactly_its_rules_and_its_flag(helm, backend, extra):
+    kinds = by_kind(render(helm, "--set", f"clusterExecutor.replaceBackend={backend}")[0])
+    rules = kinds["ClusterRole"]["xs-xidstream-cluster-executor"]["rules"]
+    grants = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    base = {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"), ("", "pods", "list"),
+            ("", "pods/eviction", "create"), ("resource.k8s.io", "devicetaintrules", "create"),
+            ("resource.k8s.io", "devicetaintrules", "delete")}
+    assert grants == base | extra
+    args = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
+    assert args[args.index("--replace-backend") + 1] == backend and "--replace-kubeconfig" not in args
+
+
+def test_cluster_api_with_a_management_kubeconfig_mounts_it_and_grants_nothing_here(helm):
+    objs, _ = render(helm, "--set", "clusterExecutor.replaceBackend=cluster-api",
+                     "--set", "clusterExecutor.replaceKubeconfig.secretName=mgmt")
+    dep = by_kind(objs)["Deployment"]["xs-xidstream-cluster-executor"]
+    args = containers(dep)["executor"]["args"]
+    assert args[args.index("--replace-kubeconfig") + 1] == "/etc/xidstream/replace/kubeconfig"
+    assert {"name": "replace-kubeconfig", "secret": {"secretName": "mgmt", "defaultMode": 0o440}} in pod_spec(dep)["volumes"]
+    rules = by_kind(objs)["ClusterRole"]["xs-xidstream-cluster-executor"]["rules"]
+    assert not any("cluster.x-k8s.io" in r["apiGroups"] for r in rules)
+
+
+@pytest.mark.parametrize("values, why", [
+    (("clusterExecutor.replaceBackend=machine",), "replaceBackend"),
+    (("clusterExecutor.replaceKubeconfig.secretName=mgmt",), "replaceKubeconfig"),
+])
+def test_a_wrong_replace_backend_setting_is_refused_by_name(helm, values, why):
+    _, proc = render(helm, *[a for v in values for a in ("--set", v)], check=False)
+    assert proc.returncode != 0 and why in proc.stderr
+
+
 def test_secure_values_render_sasl_ssl_journal_and_rocksdb(helm):
     objs, _ = render(helm, "-f", str(SECURE))
     kinds = by_kind(objs)
