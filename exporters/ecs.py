@@ -11,7 +11,8 @@ A field ECS defines as one value holds one: `process.pid` is the first process o
 Only the fields ECS itself normalizes to arrays (`ECS_ARRAY_FIELDS`) hold lists. A FLEET_STORM has
 no `host` (the fleet is no host): its nodes are `related.hosts` and the incidents it groups
 `xidstream.members`. An approval names its approver in `user.name` and their key in
-`xidstream.key_id`; a signed command its key in `xidstream.key_id`.
+`xidstream.key_id`; a signed command its key in `xidstream.key_id`. Every alert is `event.kind:
+alert`, Closes and record-only app faults too: page on `xidstream.is_alert` (OCSF's `is_alert`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ ECS_FIELD_TYPES: dict[str, str] = {
     "rule.name": "keyword",
     "rule.id": "keyword",
     "rule.category": "keyword",
-    "rule.description": "keyword",
     "process.pid": "long",
     "orchestrator.type": "keyword",
     "orchestrator.resource.type": "keyword",
@@ -128,8 +128,6 @@ def alert_to_ecs(alert: Alert) -> dict[str, Any]:
         doc["event"]["end"] = format_ts(max(e.ts for e in ev.timeline))
     doc["message"] = alert.summary
     doc["rule"] = {"name": alert.classification.value, "id": alert.classification.value, "category": "gpu-health"}
-    if alert.recommended_steps:
-        doc["rule"]["description"] = "; ".join(alert.recommended_steps)
     if alert.gpu_uuid or ev.gpu_uuid:
         doc["device"] = {"id": alert.gpu_uuid or ev.gpu_uuid}
     if ev.distinct_pids:  # one value, as ECS defines it: the first; all of them under xidstream.pids
@@ -139,6 +137,9 @@ def alert_to_ecs(alert: Alert) -> dict[str, Any]:
     doc["tags"] = ["xidstream", alert.classification.value, alert.severity.value]
     doc[CUSTOM_NAMESPACE] = {
         "incident_id": alert.incident_id, "alert_id": alert.alert_id, "state": alert.state,
+        # what pages: every alert document is event.kind alert, Closes and record-only app faults
+        # included; this is OCSF's is_alert (exporters.ocsf)
+        "is_alert": alert.state != "resolved" and alert.classification is not Classification.APP_FAULT,
         "severity": alert.severity.value, "gpu_index": ev.gpu_index, "pci_bus_id": alert.pci_bus_id or ev.pci_bus_id,
         "xid_counts": dict(ev.xid_counts), "xids": xids, "sample_stats": dict(ev.sample_stats),
         "recommended_steps": list(alert.recommended_steps),

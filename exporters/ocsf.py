@@ -31,16 +31,23 @@ required, one node), FLEET_STORM Critical (5: OCSF's "action required immediatel
 broad"). Every event carries `observables`: the node (Hostname), the GPU UUID (Resource UID) and,
 where there is one, the signing key (User Credential ID) and the approver (User Name).
 
-`metadata.uid` is the source record's `event_id` (and `metadata.original_event_uid` too), so a
+`metadata.original_event_uid` is the source record's `event_id`; `metadata.uid`, the OCSF event's
+own id, is derived from it (a UUID v5, distinct from the source's id as OCSF asks), so a
 re-delivered record exports an event with the same uid that a SIEM can de-duplicate.
+`metadata.log_source` is the topic the record came from, `metadata.log_version` its contract
+version; `log_name` is left to the consumer (its index or bucket). A Detection Finding's
+`status_id` is the consumer's (its analysts' workflow): it is New on Create and Resolved on Close,
+and an Update leaves it out rather than overwrite what an analyst set.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from schemas.base import Record
 from schemas.models import Alert, Approval, RemediationCommand, RemediationResult
+from schemas.topics import spec_for_model
 from schemas.vocab import Action, Classification, Outcome, Severity
 
 __all__ = ["OCSF_VERSION", "PRODUCT", "to_ocsf", "alert_to_ocsf", "command_to_ocsf", "result_to_ocsf",
@@ -65,7 +72,8 @@ _BROAD = frozenset({Classification.FLEET_STORM})
 # finding activity_id by the alert's state
 _FINDING_ACTIVITY = {"open": (1, "Create"), "updated": (2, "Update"), "resolved": (3, "Close")}
 # Detection Finding status_id: 1 New, 2 In Progress, 4 Resolved
-_DETECTION_STATUS = {"open": (1, "New"), "updated": (2, "In Progress"), "resolved": (4, "Resolved")}
+# (an Update has none: OCSF's status_id is "set by the consumer", an analyst's, not ours to overwrite)
+_DETECTION_STATUS = {"open": (1, "New"), "resolved": (4, "Resolved")}
 # Incident Finding status_id: 1 New, 2 In Progress, 5 Closed
 _INCIDENT_STATUS = {"open": (1, "New"), "updated": (2, "In Progress"), "resolved": (5, "Closed")}
 # Remediation Activity activity_id: 1 Isolate, 2 Evict, 3 Restore, 5 Detect, 99 Other
@@ -100,6 +108,11 @@ def class_name_of(class_uid: int) -> str:
     return _CLASS_KEY[class_uid]
 
 
+# the namespace of the OCSF events' own uids (uuid5 of "ocsf:<event_id>"): fixed, so a re-delivered
+# record's event has the same uid
+_UID_NAMESPACE = uuid.UUID("6f1d2c3b-8a4e-5f60-9b7a-0c1d2e3f4a5b")
+
+
 def severity_of(alert: Alert) -> int:
     """The OCSF severity_id of an alert: by its verdict's severity, Critical only for a broad scope."""
     sev = _SEVERITY[alert.severity]
@@ -120,9 +133,10 @@ def _base(record: Record, class_uid: int, activity: tuple[int, str], severity_id
     metadata: dict[str, Any] = {
         "version": OCSF_VERSION,
         "product": dict(PRODUCT),
-        "uid": record.event_id,
+        "uid": str(uuid.uuid5(_UID_NAMESPACE, f"ocsf:{record.event_id}")),
         "original_event_uid": record.event_id,
-        "log_name": record.SCHEMA,
+        "log_source": spec_for_model(type(record)).name,
+        "log_version": record.SCHEMA,
     }
     if correlation:
         metadata["correlation_uid"] = correlation
@@ -204,8 +218,7 @@ def alert_to_ocsf(alert: Alert) -> dict[str, Any]:
         out = _base(alert, CLASS_INCIDENT_FINDING, _FINDING_ACTIVITY[state], sev_id, correlation=alert.incident_id)
         out.update({
             # the storm's own finding, then each incident it groups, by the uid of its Detection Finding
-            # (a member's title is its node: the Hostname observables point at it)
-            "finding_info_list": [finding] + [{"uid": inc, "title": node, "desc": f"node-level remediation on {node}",
+            "finding_info_list": [finding] + [{"uid": inc, "title": f"node-level remediation on {node}",
                                                "types": ["FLEET_STORM member"]} for node, inc in members],
             "status_id": status[0], "status": status[1],
             "assignee_group": {"name": "gpu-fleet-operators"},
@@ -215,14 +228,15 @@ def alert_to_ocsf(alert: Alert) -> dict[str, Any]:
             "unmapped": {**unmapped, "node": alert.node},
         })
         nodes = sorted({node for node, _ in members} | set(_storm_nodes(alert)))
-        if nodes:
-            out["observables"] = [_observable(1, "finding_info_list.title", n) for n in nodes]
+        if nodes:  # every affected node, where the observables point
+            out["unmapped"]["nodes"] = nodes
+            out["observables"] = [_observable(1, "unmapped.nodes", n) for n in nodes]
         return out
-    status = _DETECTION_STATUS[state]
     out = _base(alert, CLASS_DETECTION_FINDING, _FINDING_ACTIVITY[state], sev_id, correlation=alert.incident_id)
+    out["finding_info"] = finding
+    if state in _DETECTION_STATUS:
+        out["status_id"], out["status"] = _DETECTION_STATUS[state]
     out.update({
-        "finding_info": finding,
-        "status_id": status[0], "status": status[1],
         "message": alert.summary,
         "is_alert": alertable,
         "device": _device(alert.node),

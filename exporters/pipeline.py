@@ -1,8 +1,9 @@
 """The export loop: contract records in (Kafka consumer group or JSON lines), OCSF/ECS documents
 and Parquet files out, offsets committed only after the output is durable (at-least-once).
 
-A source record's `event_id` is the exported document's id (`metadata.uid` / `event.id`), so a
-record delivered twice (after a crash between writing and committing) is recognisable downstream.
+A source record's `event_id` is in every exported document (OCSF `metadata.original_event_uid`,
+from which `metadata.uid` is derived; ECS `event.id`), so a record delivered twice (after a crash
+between writing and committing) is recognisable downstream.
 
 A document bigger than Kafka takes (the producer's `message.max.bytes`, or a lower limit of the
 broker or topic, which refuses it with MSG_SIZE_TOO_LARGE) is shrunk (`fit_document`: its long

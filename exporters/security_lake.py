@@ -1,14 +1,18 @@
 """The landed OCSF findings as one Parquet table per OCSF class, in Amazon Security Lake's custom
-source layout, for upload to its S3 bucket:
+source layout (one custom source per OCSF class), for upload to its S3 bucket:
 
-    OUT/ext/<source>/<class name>/region=<region>/accountId=<account>/eventDay=<YYYYMMDD>/part-*.parquet
+    OUT/ext/<source>-<class>/region=<region>/accountId=<account>/eventDay=<YYYYMMDD>/part-*.parquet
+
+e.g. `ext/xidstream-detection-finding/...`: register three custom sources (Detection Finding,
+Incident Finding, Remediation Activity) under those names.
 
 `xidstream export --format ocsf --to parquet:LAKE` lands every OCSF event as one JSON document per
 row in the table `findings.ocsf` (its class in `class_uid`); Security Lake wants one table per class
 with the OCSF attributes as columns. This reads that table, keeps each class's events apart, and
 writes the documents as typed columns. OCSF's `json_t` attributes (`data`, `unmapped`) are kept as
 JSON text: their shape changes from event to event, and a column whose type depends on the rows
-present would change type between files.
+present would change type between files. A table's columns are the union of every event's
+attributes (an attribute the first event lacks is still a column), not the first event's.
 
     python -m exporters.security_lake LAKE OUT --region us-east-1 --account 123456789012
 
@@ -32,7 +36,7 @@ import pyarrow.parquet as pq
 
 from exporters.ocsf import class_name_of
 
-__all__ = ["split_by_class", "main"]
+__all__ = ["split_by_class", "source_name", "main"]
 
 _JSON_ATTRS = ("data", "unmapped")
 
@@ -44,6 +48,21 @@ def _json_text(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_json_text(v) for v in obj]
     return obj
+
+
+def source_name(source: str, class_uid: int) -> str:
+    """The custom source of a class: e.g. ``xidstream-detection-finding``."""
+    return f"{source}-{class_name_of(class_uid).replace('_', '-')}"
+
+
+def _union_schema(events: list[dict]) -> pa.Schema:
+    """Every attribute any event has (pyarrow infers a table's columns from its first row alone:
+    a Remediation Activity day that starts with a result lost its commands' `remediation`)."""
+    seen: dict[str, pa.Schema] = {}
+    for e in events:
+        schema = pa.Table.from_pylist([e]).schema
+        seen.setdefault(schema.to_string(), schema)
+    return pa.unify_schemas(list(seen.values()), promote_options="permissive")
 
 
 def split_by_class(lake: str | Path, out: str | Path, *, source: str = "xidstream", region: str = "us-east-1",
@@ -66,11 +85,11 @@ def split_by_class(lake: str | Path, out: str | Path, *, source: str = "xidstrea
         groups[(class_uid, when.strftime("%Y%m%d"))].append(_json_text(event))
     counts: dict[int, int] = defaultdict(int)
     for (class_uid, event_day), events in sorted(groups.items()):
-        dest = (Path(out) / "ext" / source / class_name_of(class_uid) / f"region={region}"
+        dest = (Path(out) / "ext" / source_name(source, class_uid) / f"region={region}"
                 / f"accountId={account}" / f"eventDay={event_day}")
         dest.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(events), dest / f"part-{uuid.uuid4().hex[:12]}.parquet",
-                       compression="zstd")
+        pq.write_table(pa.Table.from_pylist(events, schema=_union_schema(events)),
+                       dest / f"part-{uuid.uuid4().hex[:12]}.parquet", compression="zstd")
         counts[class_uid] += len(events)
     return dict(counts)
 
@@ -91,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"security_lake: {exc}", file=sys.stderr)
         return 2
     for class_uid, n in sorted(counts.items()):
-        print(f"{class_name_of(class_uid)} ({class_uid}): {n:,} events")
+        print(f"{source_name(args.source, class_uid)} ({class_uid}): {n:,} events")
     return 0
 
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from exporters import security_lake
 from exporters.ecs import CUSTOM_NAMESPACE, ECS_FIELD_TYPES, to_ecs
 from exporters.ocsf import to_ocsf
+from schemas import Action
 from tests.exporters.helpers import alerts, commands_and_results
 from tests.exporters.test_ecs import _flatten
 from tests.exporters.test_semantics import _approval, _key
@@ -78,11 +79,11 @@ def test_security_lake_gets_one_typed_table_per_class_and_day(tmp_path):
     for e in events:
         want[e["class_uid"]] = want.get(e["class_uid"], 0) + 1
     assert counts == want and set(counts) == {2004, 2005, 7001}
-    base = tmp_path / "out" / "ext" / "xidstream"
-    days = sorted(p.name for p in (base / "detection_finding" / "region=eu-west-1" / "accountId=1234").iterdir())
+    base = tmp_path / "out" / "ext"
+    days = sorted(p.name for p in (base / "xidstream-detection-finding" / "region=eu-west-1" / "accountId=1234").iterdir())
     assert days == ["eventDay=20261128", "eventDay=20261129"]
-    for cls, name in ((2004, "detection_finding"), (2005, "incident_finding"), (7001, "remediation_activity")):
-        t = pq.ParquetDataset(base / name).read()
+    for cls, name in ((2004, "detection-finding"), (2005, "incident-finding"), (7001, "remediation-activity")):
+        t = pq.ParquetDataset(base / f"xidstream-{name}").read()
         assert t.num_rows == want[cls] and set(t.column("class_uid").to_pylist()) == {cls}
         assert pa.types.is_integer(t.schema.field("time").type)
         assert pa.types.is_struct(t.schema.field("metadata").type)  # typed columns, not JSON text
@@ -91,6 +92,24 @@ def test_security_lake_gets_one_typed_table_per_class_and_day(tmp_path):
         assert isinstance(json.loads(t.column("unmapped")[0].as_py()), dict)
     one = security_lake.split_by_class(tmp_path / "lake", tmp_path / "out2", day="2026-11-29")
     assert one == {events[0]["class_uid"]: 1}
+
+
+def test_a_column_the_first_event_lacks_is_kept(tmp_path):
+    # a day of Remediation Activity that starts with a result (no `remediation`) and then has a
+    # command (with one): pyarrow alone infers the columns from the first row and dropped it
+    recs = [r for r in commands_and_results() if r.action is not Action.RECORD]
+    cmd, res = to_ocsf(recs[0]), to_ocsf(recs[1])  # a command and its result
+    assert "remediation" not in res and "remediation" in cmd
+    folder = tmp_path / "lake" / "topic=findings.ocsf" / "dt=2026-11-28" / "hour=3"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"class_uid": pa.array([7001, 7001], pa.int32()),
+                             "document": [orjson.dumps(res).decode(), orjson.dumps(cmd).decode()]}),  # result first
+                   folder / "part-1.parquet")
+    security_lake.split_by_class(tmp_path / "lake", tmp_path / "out")
+    t = pq.ParquetDataset(tmp_path / "out" / "ext" / "xidstream-remediation-activity").read()
+    rows = t.to_pylist()
+    assert rows[0]["remediation"] is None and rows[1]["remediation"] == cmd["remediation"]
+    assert "status_detail" in t.column_names and "command_uid" in t.column_names
 
 
 def test_security_lake_says_when_nothing_was_landed(tmp_path, capsys):

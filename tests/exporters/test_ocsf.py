@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -56,9 +57,13 @@ def test_the_gpu_is_a_resource_with_its_uuid_and_the_node_the_device():
     assert next(x for x in ev if x["name"] == "sample_stats")["data"]["util_min"] == 100.0
 
 
-def test_a_re_delivery_has_the_same_uid():
+def test_a_re_delivery_has_the_same_uid_distinct_from_the_source_records():
+    # OCSF: metadata.uid is the OCSF event's own id, "distinct from the original event identifier"
     a = alerts()[0]
-    assert to_ocsf(a)["metadata"]["uid"] == a.event_id == to_ocsf(a.model_copy())["metadata"]["uid"]
+    e = to_ocsf(a)
+    assert e["metadata"]["uid"] == to_ocsf(a.model_copy())["metadata"]["uid"] == ocsf_uid(a.event_id)
+    assert e["metadata"]["original_event_uid"] == a.event_id != e["metadata"]["uid"]
+    assert to_ocsf(alerts()[1])["metadata"]["uid"] != e["metadata"]["uid"]
 
 
 def test_a_fleet_storm_is_an_incident_finding():
@@ -87,9 +92,20 @@ T0_MS = 1_795_834_800_000
 PRODUCT = {"name": "xidstream", "vendor_name": "xidstream", "version": "0.1.0"}
 
 
+def ocsf_uid(event_id: str) -> str:
+    """The OCSF event's uid: UUID v5 of "ocsf:<event_id>" in xidstream's namespace."""
+    return str(uuid.uuid5(uuid.UUID("6f1d2c3b-8a4e-5f60-9b7a-0c1d2e3f4a5b"), "ocsf:" + event_id))
+
+
+_TOPIC = {"xidstream.alert/1": "gpu.alerts", "xidstream.remediation_command/2": "gpu.remediation",
+          "xidstream.remediation_result/3": "gpu.remediation.results", "xidstream.approval/1": "gpu.remediation.approvals"}
+
+
 def _meta(event_id, schema, correlation, profiles=None):
-    m = {"version": "1.8.0", "product": PRODUCT, "uid": event_id, "original_event_uid": event_id, "log_name": schema,
-         "correlation_uid": correlation}
+    m = {"version": "1.8.0", "product": PRODUCT, "uid": ocsf_uid(event_id), "original_event_uid": event_id,
+         "log_source": _TOPIC[schema], "log_version": schema}
+    if correlation:
+        m["correlation_uid"] = correlation
     return {**m, "profiles": profiles} if profiles else m
 
 
@@ -115,7 +131,7 @@ def test_a_detection_finding_in_full():
         "finding_info": {"uid": "inc-1", "uid_alt": "a1", "title": "GPU 1 wedged", "types": ["GPU_WEDGED"],
                          "data_sources": ["NVML", "kernel log", "Kubernetes"],
                          "first_seen_time": T0_MS, "last_seen_time": T0_MS + 61_000},
-        "status_id": 2, "status": "In Progress", "message": "GPU 1 wedged", "is_alert": True,
+        "message": "GPU 1 wedged", "is_alert": True,  # an Update: no status_id (the analysts' own)
         "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},
         "evidences": [  # Xid codes in numeric order, not as strings ("119" < "13" < "9")
             {"name": "Xid 9", "data": {"xid": 9, "count": 2}},

@@ -27,6 +27,7 @@ def _key() -> SigningKey:
 from streams.fleet import FleetState, fleet_step
 from streams.policy import Policy
 from tests.exporters.helpers import alerts, commands_and_results, ocsf_errors
+from tests.exporters.test_ocsf import _meta
 from tests.factories import NODE, T0, UUID1
 
 
@@ -176,7 +177,7 @@ def test_an_approval_is_exported_with_who_approved_and_their_key():
     assert (e["activity_id"], e["activity_name"], e["type_uid"]) == (99, "Approve", 700199)
     assert e["actor"]["user"] == {"type_id": 1, "type": "User", "name": "alice", "credential_uid": key.key_id}
     assert (4, "actor.user.name", "alice") in _obs(e) and (19, "actor.user.credential_uid", key.key_id) in _obs(e)
-    assert e["metadata"]["uid"] == "e-appr" and "is_alert" not in e
+    assert e["metadata"]["original_event_uid"] == "e-appr" and "is_alert" not in e
     doc = to_ecs(appr)
     assert doc["user"]["name"] == "alice" and doc["event"]["action"] == "approve"
     assert doc["xidstream"]["command_id"] == "c1" and doc["xidstream"]["key_id"] == key.key_id
@@ -223,11 +224,13 @@ def test_a_storm_incident_finding_in_full():
                                       {"node": "node-c", "incident_id": "inc-1"}, {"node": "node-x"}, ["node-y", "inc-9"],
                                       {"node": 3, "incident_id": "inc-3"}]})]))
     e = to_ocsf(storm)
-    assert [(f["uid"], f.get("title"), f.get("desc"), f["types"]) for f in e["finding_info_list"][1:]] == [
-        ("inc-1", "node-b", "node-level remediation on node-b", ["FLEET_STORM member"]),
-        ("inc-1", "node-c", "node-level remediation on node-c", ["FLEET_STORM member"]),
-        ("inc-2", "node-a", "node-level remediation on node-a", ["FLEET_STORM member"])]
-    assert e["observables"] == [{"name": "finding_info_list.title", "type_id": 1, "type": "Hostname", "value": n}
+    assert [(f["uid"], f["title"], f["types"]) for f in e["finding_info_list"][1:]] == [
+        ("inc-1", "node-level remediation on node-b", ["FLEET_STORM member"]),
+        ("inc-1", "node-level remediation on node-c", ["FLEET_STORM member"]),
+        ("inc-2", "node-level remediation on node-a", ["FLEET_STORM member"])]
+    # every affected node (node-z's start predates incident ids), where the observables point
+    assert e["unmapped"]["nodes"] == ["node-a", "node-b", "node-c", "node-z"]
+    assert e["observables"] == [{"name": "unmapped.nodes", "type_id": 1, "type": "Hostname", "value": n}
                                 for n in ("node-a", "node-b", "node-c", "node-z")]
     assert e["severity_id"] == 5 and ocsf_errors(e) == []
     doc = to_ecs(storm)
@@ -253,10 +256,7 @@ def test_an_approval_in_full():
         "class_uid": 7001, "class_name": "Remediation Activity", "category_uid": 7, "category_name": "Remediation",
         "activity_id": 99, "activity_name": "Approve", "type_uid": 700199, "type_name": "Remediation Activity: Approve",
         "severity_id": 1, "severity": "Informational", "time": int((T0 + timedelta(minutes=2)).timestamp() * 1000),
-        "metadata": {"version": OCSF_VERSION, "product": {"name": "xidstream", "vendor_name": "xidstream",
-                                                          "version": "0.1.0"},
-                     "uid": "e-appr", "original_event_uid": "e-appr", "log_name": "xidstream.approval/1",
-                     "profiles": ["host"]},
+        "metadata": _meta("e-appr", "xidstream.approval/1", None, ["host"]),
         "command_uid": "c1", "status_id": 99, "status": "Approved",
         "message": "command c1 approved by alice: checked the rack",
         "actor": {"user": {"type_id": 1, "type": "User", "name": "alice", "credential_uid": key.key_id}},
@@ -270,3 +270,14 @@ def test_an_approval_in_full():
     bare = to_ocsf(_approval(reason=""))  # unsigned, no reason: no key to name, the message ends
     assert bare["message"] == "command c1 approved by alice" and "credential_uid" not in bare["actor"]["user"]
     assert [o["type_id"] for o in bare["observables"]] == [1, 4]
+
+
+@pytest.mark.parametrize("cls", list(Classification))
+@pytest.mark.parametrize("state", ["open", "updated", "resolved"])
+def test_ecs_says_what_pages_as_ocsf_does(cls, state):
+    # ECS has no is_alert: every alert document is event.kind alert, Closes included
+    a = next(a for a in alerts() if a.classification is cls and a.state == state)
+    doc = to_ecs(a)
+    assert doc["event"]["kind"] == "alert"
+    assert doc["xidstream"]["is_alert"] is (state != "resolved" and cls is not Classification.APP_FAULT)
+    assert "description" not in doc["rule"]  # the recommended steps describe no rule: xidstream.recommended_steps

@@ -87,10 +87,10 @@ def test_findings_exported_to_a_kafka_topic_as_valid_ocsf(kafka_settings):
     assert stats.exported == len(recs)
     msgs = read_all(kafka_settings, [out_topic], expected=len(recs), timeout=30)
     events = [orjson.loads(m.value()) for m in msgs]
-    assert sorted(e["metadata"]["uid"] for e in events) == sorted(r.event_id for r in recs)
+    assert sorted(e["metadata"]["original_event_uid"] for e in events) == sorted(r.event_id for r in recs)
     # each document's Kafka timestamp is its event's time (what a Splunk connector takes as it)
     by_id = {r.event_id: r for r in recs}
-    assert all(m.timestamp()[1] == int(by_id[orjson.loads(m.value())["metadata"]["uid"]].ts.timestamp() * 1000)
+    assert all(m.timestamp()[1] == int(by_id[orjson.loads(m.value())["metadata"]["original_event_uid"]].ts.timestamp() * 1000)
                for m in msgs)
     assert all(ocsf_errors(e) == [] for e in events)
     # the group committed: a second run finds nothing new
@@ -197,7 +197,7 @@ def test_a_document_over_the_topics_size_limit_is_shrunk_or_skipped_and_the_expo
     assert "too large (skipped)" in stats.line()
     assert "skipped the document of event ev-big-steps" in capfd.readouterr().err
     msgs = read_all(kafka_settings, [out_topic], expected=len(recs) - 1, timeout=30)
-    docs = {orjson.loads(m.value())["metadata"]["uid"]: orjson.loads(m.value()) for m in msgs}
+    docs = {orjson.loads(m.value())["metadata"]["original_event_uid"]: orjson.loads(m.value()) for m in msgs}
     assert set(docs) == {r.event_id for r in recs} - {"ev-big-steps"}
     cut = docs["ev-big-timeline"]["unmapped"]
     assert cut["truncated"] is True and len(cut.get("timeline", [])) <= 5

@@ -125,7 +125,7 @@ def test_the_exporter_role_exports_with_its_own_acls(secure_run):
     want = {x.event_id for x in RECORDS if ocsf.to_ocsf(x) is not None}  # approvals too, once mapped
     assert len(want) >= 8
     msgs = read_all(r["settings"], [r["out"]], expected=len(want), timeout=30)
-    assert sorted(orjson.loads(m.value())["metadata"]["uid"] for m in msgs) == sorted(want), err[-2000:]
+    assert sorted(orjson.loads(m.value())["metadata"]["original_event_uid"] for m in msgs) == sorted(want), err[-2000:]
 
 
 @pytest.mark.parametrize("role, missing, drop, message", [

@@ -71,6 +71,17 @@ _DOCUMENTS = [
 ]
 
 
+# JSON texts RFC 8785 does not define (it takes I-JSON, RFC 7493): a verifier must refuse them, not
+# map them onto another value (the nearest double, U+FFFD, the last duplicate), or two different
+# records verify under one signature.
+_REFUSED = [
+    ('{"step": 9007199254740993}', "an integer beyond 2**53, which a double cannot hold"),
+    ('{"reason": "\\ud800"}', "a lone high surrogate"),
+    ('{"reason": "\\udc00x"}', "a lone low surrogate"),
+    ('{"node": "node-a", "node": "node-b"}', "a duplicate key"),
+]
+
+
 def build_vectors() -> dict:
     """The published test vectors, made from fixed keys and records (deterministic: Ed25519 is)."""
     processor, approver = _key(7), _key(9)
@@ -86,6 +97,7 @@ def build_vectors() -> dict:
                  "16 hex digits of SHA-256 of the raw public key. Regenerate: python -m tests.schemas.test_signing_jcs",
         "signed": signed,
         "canonicalization": [{"document": d, "canonical": rfc8785.dumps(d).decode("utf-8")} for d in _DOCUMENTS],
+        "refused": [{"document_text": text, "why": why} for text, why in _REFUSED],
     }
 
 
@@ -157,6 +169,25 @@ def test_go_canonicalizes_every_vector_as_published(go_verifier):
     want = [v["canonical"] for v in vectors["canonicalization"]] + [v["canonical"] for v in vectors["signed"]]
     assert [base64.b64decode(a["canonical"]).decode("utf-8") for a in answers] == want
     assert all(a["ok"] for a in answers)
+
+
+def test_go_refuses_what_rfc_8785_does_not_define(go_verifier):
+    # raw lines: parsing and re-encoding them here would repair exactly what is under test
+    vectors = json.loads(VECTORS.read_text())["refused"]
+    lines = "".join(f'{{"document": {v["document_text"]}}}\n' for v in vectors).encode()
+    lines += b'{"document": {"a": "\xff"}}\n'  # not UTF-8
+    out = subprocess.run([str(go_verifier)], input=lines, capture_output=True, timeout=60, check=True).stdout
+    answers = [json.loads(ln) for ln in out.decode().splitlines()]
+    assert [a["ok"] for a in answers] == [False] * 5
+    assert [a["error"].split(" ")[0] for a in answers] == ["integer", "lone", "lone", "duplicate", "not"]
+    assert all(a["error"].endswith("(I-JSON)") for a in answers), answers
+
+
+def test_python_refuses_the_same_integer_and_surrogates():
+    # the processor never signs them; an executor verifying a forged record refuses them too
+    for v in json.loads(VECTORS.read_text())["refused"][:3]:
+        with pytest.raises(rfc8785.CanonicalizationError):
+            rfc8785.dumps(json.loads(v["document_text"]))
 
 
 # -- the previous signature version ------------------------------------------------------------------

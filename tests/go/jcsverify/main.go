@@ -8,6 +8,12 @@
 //	{"document": {...any JSON...}}   (canonicalize only)
 //
 // Output, one JSON object per input line: {"ok": bool, "error": "...", "canonical": "<base64>"}.
+//
+// Input that RFC 8785 does not define (it requires I-JSON, RFC 7493) is refused, not repaired: a
+// line that is not UTF-8, a lone surrogate escape, an object with a duplicate key, an integer
+// beyond 2**53 that a double cannot hold. Go's decoder would otherwise map each of these onto
+// another value (U+FFFD, the last duplicate, the nearest double), so two different records
+// could verify under one signature.
 package main
 
 import (
@@ -25,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // canonicalize writes v (decoded with UseNumber) as RFC 8785 JSON.
@@ -42,6 +49,9 @@ func canonicalize(buf *bytes.Buffer, v any) error {
 		f, err := strconv.ParseFloat(string(x), 64)
 		if err != nil {
 			return fmt.Errorf("number %s: %v", x, err)
+		}
+		if !strings.ContainsAny(string(x), ".eE") && math.Abs(f) > maxSafeInteger {
+			return fmt.Errorf("integer %s is beyond 2**53 (I-JSON)", x)
 		}
 		s, err := es6Number(f)
 		if err != nil {
@@ -82,6 +92,100 @@ func canonicalize(buf *bytes.Buffer, v any) error {
 		buf.WriteByte('}')
 	default:
 		return fmt.Errorf("unexpected JSON value %T", v)
+	}
+	return nil
+}
+
+const maxSafeInteger = 1<<53 - 1
+
+// checkIJSON refuses what I-JSON (RFC 7493) forbids and Go's decoder would silently repair.
+func checkIJSON(line []byte) error {
+	if !utf8.Valid(line) {
+		return fmt.Errorf("not UTF-8 (I-JSON)")
+	}
+	if err := checkSurrogates(line); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.UseNumber()
+	return checkDuplicates(dec)
+}
+
+// hex4 reads the 4 hex digits of a \u escape starting at line[i] (the backslash), or -1.
+func hex4(line []byte, i int) int {
+	if i+5 >= len(line) || line[i] != '\\' || line[i+1] != 'u' {
+		return -1
+	}
+	v, err := strconv.ParseUint(string(line[i+2:i+6]), 16, 16)
+	if err != nil {
+		return -1
+	}
+	return int(v)
+}
+
+// checkSurrogates: every \uD800-\uDBFF escape is followed by a \uDC00-\uDFFF one, and no low
+// surrogate stands alone.
+func checkSurrogates(line []byte) error {
+	inString := false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		if !inString {
+			inString = c == '"'
+			continue
+		}
+		if c == '"' {
+			inString = false
+			continue
+		}
+		if c != '\\' {
+			continue
+		}
+		v := hex4(line, i)
+		if v < 0xD800 || v > 0xDFFF {
+			i++ // an escape that is no surrogate: skip the escaped character
+			continue
+		}
+		if w := hex4(line, i+6); v >= 0xDC00 || w < 0xDC00 || w > 0xDFFF {
+			return fmt.Errorf("lone surrogate \\u%04X (I-JSON)", v)
+		}
+		i += 11
+	}
+	return nil
+}
+
+// checkDuplicates walks one JSON value and refuses an object with a key twice.
+func checkDuplicates(dec *json.Decoder) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			key, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			k, _ := key.(string)
+			if seen[k] {
+				return fmt.Errorf("duplicate key %q (I-JSON)", k)
+			}
+			seen[k] = true
+			if err := checkDuplicates(dec); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token() // '}'
+		return err
+	case json.Delim('['):
+		for dec.More() {
+			if err := checkDuplicates(dec); err != nil {
+				return err
+			}
+		}
+		_, err = dec.Token() // ']'
+		return err
 	}
 	return nil
 }
@@ -179,6 +283,9 @@ type result struct {
 }
 
 func handle(line []byte) result {
+	if err := checkIJSON(line); err != nil {
+		return result{Error: err.Error()}
+	}
 	dec := json.NewDecoder(bytes.NewReader(line))
 	dec.UseNumber()
 	var in map[string]any
