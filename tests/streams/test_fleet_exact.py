@@ -374,3 +374,53 @@ def test_a_state_kept_before_starts_named_their_incident_still_trips_and_names_w
     assert a.evidence.timeline[0].data["nodes"] == ["n0", "n1", "n2"]
     assert a.evidence.timeline[0].data["members"] == [{"node": "n2", "incident_id": c.incident_id}]
     assert state.starts[-1] == [T0.timestamp(), "n2", c.incident_id]
+
+
+def _tripped():
+    state = FleetState(known_nodes={f"n{i}": T0.timestamp() for i in range(10)})
+    for i in range(3):
+        state, _ = fleet_step(state, {"kind": "command", "command": _cmd(f"n{i}", "CORDON_NODE", T0)}, P)
+    assert state.tripped
+    return state
+
+
+def test_a_reset_resolves_the_storm_with_who_and_which_approval():
+    inc = hashlib.sha256(f"fleet-storm:1:{T0.timestamp()}".encode()).hexdigest()[:24]
+    state, out = fleet_step(_tripped(), {"kind": "reset", "ts": T0.timestamp() + 60, "by": "alice",
+                                         "approval_id": "ap-7"}, P, now=T0.timestamp() + 999)
+    (kind, a), = out
+    summary = ("fleet circuit breaker reset by alice (approval ap-7): node-level commands are no longer held")
+    assert kind == "alert" and (a.ts, a.node, a.alert_id, a.incident_id) == (
+        T0 + timedelta(seconds=60), FLEET_NODE, f"{inc}-reset-ap-7", inc)  # the reset's own time, not now
+    assert (a.gpu_uuid, a.pci_bus_id, a.classification, a.severity, a.state, a.summary) == (
+        None, None, Classification.FLEET_STORM, Severity.critical, "resolved", summary)
+    (entry,) = a.evidence.timeline
+    assert (entry.ts, entry.kind, entry.summary, entry.data) == (a.ts, "note", summary, {"approval_id": "ap-7"})
+    assert a.evidence.node == FLEET_NODE
+
+
+def test_a_local_reset_without_a_time_is_stamped_now_or_when_the_breaker_tripped():
+    inc = hashlib.sha256(f"fleet-storm:1:{T0.timestamp()}".encode()).hexdigest()[:24]
+    _, out = fleet_step(_tripped(), {"kind": "reset"}, P, now=T0.timestamp() + 30)
+    a = out[0][1]
+    assert (a.ts, a.alert_id) == (T0 + timedelta(seconds=30), f"{inc}-reset-local")
+    assert a.summary == "fleet circuit breaker reset (approval -): node-level commands are no longer held"
+    assert a.evidence.timeline[0].data == {"approval_id": None}
+    _, out = fleet_step(_tripped(), {"kind": "reset", "ts": "soon"}, P)  # no time given, no now: when it tripped
+    assert out[0][1].ts == T0
+    # a long approval id is cut so the alert id stays within its bound
+    _, out = fleet_step(_tripped(), {"kind": "reset", "approval_id": "x" * 200}, P, now=T0.timestamp())
+    assert out[0][1].alert_id == f"{inc}-reset-{'x' * 200}"[:128] and len(out[0][1].alert_id) == 128
+    # a breaker that tripped at the epoch itself (a replay of records stamped 0) keeps that time
+    _, out = fleet_step(FleetState(tripped=True, tripped_at=0.0, trips=1), {"kind": "reset"}, P)
+    assert out[0][1].ts == datetime.fromtimestamp(0, timezone.utc)
+    # nothing tripped: a reset raises no alert
+    assert fleet_step(FleetState(), {"kind": "reset"}, P)[1] == []
+
+
+def test_each_node_is_named_by_its_newest_start_the_first_of_equal_times():
+    from streams.fleet import _newest_incidents
+
+    starts = [[10.0, "n1", "i-a"], [5.0, "n1", "i-b"], [10.0, "n1", "i-c"], [3.0, "n2", "i-d"], [7.0, "n2", "i-e"],
+              [20.0, "n3"]]  # a start kept before incident ids: names nothing
+    assert _newest_incidents(starts) == {"n1": "i-a", "n2": "i-e"}
