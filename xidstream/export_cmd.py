@@ -76,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(also lands gpu.samples, gpu.xid, gpu.processes, gpu.workloads, gpu.inventory)")
     p.add_argument("--stdin", action="store_true", help="read {topic,key,value} JSON lines (xidstream replay --json); no Kafka")
     p.add_argument("--group", help="consumer group (default: xidstream-export-FORMAT-KIND under the topic prefix)")
-    p.add_argument("--roll-mb", type=float, default=64.0, help="parquet: roll files at this much buffered input (default 64)")
+    p.add_argument("--roll-mb", type=float, default=256.0, help="parquet: roll files at this much buffered input (default 256: zstd makes that tens of MB of Parquet; memory does not grow with it)")
     p.add_argument("--roll-seconds", type=float, default=300.0, help="parquet: roll files at least this often (default 300)")
     p.add_argument("--idle-exit", type=float, default=None, metavar="S", help="stop after S seconds without a record")
     p.add_argument("--max-records", type=int, default=None, help="stop after this many records")
