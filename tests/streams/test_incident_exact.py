@@ -133,3 +133,25 @@ def test_an_incident_reads_back_from_its_row():
                         "sample_stats", "steps", "noted"}
     assert row["noted"] == 1
     assert Incident.from_dict({**row, "unknown": 1}) == inc
+
+
+def test_a_new_incident_starts_empty_and_keeps_every_field_it_is_given():
+    inc = incident()
+    assert inc.to_dict() == {"id": "inc-1", "classification": "GPU_WEDGED", "opened_at": 10.0, "remedy": "reset",
+                             "plan": [], "emitted": [], "timeline": [], "alerts": 0, "last_alert_at": None,
+                             "hardware": False, "remediated": False, "reset_ok_at": None, "reboot_ok_at": None,
+                             "recommendation": None, "sample_stats": None, "steps": 0, "noted": 0}
+    full = {"id": "i", "classification": "GPU_SUSPECT", "opened_at": 1.5, "remedy": "r", "plan": ["CORDON_NODE"],
+            "emitted": [{"step": 0}], "timeline": [{"kind": "note"}], "alerts": 3, "last_alert_at": 2.5,
+            "hardware": True, "remediated": True, "reset_ok_at": 3.5, "reboot_ok_at": 4.5, "recommendation": "x",
+            "sample_stats": {"util_min": 1.0}, "steps": 7, "noted": 9}
+    assert Incident(**full).to_dict() == full == Incident.from_dict(full).to_dict()
+    assert Incident(**full) != incident() and Incident(**full) == Incident(**full)
+    assert (Incident(**full) == "not an incident") is False
+
+
+def test_the_repr_names_every_field():
+    assert repr(incident()) == ("Incident(id='inc-1', classification='GPU_WEDGED', opened_at=10.0, remedy='reset', "
+                                "plan=[], emitted=[], timeline=[], alerts=0, last_alert_at=None, hardware=False, "
+                                "remediated=False, reset_ok_at=None, reboot_ok_at=None, recommendation=None, "
+                                "sample_stats=None, steps=0, noted=0)")
