@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
 
-.PHONY: demo demo-cluster test e2e venv jars kube helm promtool chromium image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
+.PHONY: demo demo-cluster test test-cluster bench-failover e2e venv jars kube helm promtool chromium image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
 
 venv: $(VENV)/.installed
 
@@ -80,6 +80,18 @@ demo-cluster: jars kube
 # The test session starts the broker and the API server once (tests/conftest.py) and stops them.
 test: jars kube helm promtool chromium
 	$(BIN)/pytest -q
+
+# The cluster tier (tests/cluster/, marker `cluster`; `make test` deselects it): a local KRaft cluster
+# of three brokers (`xidstream broker start --brokers 3`, .xidstream/cluster/) started once for the
+# run and stopped at the end; leaders SIGKILLed mid-incident. Not yet reliable: some runs crash inside
+# confluent-kafka in the test process (docs/development.md), so CI does not run it.
+test-cluster: jars
+	$(BIN)/pytest -q -m cluster tests/cluster
+
+# Leader failover on that cluster: time to the first write and read after a SIGKILL, loss and
+# duplicates, acks=all vs acks=1 (docs/development.md). Not part of `make bench` (three JVMs).
+bench-failover: jars
+	$(BIN)/python bench/broker_failover.py
 
 # The chart on a real single-node cluster (kubelet + containerd, root): the image built with buildah
 # on a debootstrap base, `helm install`, an Xid 79 written to /dev/kmsg, the node cordoned and

@@ -17,7 +17,8 @@ from schemas.topics import TOPICS
 from transport.config import KafkaConfig
 
 __all__ = ["producer_config", "consumer_config", "read_since", "read_key", "murmur2_partition", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
-           "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag"]
+           "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag", "replication_findings",
+           "check_replication"]
 
 
 def producer_config(settings: KafkaConfig, **overrides: object) -> dict:
@@ -135,6 +136,69 @@ def topic_config(settings: KafkaConfig, config: Mapping[str, str]) -> dict[str, 
     if settings.min_insync_replicas is not None:
         out["min.insync.replicas"] = str(settings.min_insync_replicas)
     return out
+
+
+def replication_findings(found: Mapping[str, tuple[int, int | None]], replication_factor: int,
+                         min_insync_replicas: int | None, brokers: int) -> list[str]:
+    """One line per topic whose replication is not what the settings assume: `found` is topic ->
+    (replication factor, min.insync.replicas or None when it could not be read). Also a topic of
+    one replica on a cluster of several brokers, whatever the settings say: its broker's loss
+    stops every writer and reader of it, however many brokers are left."""
+    out = []
+    for topic, (rf, isr) in sorted(found.items()):
+        if rf != replication_factor:
+            out.append(f"topic {topic}: replication factor {rf}, expected {replication_factor} "
+                       f"(--replication-factor)")
+        elif rf == 1 and brokers > 1:
+            out.append(f"topic {topic}: replication factor 1 on a cluster of {brokers} brokers, expected "
+                       f"{min(3, brokers)}: one broker's loss stops it (--replication-factor)")
+        if min_insync_replicas is not None and isr is not None and isr != min_insync_replicas:
+            out.append(f"topic {topic}: min.insync.replicas {isr}, expected {min_insync_replicas} "
+                       f"(--min-insync-replicas)")
+        elif isr is not None and rf > 1 and isr >= rf:
+            out.append(f"topic {topic}: min.insync.replicas {isr} with {rf} replicas, expected at most {rf - 1}: "
+                       f"any broker down blocks every acks=all write")
+    return out
+
+
+def check_replication(settings: KafkaConfig, topics: Iterable[str], *, timeout: float = 10.0,
+                      logger: Any = None) -> list[str]:
+    """At a client's start: warn, one line per finding (`replication_findings`), when a physical
+    topic of `topics` is replicated otherwise than the settings assume; returns the findings.
+    Never raises: a topic that is missing, a broker that does not answer, or a user not allowed
+    to read topic configs (DescribeConfigs) only narrows what is checked."""
+    import logging
+
+    from confluent_kafka.admin import ConfigResource
+
+    log = logger or logging.getLogger("xidstream.kafka")
+    names = list(topics)
+    try:
+        client = admin(settings)
+        md = client.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        log.info("replication check skipped: %s", exc)
+        return []
+    present = [t for t in names if t in md.topics and md.topics[t].error is None and md.topics[t].partitions]
+    isr: dict[str, int | None] = {t: None for t in present}
+    if present:
+        futures = client.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in present],
+                                          request_timeout=timeout)
+        for res, fut in futures.items():
+            try:
+                entry = fut.result(timeout=timeout).get("min.insync.replicas")
+                isr[res.name] = int(entry.value) if entry is not None and entry.value is not None else None
+            except Exception as exc:  # noqa: BLE001 - not allowed (ACL), timed out: check the rest
+                log.debug("cannot read min.insync.replicas of %s: %s", res.name, exc)
+        # a failed future keeps its exception and, through its traceback, this frame: without this
+        # the admin client would be destroyed by a later garbage collection (see LagProbe.lag)
+        futures.clear()
+    found = {t: (max(len(p.replicas) for p in md.topics[t].partitions.values()), isr[t]) for t in present}
+    findings = replication_findings(found, settings.replication_factor, settings.min_insync_replicas,
+                                    len(md.brokers))
+    for line in findings:
+        log.warning("replication: %s", line)
+    return findings
 
 
 def check_copartitioning(settings: KafkaConfig, existing: dict[str, int]) -> None:
@@ -452,6 +516,7 @@ def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], tim
     if wrong:
         raise TopicError("the broker does not show the processor's topics with their partition counts after "
                          f"{timeout:g} s: " + ", ".join(f"{n} has {c}, needs {wanted[n]}" for n, c in sorted(wrong.items())))
+    check_replication(settings, [reg.name(n) for n in TOPICS] + list(wanted), timeout=timeout)
 
 
 def delete_run(settings: KafkaConfig, timeout: float = 30.0) -> dict[str, list[str]]:
@@ -527,6 +592,12 @@ class LagProbe:
             committed = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
         except KafkaException:
             return None
+        finally:
+            # A failed future keeps its exception, whose traceback keeps this frame and so `self`:
+            # a cycle that left the probe to the garbage collector, and librdkafka's destroy of its
+            # admin client, run from a collection at some later moment, hung the process (seen in
+            # gdb: Admin_dealloc -> rd_kafka_destroy_app -> thrd_join, while a broker was down).
+            del fut
         lag, seen = 0, False
         for tp in tps:
             try:
@@ -540,6 +611,7 @@ class LagProbe:
 
     def close(self) -> None:
         self.probe.close()
+        self.admin = None  # destroyed here, not by a garbage collection (see `lag`)
 
 
 def consumer_lag(settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0) -> int | None:

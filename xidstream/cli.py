@@ -36,9 +36,61 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 # -- broker -------------------------------------------------------------------------------------
+def _cluster(args: argparse.Namespace) -> int:
+    """`xidstream broker ACTION --brokers N`: the local multi-broker KRaft cluster."""
+    import json
+
+    from xidstream.localcluster import LocalCluster
+
+    cluster = LocalCluster(brokers=args.brokers, secure=args.secure, port=args.port, host=args.host)
+    if args.action in ("stop-one", "start-one") and args.id is None:
+        raise XidstreamError(f"`xidstream broker {args.action}` needs the node's ID (1..{args.brokers})")
+    if args.action == "fetch":
+        print(f"Kafka jars in {cluster.nodes[0].fetch()}")
+    elif args.action == "start":
+        kind = "secure (SASL_SSL) " if args.secure else ""
+        print(f"starting a local {kind}Kafka cluster of {args.brokers} brokers ({cluster.state_dir}) ...",
+              file=sys.stderr)
+        print(f"Kafka is up on {cluster.start()}")
+        print(f"topics: --replication-factor {cluster.replication_factor} "
+              f"--min-insync-replicas {cluster.min_insync_replicas}")
+        if args.secure:
+            from xidstream.localbroker import ROLES
+
+            print(f"CA: {cluster.ca_file}")
+            for role in ROLES:
+                print(f"{role:16} --kafka-config {cluster.client_file(role)}")
+    elif args.action == "stop":
+        print("stopped" if cluster.stop() else "not running")
+    elif args.action == "stop-one":
+        done = cluster.stop_one(args.id, kill=args.kill)
+        print(f"node {args.id} {'killed' if args.kill else 'stopped'}" if done else f"node {args.id} not running")
+    elif args.action == "start-one":
+        cluster.start_one(args.id)
+        print(f"node {args.id} up on {cluster.node(args.id).bootstrap}")
+    elif args.action == "status":
+        nodes = cluster.status()
+        if args.json:
+            print(json.dumps({"bootstrap": cluster.bootstrap, "brokers": nodes}, indent=2))
+        else:
+            for n in nodes:
+                state = f"pid {n['pid']}" if n["pid"] else "not running"
+                print(f"node {n['id']}  127.0.0.1:{n['port']}  {state:14} "
+                      f"{'registered' if n['registered'] else 'not registered':15} leads {n['leads']} partition(s)")
+        return 0 if all(n["pid"] and n["registered"] for n in nodes) else 1
+    elif args.action == "reset":
+        cluster.reset()
+        print(f"stopped and deleted {cluster.state_dir}")
+    return 0
+
+
 def _broker(args: argparse.Namespace, settings: Settings) -> int:
     from xidstream.localbroker import LocalBroker
 
+    if args.brokers > 1:
+        return _cluster(args)
+    if args.action in ("stop-one", "start-one"):
+        raise XidstreamError(f"`xidstream broker {args.action}` is for a cluster: add --brokers 3")
     broker = LocalBroker(port=args.port, secure=args.secure, host=args.host)
     if args.action == "fetch":
         print(f"Kafka jars in {broker.fetch()}")
@@ -165,7 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="the local single-node Kafka for the demo and tests")
-    p.add_argument("action", choices=["fetch", "start", "stop", "status", "reset"])
+    p.add_argument("action", choices=["fetch", "start", "stop", "status", "reset", "stop-one", "start-one"])
+    p.add_argument("id", nargs="?", type=int, help="stop-one / start-one: the node id of a --brokers cluster (1..N)")
+    p.add_argument("--brokers", type=int, default=1,
+                   help="N > 1: a separate local KRaft cluster of N combined broker+controller nodes "
+                        "(.xidstream/cluster/, ports 19592, 19594, ...; 19692... with --secure); topics on it "
+                        "use --replication-factor 3 --min-insync-replicas 2")
+    p.add_argument("--kill", action="store_true", help="stop-one: SIGKILL (a crash: no controlled shutdown)")
+    p.add_argument("--json", action="store_true", help="status of a --brokers cluster as JSON: each broker's id, "
+                                                       "port, PID and the partitions it leads")
     p.add_argument("--port", type=int, default=None, help="client port (controller: port+1); default 19092, "
                                                           "19392 with --secure")
     p.add_argument("--host", default="127.0.0.1",

@@ -146,10 +146,12 @@ def _check_topics(settings: Settings, create: bool) -> None:
     from confluent_kafka import KafkaException
 
     from schemas.topics import INPUT_TOPICS
-    from transport.kafka import admin, create_topics
+    from transport.kafka import admin, check_replication, create_topics
 
+    names = [settings.topics.name(n) for n in INPUT_TOPICS]
     if create:
         create_topics(settings)
+        check_replication(settings, names)
         return
     try:
         md = admin(settings).list_topics(timeout=5)
@@ -161,6 +163,7 @@ def _check_topics(settings: Settings, create: bool) -> None:
     if missing:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; "
                          f"run `xidstream topics create` (or pass --create-topics)")
+    check_replication(settings, names)
 
 
 def node_auth(args: argparse.Namespace, identity: str):  # -> transport.identity.RecordAuth | None

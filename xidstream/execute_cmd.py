@@ -182,7 +182,12 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
         return run_stdin(ex, sys.stdin.buffer, sys.stdout.buffer)
     from executors.runner import run_kafka
     from transport.identity import CLUSTER_IDENTITY
+    from transport.kafka import check_replication
     from xidstream.collect_cmd import node_auth
+
+    reg = settings.topics
+    check_replication(settings, [reg.name(n) for n in ("gpu.remediation", "gpu.remediation.approvals",
+                                                       "gpu.remediation.results")])
 
     auth = node_auth(args, args.node if args.scope == "node" else CLUSTER_IDENTITY)
     tick = None

@@ -1,0 +1,62 @@
+"""The cluster tier: tests on a local three-broker KRaft cluster (`xidstream broker start
+--brokers 3`, `.xidstream/cluster/`, ports 19592-19597), started once per run by the session
+fixture `kafka_cluster` and stopped at the end; it never touches the single broker of `make test`.
+
+Marked `cluster` and run only when asked for (`make test-cluster`, or `pytest -m cluster`): a plain
+`pytest` or `make test` deselects them, so the ordinary run never starts three more JVMs.
+Set XIDSTREAM_CLUSTER_KEEP=1 to leave the cluster running after the run (a second run reuses it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    if "cluster" in (config.getoption("-m") or ""):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("cluster") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+# The clusters this run started, stopped before it starts another: on a 2-core machine one
+# three-broker cluster at a time (the plain tests run first, test_failover.py < test_secure_cluster.py).
+_STARTED: list = []
+
+
+def _cluster(secure: bool):
+    from xidstream.localcluster import LocalCluster
+
+    cluster = LocalCluster(brokers=3, secure=secure)
+    for other in _STARTED:
+        if other.secure != secure:
+            other.stop()
+    ours = not any(n.pid() for n in cluster.nodes)  # leave a cluster a developer started running
+    try:
+        cluster.start()
+        if ours:
+            _STARTED.append(cluster)
+        yield cluster
+    finally:
+        if ours and not os.environ.get("XIDSTREAM_CLUSTER_KEEP"):
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():
+    """A started `xidstream.localcluster.LocalCluster` (three combined broker+controller nodes;
+    topics at replication 3, min.insync.replicas 2). Tests that kill a node start it again and wait
+    until every partition is back in sync before they end."""
+    yield from _cluster(secure=False)
+
+
+@pytest.fixture(scope="session")
+def secure_kafka_cluster():
+    """The SASL_SSL variant (`--secure`): `client_config(role)` / `client_file(role)` per role."""
+    yield from _cluster(secure=True)
