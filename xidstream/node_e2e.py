@@ -308,8 +308,20 @@ def check_privileges(node: LocalNode, tl: Timeline) -> None:
     # The holder scan with those privileges sees into another user's process (the processor and the
     # cluster executor run as uid 10001), and without DAC_READ_SEARCH it would not: then every such process looked like
     # one that holds no GPU (now: the scan says it could not read them, and RESET_GPU is refused).
-    scan = ("import os; pids = [p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid == 10001]; "
-            "assert pids, 'no process of uid 10001'; print(len(pids), sorted(len(os.listdir(f'/proc/{p}/fd')) for p in pids))")
+    # A process may exit between the listing of /proc and its stat (a probe's short-lived exec: CI's
+    # run failed on FileNotFoundError once); one that vanished is skipped, a refusal still raises.
+    scan = ("import os\n"
+            "def gone(f, *a):\n"
+            "    try:\n"
+            "        return f(*a)\n"
+            "    except FileNotFoundError:\n"
+            "        return None\n"
+            "uid = lambda p: os.stat('/proc/' + p).st_uid\n"
+            "pids = [p for p in os.listdir('/proc') if p.isdigit() and gone(uid, p) == 10001]\n"
+            "assert pids, 'no process of uid 10001'\n"
+            "fds = [n for n in (gone(lambda p: len(os.listdir(f'/proc/{p}/fd')), p) for p in pids) if n is not None]\n"
+            "assert fds, 'every process of uid 10001 exited during the scan'\n"
+            "print(len(fds), sorted(fds))")
     done = _probe(node, node_pod, "fd-probe", nsc, scan)
     if done.get("exitCode") != 0:
         raise E2eError(f"the node executor's privileges cannot list a non-root process's /proc/<pid>/fd: {done}")

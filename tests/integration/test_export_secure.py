@@ -111,7 +111,10 @@ def test_the_broker_grants_the_exporter_role_its_acls(secure_kafka):
     f = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, "User:exporter", None,
                          AclOperation.ANY, AclPermissionType.ANY)
     client = admin(adm)
-    got = client.describe_acls(f, request_timeout=30).result()
+    # (bindings of runs under a topic prefix, left on a broker state that outlives them, are not
+    # the broker's own: only unprefixed names are compared)
+    got = [b for b in client.describe_acls(f, request_timeout=30).result()
+           if b.name.startswith(("gpu.", "xidstream")) or b.name == "*"]
     key = lambda b: (b.restype, b.name, b.resource_pattern_type, b.operation)  # noqa: E731
     want = [b for b in acl_bindings("") if b.principal == "User:exporter"]
     assert want and sorted(map(key, got)) == sorted(map(key, want))
