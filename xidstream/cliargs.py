@@ -29,3 +29,14 @@ def add_replication_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-insync-replicas", type=int,
                    help="min.insync.replicas of every topic created (env XIDSTREAM_MIN_INSYNC_REPLICAS; default: "
                         "the broker's; use 2 with a replication factor of 3, so acks=all survives one broker down)")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1 (`--jobs 0` is refused by name, not run as 0)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is less than 1")
+    return n

@@ -12,7 +12,10 @@ The replay's children die with it. A SIGTERM or SIGINT stops the run where it is
 blocks stop the worker (by its PID) and delete the run's topics, and the replay exits 128+signal
 saying what it was doing; a second one while that runs ends the replay at once. A SIGKILL runs no
 code of ours: the kernel then kills the worker (`xidstream.runner.die_with_parent`).
-Every wait is bounded, and a wait that ends says what it waited for and what it saw.
+`--jobs N` replays up to N scenarios at once, each in a child `xidstream replay` of its own (its
+own clients and worker: librdkafka clients in one process's threads are what crashed the cluster
+tests), and prints their output in the order the files were given; a stop signal reaches every
+child, which cleans up as above. Every wait is bounded, and a wait that ends says what it waited for and what it saw.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -247,6 +251,64 @@ def _stop_on_signals(doing: Callable[[], str]) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _replay_children(paths: list[str], names: list[str], bootstrap: str, args: list[str], jobs: int,
+                     log: Callable[[str], None], out: TextIO, check: bool) -> int:
+    """Each file replayed by a child `xidstream replay FILE --bootstrap ...`, up to `jobs` at once;
+    a child's stdout and stderr are kept in files and printed whole, in the order of `paths`, so the
+    output reads as a sequential run's. Returns how many failed (with --check: a failed check or an
+    error; without: raises naming the scenarios that ended in an error).
+
+    The children are started from this (the main) thread with `die_with_parent(SIGTERM)`: a replay
+    killed outright still has every child clean up its worker and topics. A stop signal here
+    (`_Stopped`) is passed on to every running child, and waited for, before it goes on up."""
+    from xidstream.runner import die_with_parent
+
+    tmp = Path(tempfile.mkdtemp(prefix="xidstream-replay-jobs-"))
+    queue = list(range(len(paths)))
+    running: dict[int, tuple[subprocess.Popen, float]] = {}
+    codes: dict[int, int] = {}
+    printed = 0
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                i = queue.pop(0)
+                with (tmp / f"{i}.out").open("wb") as o, (tmp / f"{i}.err").open("wb") as e:
+                    proc = subprocess.Popen([sys.executable, "-m", "xidstream.cli", "replay", paths[i],
+                                             f"--bootstrap={bootstrap}", *args],
+                                            stdin=subprocess.DEVNULL, stdout=o, stderr=e,
+                                            preexec_fn=die_with_parent(signal.SIGTERM))
+                running[i] = (proc, time.monotonic())
+                log(f"{names[i]}: started (pid {proc.pid}; {len(codes) + len(running)} of {len(paths)})")
+            for i, (proc, began) in list(running.items()):
+                if proc.poll() is not None:
+                    codes[i] = proc.returncode
+                    del running[i]
+                    log(f"{names[i]}: done in {time.monotonic() - began:.1f} s (exit code {proc.returncode})")
+            while printed in codes:  # in the order given, as soon as every earlier one is done
+                out.write((tmp / f"{printed}.out").read_text(errors="replace"))
+                out.flush()
+                for line in (tmp / f"{printed}.err").read_text(errors="replace").splitlines():
+                    if not line.startswith("replay --check: "):  # the sum is this run's, printed at the end
+                        print(line, file=sys.stderr)
+                printed += 1
+            time.sleep(0.2)
+    except _Stopped:
+        for proc, _ in running.values():
+            proc.send_signal(signal.SIGTERM)
+        for i, (proc, _) in running.items():
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log(f"{names[i]}: stopped (exit code {proc.returncode}); its output: {tmp}/{i}.err")
+        raise
+    errors = [names[i] for i, rc in sorted(codes.items()) if rc not in (0, 1)]
+    if errors and not check:
+        raise XidstreamError(f"{len(errors)} of {len(paths)} replays ended in an error (above): {', '.join(errors)}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return sum(1 for rc in codes.values() if rc != 0)
+
+
 # -- checking -----------------------------------------------------------------------------------
 def _matches(scenario: Scenario, rec: Any, node: str | None, gpu: Any) -> bool:
     if node is not None and rec.node != node:
@@ -354,7 +416,7 @@ def render_timeline(result: ReplayResult, out: TextIO) -> None:
 
 def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False, check: bool = False,
                policy: str | None = None, keep: bool = False, partitions: int = 1, out: TextIO | None = None,
-               telemetry: bool = False) -> int:
+               telemetry: bool = False, jobs: int = 1) -> int:
     out = out or sys.stdout  # when called, not when imported (a captured stdout is honoured)
     scenarios = [load_scenario(p) for p in paths]  # every file is validated before anything starts
     doing = ["starting"]
@@ -366,7 +428,8 @@ def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False
     try:
         with _stop_on_signals(lambda: doing[0]):
             failed = _replay_all(scenarios, bootstrap, log, as_json=as_json, check=check, policy=policy, keep=keep,
-                                 partitions=partitions, out=out, telemetry=telemetry)
+                                 partitions=partitions, out=out, telemetry=telemetry,
+                                 paths=paths if jobs > 1 and len(paths) > 1 else None, jobs=jobs)
     except _Stopped as stop:
         name = signal.Signals(stop.signum).name
         print(f"xidstream replay: stopped by {name} (it was at: {stop.doing}); exit code {128 + stop.signum}",
@@ -378,8 +441,10 @@ def run_replay(paths: list[str], bootstrap: str | None, *, as_json: bool = False
 
 
 def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[[str], None], *, as_json: bool,
-                check: bool, policy: str | None, keep: bool, partitions: int, out: TextIO, telemetry: bool = False) -> int:
-    """`run_replay` under its signal handlers; returns how many scenarios failed their check."""
+                check: bool, policy: str | None, keep: bool, partitions: int, out: TextIO, telemetry: bool = False,
+                paths: list[str] | None = None, jobs: int = 1) -> int:
+    """`run_replay` under its signal handlers; returns how many scenarios failed their check.
+    With `paths`, the scenarios run in up to `jobs` child replays at once (`_replay_children`)."""
     broker = None
     if bootstrap is None:
         from xidstream.localbroker import LocalBroker
@@ -392,6 +457,10 @@ def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[
             broker = None
     failed = 0
     try:
+        if paths is not None:
+            args = [f"--partitions={partitions}"] + ["--json"] * as_json + ["--check"] * check + ["--keep"] * keep
+            args += ["--telemetry"] * telemetry + ([f"--policy={policy}"] if policy else [])
+            return _replay_children(paths, [sc.name for sc in scenarios], bootstrap, args, jobs, log, out, check)
         for sc in scenarios:
             try:
                 result = replay_scenario(sc, bootstrap, partitions=partitions, policy=policy, keep=keep, log=log,

@@ -183,6 +183,55 @@ def test_a_stopped_replay_stops_its_worker_and_says_so(kafka_bootstrap, tmp_path
 
 
 @pytest.mark.broker
+def test_a_stopped_parallel_replay_stops_every_child_and_its_worker(kafka_bootstrap, tmp_path):
+    """`--jobs 2`: each scenario in a child replay with its own worker. A SIGTERM to the parent
+    reaches both children, which stop their workers and delete their topics; the parent exits 143
+    naming them."""
+    files = []
+    for i in range(2):
+        sc = tmp_path / f"scenario-{i}.yaml"
+        sc.write_text((ROOT / "scenarios" / "lone-xid13.yaml").read_text().replace(
+            "name: lone-xid13", f"name: jobs-{i}-{uuid.uuid4().hex[:8]}"))
+        files.append(str(sc))
+    err = tmp_path / "replay.stderr"
+    with err.open("w") as fh:
+        replay = subprocess.Popen([sys.executable, "-m", "xidstream.cli", "replay", "--jobs", "2", "--bootstrap",
+                                   kafka_bootstrap, *files], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=fh,
+                                  stdin=subprocess.DEVNULL)
+    seen: dict[int, tuple[psutil.Process, str]] = {}  # worker pid -> (worker, prefix)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(seen) < 2:
+            assert replay.poll() is None, err.read_text(errors="replace")
+            for kid in psutil.Process(replay.pid).children(recursive=True):
+                try:
+                    argv = kid.cmdline()
+                except psutil.Error:
+                    continue
+                if kid.pid not in seen and "process" in argv and "--topic-prefix" in argv:
+                    seen[kid.pid] = (kid, argv[argv.index("--topic-prefix") + 1])
+            time.sleep(0.1)
+        assert len(seen) == 2, f"two workers under the replay within 90 s:\n{err.read_text()}"
+        children = psutil.Process(replay.pid).children()
+        replay.send_signal(signal.SIGTERM)
+        code = replay.wait(120)
+        text = err.read_text(errors="replace")
+        assert code == 143, f"exit code {code}:\n{text}"
+        assert "stopped by SIGTERM" in text and text.count(": stopped (exit code 143)") == 2, text
+        for proc in children + [w for w, _ in seen.values()]:
+            assert _gone(proc, 5), f"pid {proc.pid} outlived the replay's SIGTERM:\n{text}"
+        for _, prefix in seen.values():
+            left = sorted(t for t in _topics(kafka_bootstrap) if t.startswith(prefix))
+            assert left == [], f"{len(left)} topic(s) of a stopped child's run left on the broker: {left}"
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+        replay.wait(10)
+        for worker, prefix in seen.values():
+            _clean_up(kafka_bootstrap, replay, worker, prefix)
+
+
+@pytest.mark.broker
 def test_the_wait_for_the_processor_is_bounded_and_says_what_it_saw(kafka_bootstrap, tmp_path):
     """The wait for the processor ends at its bound with a sentence naming the group it waited on
     and the lag it last read, not a bare "did not catch up"."""

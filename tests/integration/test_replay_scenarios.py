@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from schemas import load_scenario
 from xidstream.cli import main as cli
 from xidstream.replay import run_replay
 
@@ -17,12 +18,27 @@ pytestmark = pytest.mark.broker
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_library_scenario_passes_check(kafka_bootstrap, capsys):
+def test_every_library_scenario_passes_check(kafka_bootstrap, capsys, tmp_path):
+    """The whole library, three child replays at a time (`--jobs 3`), plus one scenario whose
+    expectation cannot hold: its failure is counted and named, the others pass, and every
+    scenario's output comes in the order the files were given."""
     files = sorted(str(p) for p in (ROOT / "scenarios").glob("*.yaml"))
-    rc = cli(["replay", *files, "--check", "--bootstrap", kafka_bootstrap])
-    err = capsys.readouterr().err
-    assert rc == 0, err
-    assert f"replay --check: {len(files)} passed, 0 failed" in err
+    bad = tmp_path / "wrong.yaml"
+    bad.write_text((ROOT / "scenarios" / "lone-xid13.yaml").read_text().replace(
+        "name: lone-xid13", "name: lone-xid13-wrong").replace(
+        "classification: APP_FAULT, actions: [RECORD]", "classification: GPU_WEDGED, actions: [RESET_GPU]"))
+    files.insert(len(files) // 2, str(bad))
+    rc = cli(["replay", *files, "--check", "--jobs", "3", "--bootstrap", kafka_bootstrap])
+    cap = capsys.readouterr()
+    assert rc == 1, cap.err
+    assert f"replay --check: {len(files) - 1} passed, 1 failed" in cap.err
+    assert "CHECK FAILED lone-xid13-wrong" in cap.err
+    names = [load_scenario(f).name for f in files]
+    checked = [line.split()[2].rstrip(":") for line in cap.err.splitlines() if line.startswith("CHECK ")]
+    assert checked == names
+    rendered = [line.split()[1].rstrip(":") for line in cap.out.splitlines() if line.startswith("== ")]
+    assert rendered == names
+    assert cap.err.count("replay --check: ") == 1  # the children's own sums are not printed
 
 
 def test_replay_json_lines_and_a_failing_check(kafka_bootstrap, tmp_path, capsys):
