@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 
 from aiokafka.structs import TopicPartition
 from faust import Schema, Sensor
@@ -57,7 +57,7 @@ from mode import Service
 from mode.utils.futures import maybe_async, notify
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "BatchWatch",
-           "BATCHES", "faster_transport", "drop_monitor", "faust_drift", "WRITTEN_FOR", "MIRRORED"]
+           "BATCHES", "IdempotentProducer", "faster_transport", "drop_monitor", "faust_drift", "WRITTEN_FOR", "MIRRORED"]
 
 
 _UNKNOWN = object()
@@ -81,7 +81,8 @@ MIRRORED = {
     "faust.transport.consumer.Consumer.force_commit": "cc094614d22c",
     "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._fetch_records": "39a2c6c79fc1",
     "faust.transport.drivers.aiokafka.Transport.Consumer": "959f899e8ebf",  # the whole driver consumer class
-    "faust.transport.consumer.Consumer.ack": "5fcf41cf4515",  # ack_events does its steps per event
+    "faust.transport.consumer.Consumer.ack": "5fcf41cf4515",
+    "faust.transport.drivers.aiokafka.Producer._settings_extra": "a4c7bc41b638",  # ack_events does its steps per event
     "faust.events.Event.ack": "2d29a6eda87c",
     "faust.streams.Stream.take_events": "607d48aead11",  # take_batches replaces it
     "mode.services.Service.wait_first": "feade6a31f8a",  # deliver races as it does
@@ -880,8 +881,20 @@ class FastConsumer(faust_aiokafka.Consumer):
         asyncio.ensure_future(self.seek(tp, committed))
 
 
+class IdempotentProducer(faust_aiokafka.Producer):
+    """faust's aiokafka producer with idempotence always on (faust turns it on only inside a
+    transaction, which at-least-once does not use). A send whose answer was lost when its leader
+    died (the leader wrote it, then a SIGKILL) is retried to the new leader; without a producer id
+    and sequence numbers that retry is written again: the three-broker failover test saw a command
+    twice on gpu.remediation with one command_id. acks=all goes with it (aiokafka requires it)."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
 class FastTransport(faust_aiokafka.Transport):
     Consumer = FastConsumer
+    Producer = IdempotentProducer
 
 
 def faster_transport(app: Any, transport: Any) -> Any:

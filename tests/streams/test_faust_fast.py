@@ -900,3 +900,23 @@ def test_the_liveness_watch_reports_the_oldest_batch():
     w.end(2)
     w.end(2)  # ending twice is harmless (the generator's finally)
     assert w.stalled(0, now=1000) is None
+
+
+def test_the_workers_producer_is_idempotent_with_acks_all():
+    """faust asks aiokafka for idempotence only inside a transaction; the processor's producer
+    must have it at-least-once too, or a send retried to a new leader after the old one wrote it
+    and died is on the topic twice (the three-broker failover test saw a command twice)."""
+    from streams.app import create_app
+    from transport.config import KafkaConfig
+
+    async def made() -> tuple:
+        app = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app
+        producer = app.producer._new_producer()
+        try:
+            return producer._txn_manager is not None, app.producer._settings_extra()
+        finally:
+            await producer.stop()  # never started: closes its client
+
+    idempotent, extra = asyncio.run(made())
+    assert idempotent, "aiokafka made no transaction manager: idempotence is off"
+    assert extra == {"acks": "all", "enable_idempotence": True}
