@@ -74,7 +74,7 @@ from streams.routing import FLEET_KEY, fan_out, state_key
 from transport.config import KafkaConfig
 from transport.faust_auth import faust_kwargs
 
-__all__ = ["create_app", "internal_topics", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY",
+__all__ = ["create_app", "internal_topics", "assignor_topic", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY",
            "refused_for_good", "fits", "fleet_row", "bounded_original", "RateLimitedLog", "Context", "GpuAgent",
            "RekeyAgent", "FleetAgent", "guarded"]
 
@@ -252,6 +252,11 @@ def internal_topics(settings: KafkaConfig) -> dict[str, int]:
     return {f"{p}xidstream.results-by-gpu": settings.partitions, f"{p}xidstream.fleet": 1}
 
 
+def assignor_topic(app_id: str) -> dict[str, int]:
+    """faust's leader-election topic (`faust.assignor.LeaderAssignor`): name -> partitions (1)."""
+    return {f"{app_id}-__assignor-__leader": 1}
+
+
 def changelog_topics(settings: KafkaConfig, app_id: str) -> dict[str, int]:
     """The tables' changelog topics (faust names them ``<app id>-<table>-changelog``): name ->
     partitions. The GPU table is co-partitioned with the inputs; the fleet table has one row."""
@@ -349,7 +354,11 @@ def _faust_app(settings: KafkaConfig, app_name: str, *, web_port: int | None, we
         autodiscover=False,
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
-        topic_allow_declare=True,
+        # Every topic the worker uses is created before faust starts (`prepare_topics`, with the
+        # confluent-kafka admin client): faust's own declaration sends CreateTopics to the node its
+        # metadata names as controller, and when that broker is down the worker died at start with
+        # NodeNotReadyError (the three-broker test: a worker restarted during a broker loss).
+        topic_allow_declare=False,
         store=store,
         key_serializer="raw",
         value_serializer="raw",
@@ -411,7 +420,8 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         # table write). A changelog with a wrong count stops the worker here, with its name.
         from transport.kafka import ensure_processor_topics
 
-        ensure_processor_topics(settings, internal_topics(settings), compacted=changelogs)
+        ensure_processor_topics(settings, {**internal_topics(settings), **assignor_topic(app_name)},
+                                compacted=changelogs)
 
     app.prepare = prepare_topics
     app.batch = batch

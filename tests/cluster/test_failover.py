@@ -16,6 +16,7 @@ the same records, i.e. of an uninterrupted run.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -178,7 +179,10 @@ def _check_incident(run: dict, settings: Settings) -> None:
     # the verdicts of an uninterrupted run: the pure decision path over the records the worker read
     records = [r for recs in run["inputs"].values() for r in recs]
     engine = Engine().run(records)
-    assert _verdicts(alerts, commands) == _verdicts(engine.alerts, engine.commands)
+    got, want = _verdicts(alerts, commands), _verdicts(engine.alerts, engine.commands)
+    assert got == want, "the worker's verdicts differ from the pure path's:\n" + "\n".join(
+        f"{kind}: worker {g} / pure path {w}" for kind, gs, ws in (("alert", got[0], want[0]), ("command", got[1], want[1]))
+        for g, w in itertools.zip_longest(gs, ws) if g != w)
 
 
 def test_leader_killed_between_xid43_and_the_wedge_verdict(kafka_cluster, tmp_path):
