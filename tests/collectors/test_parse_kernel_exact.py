@@ -350,3 +350,104 @@ def test_merged_sxid_lines_keep_the_first_and_join_raw_and_message():
     first, more = sxid(12, 1, "Fatal, Link 1", "line 1"), sxid(12, 2, "Fatal, Link 2", "line 2")
     merged = merge_sxid(first, more)
     assert merged == KernelRecord(kind="sxid", raw="line 1\nline 2", message="Fatal, Link 1 | Fatal, Link 2", xid=12, mono_us=1)
+
+
+# -- edges the captures do not reach -------------------------------------------------------
+
+
+@pytest.fixture
+def host_zone(monkeypatch):
+    """The host runs in +05:30: an absolute stamp must still come out in UTC, not in the host's zone."""
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize("line", [
+    f"2025-05-27T04:18:56Z h kernel: {BODY}",
+    f"kern  :warn  : 2025-05-27T04:18:56,5+00:00 {BODY}",
+    journal(MESSAGE=BODY, _TRANSPORT="kernel", __REALTIME_TIMESTAMP="1748319536000000"),
+])
+def test_an_absolute_stamp_is_in_utc_whatever_the_hosts_zone(host_zone, line):
+    wall = split_prefix(line)[1]["wall_ts"]
+    assert wall.utcoffset().total_seconds() == 0 and (wall.hour, wall.minute) == (4, 18)
+
+
+def test_a_body_that_opens_with_the_driver_is_never_read_as_a_stamp():
+    # "NVRM: word: <iso stamp> " has the shape of dmesg --time-format iso's prefix
+    line = "NVRM: osInit: 2023-03-01T17:44:21Z ready"
+    assert split_prefix(line) == (line, {})
+
+
+@pytest.mark.parametrize("line, body", [
+    (f"{BODY}  \t\n", f"{BODY}  \t"),  # only the line's end goes; the message's own spaces stay
+    (f"{BODY} X\r\n", f"{BODY} X"),
+    (f"\n{BODY}", f"\n{BODY}"),
+])
+def test_only_the_newline_is_cut_off_a_line(line, body):
+    assert split_prefix(line) == (body, {})
+
+
+@pytest.mark.parametrize("source", [None, "file", "kmsg", "journal"])
+def test_trailing_blanks_are_cut_off_the_message_but_kept_in_raw(source):
+    text = "NVRM: Xid (PCI:0000:01:00): 13, pid=7, name=a, Graphics Exception X  \t"
+    line = {"kmsg": f"4,1,2,-;{text}", "journal": journal(MESSAGE=text, _TRANSPORT="kernel")}.get(source, text)
+    (rec,) = parse_line(line + "\n", source)
+    assert (rec.message, rec.raw) == ("Graphics Exception X", line)
+
+
+@pytest.mark.parametrize("indent, records", [
+    ("   ", 1),  # the driver's continuation lines are indented with spaces
+    (" \t", 0),  # a tab is not how the driver indents: the marker does not open the message
+    (" X", 0),
+])
+def test_only_spaces_may_come_before_the_marker(indent, records):
+    parsed = parse_line_checked(f"[ 1.0]{indent}{BODY}", "file")
+    assert (len(parsed.records), parsed.refused) == (records, None if records else "quoted")
+
+
+def test_one_unknown_driver_message_indented_by_spaces_quotes_nothing():
+    assert parse_line_checked("[ 1.0]    NVRM: GPU Board Serial Number 1234", "file") == Parsed([])
+
+
+@pytest.mark.parametrize("source, xids", [
+    ("file", [13, 31]), (None, [13, 31]), ("kmsg", [13]), (INJECTED_KMSG, [13]), ("journal", [13]),
+])
+def test_only_file_text_is_split_at_a_glued_message(source, xids):
+    glued = f"[ 1.0] {BODY}[ 1.1] NVRM: Xid (PCI:0000:01:00): 31, pid=5, name=a, MMU Fault"
+    body = split_prefix(glued)[0]
+    line = {"kmsg": f"4,1,2,-;{body}", INJECTED_KMSG: f"12,1,2,-;{body}",
+            "journal": journal(MESSAGE=body, _TRANSPORT="kernel")}.get(source, glued)
+    assert [r.xid for r in parse_line(line, source)] == xids
+
+
+def test_an_unknown_message_between_two_records_ends_the_line_as_quoted():
+    line = (f"[ 1.0] {BODY}[ 1.1] NVRM: GPU Board Serial Number 12"
+            "[ 1.2] NVRM: Xid (PCI:0000:ee:00): 79, pid=1, name=x, GPU has fallen off the bus.")
+    parsed = parse_line_checked(line, "file")
+    assert [r.xid for r in parsed.records] == [13] and parsed.refused == "quoted"
+
+
+def test_extract_pci_looks_past_a_glued_nvswitch_message():
+    line = ("[ 1.0] nvidia-nvswitch0: SXid (PCI:0000:c8:00.0): 12, x"
+            "[ 1.1] NVRM: GPU 0000:3B:00.0: RmInitAdapter failed!")
+    assert extract_pci(line) == "0000:3b:00"
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("NVRM: GPU at PCI:0000:9b:00: GPU-509665ad-b600-ac93-3616-d754b23d636d", "gpu_identity"),
+    ("NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:9b:00", "gsp_rate_limit"),
+    ("NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.", "fallen_off_bus"),
+    ("NVRM: GPU1 refcntRequestReference_IMPL: Failed to enter state 1", "recovery_failure"),
+    ("nvidia-nvswitch2: SXid (PCI:0000:c8:00.0): 12, x", "sxid"),
+])
+def test_every_kind_keeps_the_line_and_its_stamp(text, kind):
+    line = f"6,77,123456,-;{text}"
+    (rec,) = parse_line(line + "\n", "kmsg")
+    assert (rec.kind, rec.raw, rec.seq, rec.mono_us, rec.kernel_ts, rec.ts_kind) == (
+        kind, line, 77, 123456, "123456", "kmsg")
+    assert rec.message == (text[6:] if kind != "sxid" else "x")
