@@ -390,6 +390,7 @@ def test_a_body_that_opens_with_the_driver_is_never_read_as_a_stamp():
 ])
 def test_only_the_newline_is_cut_off_a_line(line, body):
     assert split_prefix(line) == (body, {})
+    assert [r.raw for r in parse_line(line)] == ([body] if body.startswith("NVRM") else [])
 
 
 @pytest.mark.parametrize("source", [None, "file", "kmsg", "journal"])
