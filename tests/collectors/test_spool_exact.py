@@ -572,3 +572,81 @@ def test_a_zero_filled_tail_in_an_older_segment_ends_that_segment(tmp_path):
     first.write_bytes(data[: 30 * REC] + bytes(2 * REC))  # 31 and 32 never reached the disk
     again = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
     assert [r.seq for r in again.pending(limit=100)] == [*range(1, 31), 33]
+
+
+# -- a crash inside write_durably: between write, fsync, rename and the directory's fsync ----
+
+
+class Crash(Exception):
+    """The process dies here: nothing after this step runs."""
+
+
+def crash_at(monkeypatch, step: str, at_call: int = 1):
+    """Make spool_mod.os.<step> raise Crash on its `at_call`-th call (the earlier ones run)."""
+    real = getattr(os, step)
+    calls = []
+
+    def fake(*args, **kw):
+        calls.append(args)
+        if len(calls) == at_call:
+            raise Crash(step)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(spool_mod.os, step, fake)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("step", ["write", "fsync", "replace"])
+def test_a_crash_before_the_rename_keeps_the_old_cursor(tmp_path, monkeypatch, step):
+    target = tmp_path / "cursor"
+    write_durably(target, b"41")
+    fds = open_fds()
+    crash_at(monkeypatch, step)
+    with pytest.raises(Crash):
+        write_durably(target, b"42")
+    assert target.read_bytes() == b"41"  # the old value, never an empty or half-written file
+    assert open_fds() == fds  # the temporary file's descriptor is closed on the way out
+    monkeypatch.undo()
+    write_durably(target, b"43")  # a .tmp left behind does not stop (or leak into) the next write
+    assert target.read_bytes() == b"43" and not (tmp_path / "cursor.tmp").exists()
+
+
+def test_a_crash_after_the_rename_keeps_the_new_cursor_and_closes_the_directory(tmp_path, monkeypatch):
+    target = tmp_path / "cursor"
+    write_durably(target, b"41")
+    fds = open_fds()
+    crash_at(monkeypatch, "fsync", at_call=2)  # the file's fsync runs, the directory's does not
+    with pytest.raises(Crash):
+        write_durably(target, b"42")
+    assert target.read_bytes() == b"42" and not (tmp_path / "cursor.tmp").exists()
+    assert open_fds() == fds
+
+
+def test_a_cursor_write_that_failed_is_written_at_the_next_sync(tmp_path, monkeypatch):
+    """The cursor stays dirty until a write succeeds: a failed write is not forgotten, and the
+    segments it would free are kept until the cursor that frees them is on disk."""
+    sp = Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20)
+    fill(sp, 33)  # segments 1-32 and 33
+    for s in range(1, 33):
+        sp.ack(s)
+    crash_at(monkeypatch, "replace")
+    with pytest.raises(Crash):
+        sp.sync()
+    assert segs(tmp_path) == [1, 33] and not (tmp_path / "cursor").exists()
+    assert Spool(tmp_path, segment_bytes=4096, max_bytes=1 << 20).acked_through == 0  # a restart resends 1-32
+    monkeypatch.undo()
+    sp.sync()
+    assert (tmp_path / "cursor").read_text() == "32" and segs(tmp_path) == [33]
+
+
+def test_records_appended_and_never_synced_survive_a_crash_of_the_process(tmp_path):
+    """append() flushes to the OS: a crash of the collector (not of the machine) loses nothing,
+    synced or not, and the seqs go on after the last one written."""
+    sp = Spool(tmp_path)
+    fill(sp, 3)
+    again = Spool(tmp_path)  # `sp` never synced nor closed: its process died
+    assert [r.seq for r in again.pending()] == [1, 2, 3] and again.torn == 0
+    assert again.append("t", None, b"new") == 4
