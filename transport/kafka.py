@@ -109,6 +109,22 @@ def admin(settings: KafkaConfig) -> AdminClient:
     return client
 
 
+def reachable(settings: KafkaConfig, timeout: float = 10.0) -> None:
+    """Return once a broker of `settings.bootstrap` answers a metadata request; `TopicError`
+    naming the address after `timeout` s (or at once for a refused password or an untrusted CA).
+    librdkafka's own log is off for this one probe: a broker that is not there would print a
+    "Connection refused" line every 50 ms for the whole wait."""
+    config = {"bootstrap.servers": settings.bootstrap, **settings.kafka_extra}
+    errors = ClientErrors(config)
+    client = AdminClient({**config, "error_cb": errors, "log_level": 0})
+    client.xidstream_errors = errors  # type: ignore[attr-defined]
+    try:
+        _describe(client, timeout)
+    except TopicError as exc:
+        raise TopicError(f"no Kafka broker answers at {settings.bootstrap} within {timeout:g} s ({exc}); "
+                         f"is it running (`xidstream broker status`) and is the address right?") from None
+
+
 def _describe(client: AdminClient, timeout: float) -> dict[str, int]:
     """Topic name -> partitions. A refused password, an untrusted CA: `TopicError` naming it as
     soon as librdkafka reports it, not after `timeout`."""

@@ -455,6 +455,10 @@ def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[
         bootstrap = broker.start()
         if not ours:
             broker = None
+    else:
+        from transport.kafka import reachable
+
+        reachable(Settings(bootstrap=bootstrap))  # before any topic or worker: one clear line
     failed = 0
     try:
         if paths is not None:
