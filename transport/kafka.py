@@ -575,14 +575,23 @@ def delete_run(settings: KafkaConfig, timeout: float = 30.0) -> dict[str, list[s
 
 class LagProbe:
     """Messages in `topics` that consumer group `group` has not committed; reuses its clients, so
-    it can be asked every second without loading a small machine."""
+    it can be asked every second without loading a small machine.
+
+    The committed offsets are read by a consumer of the group itself (`Consumer.committed`: an
+    OffsetFetch; it never subscribes, so it never joins the group or takes a partition), not by
+    `AdminClient.list_consumer_group_offsets`: when the group's coordinator moved (its broker
+    SIGKILLed), librdkafka 2.16 handled the admin OffsetFetch's "not coordinator" answer through
+    the consumer-group code an admin client does not have, and the process died of a segmentation
+    fault (core dump of the three-broker test: rd_kafka_ListConsumerGroupOffsetsResponse_parse ->
+    rd_kafka_handle_OffsetFetch -> rd_kafka_cgrp_op). A consumer has that code and re-finds the
+    coordinator."""
 
     def __init__(self, settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0) -> None:
         from confluent_kafka import Consumer
 
         self.settings, self.group, self.topics, self.timeout = settings, group, topics, timeout
         self.admin = admin(settings)
-        self.probe = Consumer(consumer_config(settings, f"{group}-lag-probe"))
+        self.probe = Consumer(consumer_config(settings, group))
         self._tps: list | None = None
 
     def _partitions(self) -> list:
@@ -598,22 +607,14 @@ class LagProbe:
 
     def lag(self) -> int | None:
         """None while the group has committed nothing (or a partition has no leader yet)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions
-
         tps = self._partitions()
         if not tps:
             return 0
-        fut = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(self.group, tps)])[self.group]
         try:
-            committed = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
+            got = self.probe.committed(tps, timeout=self.timeout)
         except KafkaException:
             return None
-        finally:
-            # A failed future keeps its exception, whose traceback keeps this frame and so `self`:
-            # a cycle that left the probe to the garbage collector, and librdkafka's destroy of its
-            # admin client, run from a collection at some later moment, hung the process (seen in
-            # gdb: Admin_dealloc -> rd_kafka_destroy_app -> thrd_join, while a broker was down).
-            del fut
+        committed = {(tp.topic, tp.partition): tp.offset for tp in got if tp.error is None}
         lag, seen = 0, False
         for tp in tps:
             try:
@@ -627,7 +628,7 @@ class LagProbe:
 
     def close(self) -> None:
         self.probe.close()
-        self.admin = None  # destroyed here, not by a garbage collection (see `lag`)
+        self.admin = None  # destroyed here, not by a garbage collection
 
 
 def consumer_lag(settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0) -> int | None:
