@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, Callable, Iterable, TextIO
 
 import orjson
 
@@ -264,7 +264,10 @@ class Simulator:
         return out
 
     # -- run -------------------------------------------------------------------------------------
-    def run(self, sink: KafkaSink, speed: float = 0.0, progress: TextIO | None = sys.stderr) -> None:
+    def run(self, sink: KafkaSink, speed: float = 0.0, progress: TextIO | None = sys.stderr,
+            on_tick: Callable[[float], None] | None = None) -> None:
+        """Publish the fleet, tick by tick; `speed` 1.0 is real time (0: as fast as it goes).
+        `on_tick(t)` runs after each tick's records were handed to the sink (a fault test's hook)."""
         dt = 1.0 / self.rate
         steps = int(self.duration * self.rate)
         wall0 = time.monotonic()
@@ -290,6 +293,8 @@ class Simulator:
                     gpu.onset_wall = time.time()
             self.published += 2 * len(self.gpus)
             sink.poll()
+            if on_tick is not None:
+                on_tick(t)
             if speed > 0:
                 ahead = wall0 + (t + dt) / speed - time.monotonic()
                 if ahead > 0:

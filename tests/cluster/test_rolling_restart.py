@@ -1,0 +1,166 @@
+"""A rolling restart of the three brokers while a 1,000-GPU fleet publishes at 1 Hz.
+
+The simulated fleet (`xidstream.simulate.Simulator`: 125 nodes x 8 GPUs, a sample and a process
+list per GPU per second, faults drawn as `xidstream simulate` draws them) publishes through the
+collector's `KafkaSink` (acks=all, idempotent) in real time, and a real `xidstream process` worker
+folds it. Meanwhile a separate process restarts the brokers one at a time, as an upgrade does:
+a controlled stop (SIGTERM), a start, and a wait until every partition is back in sync before the
+next. The test process itself runs no client in a second thread (librdkafka clients in threads
+of one process are what crashed the cluster tier before, docs/development.md).
+
+What must hold: every record the sink acknowledged is on its topic, once (event ids); the worker
+gives every command the pure decision path gives over the same records, each once; after each
+broker comes back the worker's lag falls back to under one second's worth of records. Printed: the
+worst pause in folding and, per restart, the time until the lag was back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+
+from collectors.sink import KafkaSink
+from schemas.codec import decode_any
+from schemas.models import RemediationCommand
+from schemas.topics import INPUT_TOPICS
+from schemas.vocab import Action
+from streams.app import internal_topics
+from streams.engine import Engine
+from transport.kafka import LagProbe, create_topics, delete_run, read_all
+from xidstream.runner import WorkerProcess, die_with_parent
+from xidstream.settings import Settings
+from xidstream.simulate import Simulator
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+REPLICATION_ENV = {"XIDSTREAM_REPLICATION": "3", "XIDSTREAM_MIN_INSYNC_REPLICAS": "2"}
+NODES, GPUS = 125, 8
+PER_TICK = 2 * NODES * GPUS  # a sample and a process list per GPU per second
+DURATION = 150.0  # the restarts take 60-110 s on a shared 2-core machine; the rest is margin
+FIRST_RESTART_AT = 15.0  # s of fleet time: the worker is folding at full rate by then
+RECOVERED = PER_TICK  # lag "near zero": under one second's worth of the fleet's records
+RECOVERY_BOUND = 60.0  # s from a broker's return to the lag back under RECOVERED
+
+# The restarts, in a process of their own: each line printed is "<event> <node> <unix time>".
+_DRIVER = """
+import sys, time
+from xidstream.localcluster import LocalCluster
+c = LocalCluster(brokers=3)
+for n in (1, 2, 3):
+    print("stopping", n, time.time(), flush=True)
+    c.stop_one(n)
+    print("stopped", n, time.time(), flush=True)
+    c.start_one(n, timeout=120)
+    print("started", n, time.time(), flush=True)
+    c.wait_in_sync(120)
+    print("in-sync", n, time.time(), flush=True)
+"""
+
+
+def _events(path: Path) -> list[tuple[str, int, float]]:
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in ("stopping", "stopped", "started", "in-sync"):
+            out.append((parts[0], int(parts[1]), float(parts[2])))
+    return out
+
+
+def _pauses(readings: list[tuple[float, int | None]]) -> float:
+    """The longest stretch (s) over which the lag stayed above RECOVERED or could not be read."""
+    worst, since = 0.0, None
+    for at, lag in readings:
+        if lag is None or lag > RECOVERED:
+            since = at if since is None else since
+            worst = max(worst, at - since)
+        else:
+            since = None
+    return worst
+
+
+def test_rolling_restart_of_every_broker_under_a_1000_gpu_fleet(kafka_cluster, tmp_path):
+    settings = Settings(bootstrap=kafka_cluster.bootstrap, topic_prefix=f"r{uuid.uuid4().hex[:8]}.", partitions=3,
+                        node="rolling-test", replication_factor=3, min_insync_replicas=2)
+    create_topics(settings)
+    reg = settings.topics
+    watch = [reg.name(n) for n in INPUT_TOPICS] + list(internal_topics(settings))
+    worker = WorkerProcess(settings, tmp_path, env=REPLICATION_ENV, loglevel="info").start()
+    sink = KafkaSink(settings, tmp_path / "spool")
+    probe = LagProbe(settings, worker.group, watch, timeout=2.0)
+    driver_out = tmp_path / "restarts.txt"
+    state: dict = {"driver": None, "readings": []}
+
+    def on_tick(t: float) -> None:
+        state["readings"].append((time.time(), probe.lag()))
+        if state["driver"] is None and t >= FIRST_RESTART_AT:
+            with driver_out.open("w") as fh:
+                state["driver"] = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd=REPO, stdout=fh,
+                                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                   preexec_fn=die_with_parent(), env={**os.environ})
+
+    try:
+        sim = Simulator(settings, NODES, GPUS, rate=1.0, duration=DURATION, seed=7)
+        sim.run(sink, speed=1.0, progress=None, on_tick=on_tick)
+        driver = state["driver"]
+        assert driver is not None
+        assert driver.wait(240) == 0, driver_out.read_text()
+        assert sink.flush(120), sink.stats()
+        stats = sink.stats()
+        sink.close()
+        # the tail: folded to the end, then the lag after each restart
+        assert worker.wait_idle(watch, timeout=240), f"{worker.idle_seen}\n{worker.tail()}"
+        readings = state["readings"]
+        events = _events(driver_out)
+        assert [(e, n) for e, n, _ in events] == [(e, n) for n in (1, 2, 3)
+                                                   for e in ("stopping", "stopped", "started", "in-sync")]
+        recovered = {}
+        for _, node, back in (e for e in events if e[0] == "started"):
+            after = [at for at, lag in readings if at >= back and lag is not None and lag <= RECOVERED]
+            recovered[node] = (after[0] - back) if after else None
+        print(f"\nrolling restart, {NODES * GPUS} GPUs at 1 Hz ({PER_TICK} records/s): worst pause in folding "
+              f"{_pauses(readings):.1f} s; lag back under {RECOVERED} records after each broker's return: "
+              + ", ".join(f"broker {n} {'never' if s is None else f'{s:.1f} s'}" for n, s in recovered.items()))
+        assert all(s is not None and s <= RECOVERY_BOUND for s in recovered.values()), recovered
+
+        # nothing lost, nothing twice: every acknowledged record on its topic, once
+        acked = {t[len(settings.topic_prefix):]: n for t, n in stats["published"].items()}
+        ids: Counter = Counter()
+        held: Counter = Counter()
+        records = []
+        for m in read_all(settings, [reg.name(n) for n in INPUT_TOPICS], timeout=120, idle=3,
+                          expected=sum(acked.values())):
+            held[m.topic()[len(settings.topic_prefix):]] += 1
+            ids[orjson.loads(m.value())["event_id"]] += 1
+            records.append(decode_any(m.value()))
+        assert dict(held) == acked and stats["dropped"] == 0
+        assert [i for i, n in ids.items() if n > 1] == [], "a record is on its topic twice"
+
+        # no command lost: every command of the pure decision path over the same records, once
+        commands = [r for m in read_all(settings, [reg.name("gpu.remediation")], timeout=60, idle=3)
+                    if isinstance(r := decode_any(m.value()), RemediationCommand)]
+        once = Counter(c.command_id for c in commands)
+        assert [i for i, n in once.items() if n > 1] == [], "a command was published twice"
+        engine = Engine().run(records)
+        want = {(c.gpu_uuid, c.action, c.command_id) for c in engine.commands if c.action != Action.RECORD}
+        got = {(c.gpu_uuid, c.action, c.command_id) for c in commands if c.action != Action.RECORD}
+        assert want, "the fleet's faults gave no command: nothing was tested"
+        assert got == want, f"missing {sorted(want - got)[:5]}, extra {sorted(got - want)[:5]}"
+    finally:
+        probe.close()
+        worker.stop()
+        if state["driver"] is not None and state["driver"].poll() is None:
+            state["driver"].kill()
+            state["driver"].wait(10)
+        for n in (1, 2, 3):
+            kafka_cluster.start_one(n)
+        kafka_cluster.wait_in_sync(120)
+        delete_run(settings)
