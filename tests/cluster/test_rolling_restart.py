@@ -10,7 +10,7 @@ of one process are what crashed the cluster tier before, docs/development.md).
 
 What must hold: every record the sink acknowledged is on its topic, once (event ids); the worker
 gives every command the pure decision path gives over the same records, each once; after each
-broker comes back the worker's lag falls back to under one second's worth of records. Printed: the
+broker comes back the worker's lag falls back to under two seconds' worth of records. Printed: the
 worst pause in folding and, per restart, the time until the lag was back.
 """
 
@@ -47,7 +47,9 @@ NODES, GPUS = 125, 8
 PER_TICK = 2 * NODES * GPUS  # a sample and a process list per GPU per second
 DURATION = 150.0  # the restarts take 60-110 s on a shared 2-core machine; the rest is margin
 FIRST_RESTART_AT = 15.0  # s of fleet time: the worker is folding at full rate by then
-RECOVERED = PER_TICK  # lag "near zero": under one second's worth of the fleet's records
+# lag "near zero": under two seconds' worth of the fleet's records (the lag is read right after a
+# tick's records were handed over, so one second's worth is in flight at every reading)
+RECOVERED = 2 * PER_TICK
 RECOVERY_BOUND = 60.0  # s from a broker's return to the lag back under RECOVERED
 
 # The restarts, in a process of their own: each line printed is "<event> <node> <unix time>".
@@ -126,7 +128,12 @@ def test_rolling_restart_of_every_broker_under_a_1000_gpu_fleet(kafka_cluster, t
         for _, node, back in (e for e in events if e[0] == "started"):
             after = [at for at, lag in readings if at >= back and lag is not None and lag <= RECOVERED]
             recovered[node] = (after[0] - back) if after else None
-        print(f"\nrolling restart, {NODES * GPUS} GPUs at 1 Hz ({PER_TICK} records/s): worst pause in folding "
+        before = sorted(lag for at, lag in readings if lag is not None and at < events[0][2])
+        print(f"\nrolling restart, {NODES * GPUS} GPUs at 1 Hz ({PER_TICK} records/s): lag before the first restart "
+              f"p50 {before[len(before) // 2] if before else '-'}, worst {max(before, default='-')}; "
+              f"worst during the run {max((lag for _, lag in readings if lag is not None), default='-')}; "
+              f"unreadable {sum(1 for _, lag in readings if lag is None)} of {len(readings)} readings")
+        print(f"rolling restart: worst pause in folding "
               f"{_pauses(readings):.1f} s; lag back under {RECOVERED} records after each broker's return: "
               + ", ".join(f"broker {n} {'never' if s is None else f'{s:.1f} s'}" for n, s in recovered.items()))
         assert all(s is not None and s <= RECOVERY_BOUND for s in recovered.values()), recovered
