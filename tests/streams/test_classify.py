@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Action, Classification
+from schemas import Action, Classification, RemediationResult
+from streams.classify import _phase, step
 from streams.engine import Engine
+from streams.evidence import GpuState
 from streams.policy import Policy, load_policy
-from tests.streams.builders import GPU, at, feed, inventory, procs, result, run, sample, wedge, workload, xid
+from streams.render import STEP_TEXT, hid
+from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, result, run, sample, wedge, workload, xid
 
 
 def run_with(policy, records):
@@ -390,11 +393,6 @@ def test_resolution_does_not_depend_on_when_the_result_is_read(result_first):
 # -- found by mutation testing (make mutate streams/classify.py) ----------------------------------
 # Exact texts, fields and state of the result, closing-step, hardware-signal and workload paths:
 # mutants that changed them survived tests that checked only which actions came.
-from schemas import RemediationResult  # noqa: E402
-from streams.classify import _phase, step  # noqa: E402
-from streams.evidence import GpuState  # noqa: E402
-from streams.render import STEP_TEXT, hid  # noqa: E402
-from tests.streams.builders import NODE, PCI  # noqa: E402
 
 
 def _wedged():
