@@ -696,3 +696,23 @@ def test_a_death_that_moves_the_clock_past_the_name_wait_can_make_a_suspect():
     assert classes(e) == [Classification.APP_FAULT]
     e.process(workload(200, pod="other"))
     assert classes(e)[-1] == Classification.GPU_SUSPECT
+
+
+def test_a_backfilled_xid_is_a_timeline_line_only():
+    e = feed(Engine(), [inventory(0), sample(0), procs(0, 4242), xid(10, 13)])
+    n_alerts = len(e.alerts)
+    old = xid(5, 79, message="").model_copy(update={"backfilled": True})
+    e.process(old)
+    assert len(e.alerts) == n_alerts and len(e.states[GPU].occurrences) == 1
+    assert _last_note(e) == {"ts": at(5).timestamp(), "kind": "xid", "summary": f"(backfilled) {old.raw}",
+                             "data": {"xid": 79, "xid_kind": "xid", "raw": old.raw, "backfilled": True}}
+    e.process(xid(6, 31, message="page fault").model_copy(update={"backfilled": True}))
+    assert _last_note(e)["summary"] == "(backfilled) page fault"
+
+
+def test_a_recovery_failure_is_an_xid_fact_of_no_code_and_no_application():
+    e = feed(Engine(), [inventory(0), sample(0)])
+    line = xid(10, 79, pid=None, kind="recovery_failure", message="Failed to enter state")
+    e.process(line)
+    assert e.states[GPU].xids == [{"ts": at(10).timestamp(), "xid": None, "kind": "recovery_failure", "pid": None,
+                                   "app": False, "id": line.event_id}]
