@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Action, Classification
+from schemas import Action, Classification, RemediationResult
+from streams.classify import _phase, step
 from streams.engine import Engine
+from streams.evidence import GpuState
 from streams.policy import Policy, load_policy
-from tests.streams.builders import GPU, at, feed, inventory, procs, result, run, sample, wedge, workload, xid
+from streams.render import STEP_TEXT, hid
+from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, result, run, sample, wedge, workload, xid
 
 
 def run_with(policy, records):
@@ -385,3 +388,331 @@ def test_resolution_does_not_depend_on_when_the_result_is_read(result_first):
     e = feed(Engine(), wedge())
     feed(e, ([ok] + healthy) if result_first else (healthy + [ok]))
     assert e.alerts[-1].state == "resolved" and actions(e)[-1] == Action.UNCORDON_NODE
+
+
+# -- found by mutation testing (make mutate streams/classify.py) ----------------------------------
+# Exact texts, fields and state of the result, closing-step, hardware-signal and workload paths:
+# mutants that changed them survived tests that checked only which actions came.
+
+
+def _wedged():
+    return feed(Engine(), sorted(wedge(), key=lambda r: r.ts))
+
+
+def _answer(cmd, outcome, t, detail="", **change):
+    r = RemediationResult(ts=at(t), node=cmd.node, gpu_uuid=cmd.gpu_uuid, pci_bus_id=cmd.pci_bus_id,
+                          command_id=cmd.command_id, incident_id=cmd.incident_id, action=cmd.action,
+                          outcome=outcome, detail=detail)
+    return r.model_copy(update=change) if change else r
+
+
+def _newest(e, action):
+    return next(c for c in reversed(e.commands) if c.action == action)
+
+
+def _last_note(e):
+    return e.states[GPU].incident.timeline[-1]
+
+
+def test_an_answer_to_no_command_is_noted_exactly_and_not_acted_on():
+    e = _wedged()
+    reset = _newest(e, Action.RESET_GPU)
+    inc = reset.incident_id
+    before = (len(e.alerts), len(e.commands))
+    e.process(_answer(reset, "failed", 310, detail="d", command_id="nope"))
+    assert (len(e.alerts), len(e.commands)) == before
+    assert _last_note(e) == {
+        "ts": at(310).timestamp(), "kind": "remediation",
+        "summary": f"RESET_GPU failed (command nope of incident {inc}) answers no command of this incident: "
+                   "recorded, not acted on",
+        "data": {"command_id": "nope", "incident_id": inc, "action": "RESET_GPU", "outcome": "failed", "detail": "d",
+                 "matched": False}}
+
+
+@pytest.mark.parametrize("detail, said", [("GPU busy", "GPU busy"), ("", "no detail")])
+def test_a_failed_reset_is_noted_and_climbs_to_a_reboot_saying_why(detail, said):
+    e = _wedged()
+    reset = _newest(e, Action.RESET_GPU)
+    e.process(_answer(reset, "failed", 310, detail=detail))
+    tl = e.states[GPU].incident.timeline
+    assert tl[-2] == {"ts": at(310).timestamp(), "kind": "remediation",
+                      "summary": "RESET_GPU failed" + (f": {detail}" if detail else ""),
+                      "data": {"command_id": reset.command_id, "action": "RESET_GPU", "outcome": "failed",
+                               "detail": detail, "matched": True}}
+    assert tl[-1] == {"ts": at(310).timestamp(), "kind": "remediation",
+                      "summary": f"next rung: REBOOT_NODE: GPU reset failed ({said})", "data": {}}
+    assert e.states[GPU].incident.plan[-1] == "REBOOT_NODE"
+    assert e.alerts[-1].summary == f"GPU reset failed ({said}): REBOOT_NODE" and e.alerts[-1].state == "updated"
+    assert e.commands[-1].action == Action.REBOOT_NODE and e.commands[-1].reason == f"GPU reset failed ({said})"
+    reboot = e.commands[-1]
+    e.process(_answer(reboot, "failed", 900, detail=detail))
+    assert e.alerts[-1].summary == f"node reboot failed ({said}): REPLACE_NODE"
+    assert e.commands[-1].action == Action.REPLACE_NODE and e.commands[-1].reason == f"node reboot failed ({said})"
+
+
+@pytest.mark.parametrize("detail, tail", [("window closed", ": window closed"), ("", "")])
+def test_a_refused_step_asks_for_an_operator_in_so_many_words(detail, tail):
+    e = _wedged()
+    n = len(e.alerts)
+    e.process(_answer(_newest(e, Action.RESET_GPU), "refused", 310, detail=detail))
+    assert len(e.alerts) == n + 1
+    assert e.alerts[-1].summary == f"RESET_GPU refused on {NODE}{tail}; operator attention needed"
+
+
+@pytest.mark.parametrize("answered_at, unpinned", [(298, True), (310, True), (297, False)])
+def test_a_successful_reset_ends_the_pin_only_when_no_pinned_sample_came_after_it(answered_at, unpinned):
+    e = _wedged()  # pinned samples 123 s to 298 s
+    e.process(_answer(_newest(e, Action.RESET_GPU), "succeeded", answered_at))
+    assert (e.states[GPU].pinned_since is None) is unpinned
+    assert e.states[GPU].pinned_since in (None, at(123).timestamp())
+
+
+def test_a_successful_reboot_leaves_the_pin_it_may_not_have_ended():
+    e = _wedged()
+    e.process(_answer(_newest(e, Action.RESET_GPU), "failed", 305))
+    e.process(_answer(_newest(e, Action.REBOOT_NODE), "succeeded", 310))
+    assert e.states[GPU].pinned_since == at(123).timestamp()
+
+
+@pytest.mark.parametrize("newest_sample, healthy_since", [(400, 310), (310, 310), (305, None)])
+def test_healthy_time_counts_from_the_repair_when_a_sample_already_read_is_after_it(newest_sample, healthy_since):
+    e = _wedged()
+    for t in range(305, newest_sample + 1, 5):
+        e.process(sample(t, util=0, mem=0))
+    assert e.states[GPU].healthy_since == at(305).timestamp()
+    e.process(_answer(_newest(e, Action.RESET_GPU), "succeeded", 310))
+    want = None if healthy_since is None else at(healthy_since).timestamp()
+    assert e.states[GPU].healthy_since == want
+
+
+def _closing_state(commands):
+    return GpuState(key=GPU, node=NODE, gpu_uuid=GPU, pci_bus_id=PCI, gpu_index=1, clock=at(1000).timestamp(),
+                    sampled=True, closing={"inc-a": {"classification": "GPU_WEDGED", "alerts": 3, "commands": commands}})
+
+
+def _closing_answer(cid, action, outcome, detail="", node=NODE, incident="inc-a"):
+    return RemediationResult(ts=at(1010), node=node, gpu_uuid=GPU, pci_bus_id=PCI, command_id=cid,
+                             incident_id=incident, action=action, outcome=outcome, detail=detail)
+
+
+@pytest.mark.parametrize("action, left", [
+    (Action.UNCORDON_NODE, "the node may still be cordoned: check it (kubectl get node) and uncordon it by hand if so"),
+    (Action.RELEASE_GPU, "the GPU may still be quarantined: check its taint and remove it by hand if so"),
+])
+def test_a_failed_closing_step_raises_one_alert_on_its_closed_incident(action, left):
+    state = _closing_state({"c1": action.value, "c2": "RELEASE_GPU"})
+    state, out, _ = step(state, GPU, _closing_answer("c1", action, "failed", "apiserver: 403"), Policy())
+    assert [k for k, _ in out] == ["alert"]
+    a = out[0][1]
+    what = f"{action.value} failed after the incident resolved (apiserver: 403)"
+    assert a.summary == f"GPU 1 on {NODE}: {what}; {left}"
+    assert (a.incident_id, a.state, a.classification) == ("inc-a", "updated", Classification.GPU_WEDGED)
+    assert a.recommended_steps == [STEP_TEXT[action]]
+    assert [(e.kind, e.summary, e.data) for e in a.evidence.timeline] == [
+        ("remediation", what, {"command_id": "c1", "action": action.value, "outcome": "failed",
+                               "detail": "apiserver: 403", "matched": True})]
+    # the alert is the closed incident's fourth: its count is kept for the step still unanswered
+    assert state.closing == {"inc-a": {"classification": "GPU_WEDGED", "alerts": 4, "commands": {"c2": "RELEASE_GPU"}}}
+    assert a.alert_id == hid("inc-a", "alert", 4)
+
+
+def test_a_closing_step_without_detail_and_the_last_one_answered_forget_the_incident():
+    state = _closing_state({"c1": "RELEASE_GPU"})
+    state, out, _ = step(state, GPU, _closing_answer("c1", Action.RELEASE_GPU, "expired"), Policy())
+    assert out[0][1].summary == (f"GPU 1 on {NODE}: RELEASE_GPU expired after the incident resolved; the GPU may still be "
+                                 "quarantined: check its taint and remove it by hand if so")
+    assert state.closing is None
+    two = GpuState(key=GPU, node=NODE, gpu_uuid=GPU, gpu_index=1, closing={
+        "inc-a": {"classification": "GPU_WEDGED", "alerts": 3, "commands": {"c1": "RELEASE_GPU"}},
+        "inc-b": {"classification": "GPU_SUSPECT", "alerts": 2, "commands": {"c9": "RELEASE_GPU"}}})
+    two, out, _ = step(two, GPU, _closing_answer("c1", Action.RELEASE_GPU, "succeeded"), Policy())
+    assert out == [] and two.closing == {"inc-b": {"classification": "GPU_SUSPECT", "alerts": 2,
+                                                  "commands": {"c9": "RELEASE_GPU"}}}
+
+
+def test_a_closing_answer_is_its_own_incidents_even_while_another_is_open():
+    e, _ = _wedged(), None
+    for a in (Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU):
+        e.process(_answer(_newest(e, a), "succeeded", 305))
+    for t in range(310, 700, 10):
+        e.process(sample(t)), e.process(procs(t, 4242))
+    uncordon = _newest(e, Action.UNCORDON_NODE)
+    e.process(xid(705, 13, pid=4242))  # a new incident opens: the uncordon's answer is still the old one's
+    assert e.states[GPU].incident is not None and e.states[GPU].incident.id != uncordon.incident_id
+    e.process(_answer(uncordon, "failed", 710, detail="apiserver: 403"))
+    assert e.alerts[-1].incident_id == uncordon.incident_id
+    assert e.alerts[-1].summary.startswith(f"GPU 1 on {NODE}: UNCORDON_NODE failed after the incident resolved")
+
+
+def _hw(t, **change):
+    return sample(t).model_copy(update={"event_id": f"s{t}", **change})
+
+
+def test_a_recovery_action_and_a_remap_failure_name_their_sample_as_evidence():
+    e = feed(Engine(), [inventory(0), sample(0), _hw(10, recovery_action=1)])
+    assert {tuple(c.evidence_ids) for c in e.commands} == {("s10",)}
+    e = feed(Engine(), [inventory(0), sample(0), _hw(10, remapped_rows_failure=True)])
+    assert {tuple(c.evidence_ids) for c in e.commands} == {("s10",)}
+
+
+def test_a_remap_failure_still_reported_keeps_the_gpu_unhealthy():
+    e = feed(Engine(), [inventory(0), sample(0), _hw(10, remapped_rows_failure=True)]
+             + [_hw(t, remapped_rows_failure=True) for t in range(20, 1000, 10)])
+    state = e.states[GPU]
+    assert state.remap_failure is True and state.healthy_since is None and state.incident is not None
+
+
+def test_a_pending_row_remap_is_noted_on_the_open_incident_only():
+    e = feed(Engine(), [inventory(0), sample(0), _hw(5, remapped_rows_pending=True)])  # no incident: nothing to note
+    assert e.states[GPU].incident is None and e.states[GPU].pending_notes == []
+    e = feed(Engine(), [inventory(0), sample(0), _hw(10, remapped_rows_failure=True)])
+    n = len(e.states[GPU].incident.timeline)
+    e.process(_hw(20, remapped_rows_failure=False))  # a change of the failure, no remap pending: no note
+    assert len(e.states[GPU].incident.timeline) == n
+    e.process(_hw(30, remapped_rows_pending=True))
+    assert _last_note(e) == {"ts": at(30).timestamp(), "kind": "sample",
+                             "summary": "a row remap is pending: it takes effect at the next GPU reset",
+                             "data": {"remapped_rows_pending": True}}
+
+
+def test_a_workload_failure_is_evidence_without_its_time_and_id():
+    e = feed(Engine(), [inventory(0), sample(0), procs(0, 4242), xid(10, 13)])
+    e.process(workload(12))
+    assert _last_note(e) == {"ts": at(12).timestamp(), "kind": "workload", "summary": "pod ml/vllm-1 failed (Error, exit 1)",
+                             "data": {"pod_uid": "uid-vllm-1", "pod": "vllm-1", "namespace": "ml", "reason": "Error",
+                                      "exit_code": 1, "event": "failed"}}
+
+
+def test_the_minute_phase_is_a_second_of_the_minute_fixed_by_the_key():
+    phases = [_phase(f"GPU-{i}") for i in range(2000)]
+    assert all(type(p) is int and 0 <= p < 60 for p in phases) and set(phases) == set(range(60))
+    assert _phase("GPU-x") == _phase("GPU-x")
+
+
+def test_wedged_again_after_a_reset_says_so_in_the_climb():
+    again = [r for t in range(400, 500, 5) for r in (sample(t, util=100, mem=0), procs(t))]
+    e = run(wedge() + [result(310, Action.RESET_GPU, "succeeded"), sample(320, util=0, mem=0)] + again)
+    assert e.alerts[-1].summary == "GPU 1 wedged again after the GPU reset: REBOOT_NODE"
+    assert e.commands[-1].reason == "GPU 1 wedged again after the GPU reset"
+
+
+def test_a_workload_failure_read_last_decides_the_wedge_that_needs_it():
+    # wedged_requires_workload_failure: the pinned samples were all read; the failure completes the
+    # evidence at its own record, not at a later sample
+    e = feed(Engine(load_policy({"wedged_requires_workload_failure": True})), sorted(wedge(pinned_until=400),
+                                                                                     key=lambda r: r.ts))
+    assert classes(e) == [Classification.APP_FAULT]
+    e.process(workload(250))
+    assert classes(e) == [Classification.APP_FAULT, Classification.GPU_WEDGED]
+
+
+def _app_fault_healed(until):
+    # an application fault at 10 s, healthy samples every 10 s from 0 s: healthy since the Xid
+    return feed(Engine(), [inventory(0)] + sorted(
+        [r for t in range(0, until + 1, 10) for r in (sample(t), procs(t, 4242))] + [xid(10, 13)], key=lambda r: r.ts))
+
+
+def test_an_incident_resolves_when_healthy_for_exactly_resolve_after_s():
+    e = _app_fault_healed(300)  # 290 s after the Xid: not yet
+    assert e.alerts[-1].state == "open" and e.states[GPU].resolved_incidents == 0
+    e.process(procs(310, 4242))
+    e.process(sample(310))  # 300 s
+    assert e.alerts[-1].state == "resolved"
+    assert e.alerts[-1].summary == f"GPU 1 on {NODE} healthy again: incident resolved"
+    assert e.alerts[-1].evidence.timeline[-1].kind == "note"
+    assert e.alerts[-1].evidence.timeline[-1].summary == "healthy for 300 s with no new Xid: resolved"
+    assert e.states[GPU].resolved_incidents == 1
+    e.process(xid(400, 13))
+    for t in range(410, 711, 10):
+        e.process(procs(t, 4242)), e.process(sample(t))
+    assert e.alerts[-1].state == "resolved" and e.states[GPU].resolved_incidents == 2
+
+
+def test_a_closing_step_says_the_incident_resolved():
+    healthy = [r for t in range(320, 1000, 10) for r in (sample(t, util=0, mem=0), procs(t))]
+    e = feed(feed(Engine(), wedge()), [result(310, Action.RESET_GPU, "succeeded")] + healthy)
+    uncordon = _newest(e, Action.UNCORDON_NODE)
+    assert uncordon.reason == "incident resolved" and uncordon.evidence_ids == []
+
+
+def test_a_row_that_still_has_nvmls_fault_does_not_resolve_on_a_repairs_answer():
+    # NVML reports a recovery action or a failed remap: not resolved, whatever the healthy time
+    # (a row read back with both a healthy run and the fault; the repair's answer resolves directly)
+    for fault in ({"recovery_action": 1}, {"remap_failure": True}):
+        e = _wedged()
+        state = e.states[GPU]
+        reset = _newest(e, Action.RESET_GPU)
+        state.pinned_since, state.healthy_since, state.last_sample_ts = None, at(100).timestamp(), at(1000).timestamp()
+        for k, v in fault.items():
+            setattr(state, k, v)
+        e.process(_answer(reset, "succeeded", 50))
+        assert e.states[GPU].incident is not None and e.alerts[-1].state != "resolved"
+
+
+def test_the_notes_kept_before_an_incident_are_the_newest_five():
+    e = feed(Engine(), [inventory(0), sample(0)] + [workload(t, pod=f"p{t}") for t in range(1, 8)])
+    assert [n["data"]["pod"] for n in e.states[GPU].pending_notes] == ["p3", "p4", "p5", "p6", "p7"]
+
+
+@pytest.mark.parametrize("kind", ["gpu_identity", "gsp_rate_limit", "sxid"])
+def test_a_kernel_line_that_is_no_gpu_fault_opens_nothing(kind):
+    e = feed(Engine(), [inventory(0), sample(0), xid(10, 79, kind=kind)])
+    assert e.alerts == [] and e.states[GPU].occurrences == [] and e.states[GPU].xids == []
+
+
+def test_only_a_gsp_rate_limit_line_is_noted_on_the_open_incident():
+    e = feed(Engine(), [inventory(0), sample(0), procs(0, 4242), xid(10, 13)])
+    n = len(e.states[GPU].incident.timeline)
+    e.process(xid(11, 79, kind="gpu_identity"))
+    e.process(xid(12, 79, kind="sxid"))
+    assert len(e.states[GPU].incident.timeline) == n
+    e.process(xid(13, 79, kind="gsp_rate_limit", message="rate limited"))
+    assert _last_note(e) == {"ts": at(13).timestamp(), "kind": "note",
+                             "summary": "driver rate-limits GSP RPC error prints: later Xid counts are undercounted",
+                             "data": {"raw": f"NVRM: Xid (PCI:{PCI}): 79, pid=4242, rate limited"}}
+
+
+def test_the_outputs_of_a_resolution_a_climb_and_a_refusal_are_alerts_by_name():
+    # step's outputs are ("alert" | "command" | "workload_fault", record): the kind is the contract
+    e = _app_fault_healed(300)
+    e.process(procs(310, 4242))
+    state, out, _ = step(e.states[GPU], GPU, sample(310), Policy())
+    assert [k for k, _ in out] == ["alert"] and out[0][1].state == "resolved"
+    e = _wedged()
+    reset = _newest(e, Action.RESET_GPU)
+    _, out, _ = step(e.states[GPU], GPU, _answer(reset, "failed", 310), Policy())
+    assert [k for k, _ in out] == ["alert", "command"]
+    e = _wedged()
+    _, out, _ = step(e.states[GPU], GPU, _answer(_newest(e, Action.RESET_GPU), "refused", 310), Policy())
+    assert [k for k, _ in out] == ["alert"]
+
+
+def test_a_death_that_moves_the_clock_past_the_name_wait_can_make_a_suspect():
+    # two faults no process list named (lists as new as them show no compute app) wait for a death
+    # to name them; a workload event 180 s later moves the GPU's clock past NAME_WAIT_S: they are
+    # two workloads now, a suspect decided at that record
+    recs = [inventory(0), sample(0), procs(0), xid(10, 13, pid=7), xid(20, 13, pid=8), procs(20), sample(20)]
+    e = feed(Engine(), recs)
+    assert classes(e) == [Classification.APP_FAULT]
+    e.process(workload(200, pod="other"))
+    assert classes(e)[-1] == Classification.GPU_SUSPECT
+
+
+def test_a_backfilled_xid_is_a_timeline_line_only():
+    e = feed(Engine(), [inventory(0), sample(0), procs(0, 4242), xid(10, 13)])
+    n_alerts = len(e.alerts)
+    old = xid(5, 79, message="").model_copy(update={"backfilled": True})
+    e.process(old)
+    assert len(e.alerts) == n_alerts and len(e.states[GPU].occurrences) == 1
+    assert _last_note(e) == {"ts": at(5).timestamp(), "kind": "xid", "summary": f"(backfilled) {old.raw}",
+                             "data": {"xid": 79, "xid_kind": "xid", "raw": old.raw, "backfilled": True}}
+    e.process(xid(6, 31, message="page fault").model_copy(update={"backfilled": True}))
+    assert _last_note(e)["summary"] == "(backfilled) page fault"
+
+
+def test_a_recovery_failure_is_an_xid_fact_of_no_code_and_no_application():
+    e = feed(Engine(), [inventory(0), sample(0)])
+    line = xid(10, 79, pid=None, kind="recovery_failure", message="Failed to enter state")
+    e.process(line)
+    assert e.states[GPU].xids == [{"ts": at(10).timestamp(), "xid": None, "kind": "recovery_failure", "pid": None,
+                                   "app": False, "id": line.event_id}]
