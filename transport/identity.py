@@ -36,7 +36,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from schemas.errors import ConfigError
 
@@ -293,10 +293,15 @@ class IdentityDirectory:
     and skipped. `wait_loaded` blocks until the topic was read to its end once, so a starting
     worker does not dead-letter records of nodes it has simply not read yet."""
 
-    def __init__(self, settings: Any, enroller_keys: Any, verifier: RecordVerifier) -> None:
+    def __init__(self, settings: Any, enroller_keys: Any, verifier: RecordVerifier, *,
+                 consumer: Callable[[dict], Any] | None = None) -> None:
+        """`consumer`: makes the reader's consumer from its configuration; confluent-kafka's
+        `Consumer` unless given (the fast tests give a scripted one with the same methods:
+        `list_topics`, `assign`, `poll`, `close`)."""
         import threading
 
         self.settings, self.enroller_keys, self.verifier = settings, enroller_keys, verifier
+        self._consumer = consumer
         self.refused = 0
         self._loaded = threading.Event()
         self._stop = threading.Event()
@@ -327,8 +332,19 @@ class IdentityDirectory:
             return str(exc)
         if rec.revoked:
             self.verifier.revoke(rec.node)
-        else:
+            return None
+        try:
             self.verifier.enroll(rec.node, rec.x25519_public)
+        except ValueError:
+            # A low-order X25519 point (all zeros, for one) is 64 hex digits like any key, and
+            # there is no shared secret with it: `exchange` raises ValueError (RFC 7748 section
+            # 6.1). The API server vouches only for who asked, so a node can get such a key of its
+            # own enrolled; raised here it would end this thread, and no worker could start while
+            # the record stays on the compacted topic. The node's old key goes: it asked to replace it.
+            self.verifier.revoke(rec.node)
+            self.refused += 1
+            return (f"{rec.node}: X25519 key {rec.x25519_public} has no shared secret with ours (a low-order "
+                    f"point); not believed until it enrolls another")
         return None
 
     def _run(self) -> None:
@@ -340,8 +356,9 @@ class IdentityDirectory:
 
         log = logging.getLogger(__name__)
         topic = self.settings.topics.name("xidstream.identities")
-        consumer = Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}xidstream-identities-reader",
-                                            **{"enable.partition.eof": True}))
+        make = self._consumer or Consumer
+        consumer = make(consumer_config(self.settings, f"{self.settings.topic_prefix}xidstream-identities-reader",
+                                        **{"enable.partition.eof": True}))
         try:
             md = consumer.list_topics(topic, timeout=30)
             parts = sorted(md.topics[topic].partitions) if topic in md.topics and md.topics[topic].error is None else []
