@@ -240,7 +240,7 @@ def validate_csr(csr: Mapping[str, Any], *, node_service_account: str, cluster_s
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    _, serialization, ed25519, _, _ = _crypto()
+    _, serialization, ed25519, x25519, _ = _crypto()
     spec = csr.get("spec") or {}
     name = (csr.get("metadata") or {}).get("name", "?")
     if spec.get("signerName") != SIGNER_NAME:
@@ -261,6 +261,13 @@ def validate_csr(csr: Mapping[str, Any], *, node_service_account: str, cluster_s
     if len(uris) != 1 or not re.fullmatch(r"[0-9a-f]{64}", uris[0][len(_X25519_URI):]):
         return CsrCheck(None, f"CSR {name}: no single X25519 key ({_X25519_URI}<64 hex>)")
     x_pub = uris[0][len(_X25519_URI):]
+    # The fold refuses such a key too (IdentityDirectory.apply); refused here, it is never signed.
+    # A point of low order (RFC 7748 section 6.1) has no shared secret with any key: X25519 with
+    # it is all zeros, and `exchange` raises ValueError.
+    try:
+        x25519.X25519PrivateKey.generate().exchange(x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(x_pub)))
+    except ValueError:
+        return CsrCheck(None, f"CSR {name}: its X25519 key is a point of low order (no shared secret with any key)")
     e_pub = _raw_public(req.public_key()).hex()
     user = spec.get("username", "")
     extra = spec.get("extra") or {}
