@@ -36,7 +36,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from schemas.errors import ConfigError
 
@@ -240,7 +240,7 @@ def validate_csr(csr: Mapping[str, Any], *, node_service_account: str, cluster_s
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    _, serialization, ed25519, _, _ = _crypto()
+    _, serialization, ed25519, x25519, _ = _crypto()
     spec = csr.get("spec") or {}
     name = (csr.get("metadata") or {}).get("name", "?")
     if spec.get("signerName") != SIGNER_NAME:
@@ -261,6 +261,13 @@ def validate_csr(csr: Mapping[str, Any], *, node_service_account: str, cluster_s
     if len(uris) != 1 or not re.fullmatch(r"[0-9a-f]{64}", uris[0][len(_X25519_URI):]):
         return CsrCheck(None, f"CSR {name}: no single X25519 key ({_X25519_URI}<64 hex>)")
     x_pub = uris[0][len(_X25519_URI):]
+    # The fold refuses such a key too (IdentityDirectory.apply); refused here, it is never signed.
+    # A point of low order (RFC 7748 section 6.1) has no shared secret with any key: X25519 with
+    # it is all zeros, and `exchange` raises ValueError.
+    try:
+        x25519.X25519PrivateKey.generate().exchange(x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(x_pub)))
+    except ValueError:
+        return CsrCheck(None, f"CSR {name}: its X25519 key is a point of low order (no shared secret with any key)")
     e_pub = _raw_public(req.public_key()).hex()
     user = spec.get("username", "")
     extra = spec.get("extra") or {}
@@ -293,10 +300,15 @@ class IdentityDirectory:
     and skipped. `wait_loaded` blocks until the topic was read to its end once, so a starting
     worker does not dead-letter records of nodes it has simply not read yet."""
 
-    def __init__(self, settings: Any, enroller_keys: Any, verifier: RecordVerifier) -> None:
+    def __init__(self, settings: Any, enroller_keys: Any, verifier: RecordVerifier, *,
+                 consumer: Callable[[dict], Any] | None = None) -> None:
+        """`consumer`: makes the reader's consumer from its configuration; confluent-kafka's
+        `Consumer` unless given (the fast tests give a scripted one with the same methods:
+        `list_topics`, `assign`, `poll`, `close`)."""
         import threading
 
         self.settings, self.enroller_keys, self.verifier = settings, enroller_keys, verifier
+        self._consumer = consumer
         self.refused = 0
         self._loaded = threading.Event()
         self._stop = threading.Event()
@@ -327,8 +339,19 @@ class IdentityDirectory:
             return str(exc)
         if rec.revoked:
             self.verifier.revoke(rec.node)
-        else:
+            return None
+        try:
             self.verifier.enroll(rec.node, rec.x25519_public)
+        except ValueError:
+            # A low-order X25519 point (all zeros, for one) is 64 hex digits like any key, and
+            # there is no shared secret with it: `exchange` raises ValueError (RFC 7748 section
+            # 6.1). The API server vouches only for who asked, so a node can get such a key of its
+            # own enrolled; raised here it would end this thread, and no worker could start while
+            # the record stays on the compacted topic. The node's old key goes: it asked to replace it.
+            self.verifier.revoke(rec.node)
+            self.refused += 1
+            return (f"{rec.node}: X25519 key {rec.x25519_public} has no shared secret with ours (a low-order "
+                    f"point); not believed until it enrolls another")
         return None
 
     def _run(self) -> None:
@@ -340,8 +363,9 @@ class IdentityDirectory:
 
         log = logging.getLogger(__name__)
         topic = self.settings.topics.name("xidstream.identities")
-        consumer = Consumer(consumer_config(self.settings, f"{self.settings.topic_prefix}xidstream-identities-reader",
-                                            **{"enable.partition.eof": True}))
+        make = self._consumer or Consumer
+        consumer = make(consumer_config(self.settings, f"{self.settings.topic_prefix}xidstream-identities-reader",
+                                        **{"enable.partition.eof": True}))
         try:
             md = consumer.list_topics(topic, timeout=30)
             parts = sorted(md.topics[topic].partitions) if topic in md.topics and md.topics[topic].error is None else []

@@ -18,6 +18,7 @@ from schemas.signing import SigningKey, VerifyKeys, generate_keys
 from transport.identity import (CLUSTER_IDENTITY, HEADER, SIGNER_NAME, AuthError, IdentityDirectory, NodeIdentity,
                                 ProcessorIdentity, RecordVerifier, record_mac, validate_csr)
 
+LOW_ORDER_REFUSAL = "CSR csr-1: its X25519 key is a point of low order (no shared secret with any key)"
 NODE_SA, CLUSTER_SA = "xidstream/xidstream-node", "xidstream/xidstream-cluster-executor"
 
 
@@ -246,6 +247,11 @@ def test_a_request_that_is_not_an_ed25519_self_signed_csr_with_one_x25519_key_is
         "two keys": (pem(ed, [good, "urn:xidstream:x25519:" + "cd" * 32]), "CSR csr-1: no single X25519 key"),
         "a short key": (pem(ed, ["urn:xidstream:x25519:" + "ab" * 31]), "CSR csr-1: no single X25519 key"),
         "upper-case hex": (pem(ed, ["urn:xidstream:x25519:" + "AB" * 32]), "CSR csr-1: no single X25519 key"),
+        # points of low order (RFC 7748 section 6.1): no record key could be agreed with them
+        "the point 0": (pem(ed, ["urn:xidstream:x25519:" + "00" * 32]), LOW_ORDER_REFUSAL),
+        "the point 1": (pem(ed, ["urn:xidstream:x25519:" + "01" + "00" * 31]), LOW_ORDER_REFUSAL),
+        "a point of order 8": (pem(ed, ["urn:xidstream:x25519:e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f"
+                                        "49b800"]), LOW_ORDER_REFUSAL),
     }
     for name, (p, why) in refusals.items():
         check = validate_csr(_csr(p), node_service_account=NODE_SA)
