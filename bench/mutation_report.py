@@ -11,9 +11,13 @@ run only tests what changed. Without `--run` it reports what the last run left i
 After changing `only_mutate`, remove mutants/ for a fresh copy.
 
 A surviving mutant that no test can kill, because it behaves exactly like the original, is listed
-in tests/mutation_equivalent.txt with the reason: one line each, the mutant's name then why. Those
-are left out of the score and printed apart; a listed name that no longer exists (the function
-changed, so mutmut renumbered its mutants) is flagged, to be reviewed again.
+in tests/mutation_equivalent.txt with the reason: one line each, the mutant's name, the digest of
+its diff (`sha=` and 10 hex digits), then why. Those are left out of the score and printed apart.
+mutmut numbers a function's mutants in order, so when the function changes a listed name can come
+to stand for another mutant, a real one, which the list would then hide: a listed name whose diff
+no longer has its digest is counted like any other mutant and flagged, to be reviewed again, as is
+a listed name that no longer exists. `--pin` writes the digest of every listed name that has none
+yet (after reviewing them: it takes each name's mutant as it is now).
 
 The score is killed / (killed + survived), equivalents left out; a mutant the tests time out on,
 or that crashes them, counts as killed, one in code no test reaches ("no tests") as survived.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import os
 import subprocess
@@ -102,21 +107,55 @@ def run(globs: list[str], jobs: int, tests: str | None) -> int:
     return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
-def read_equivalent(path: Path | None = None) -> dict[str, str]:
-    """name -> reason; every entry must give one."""
+def read_equivalent(path: Path | None = None) -> dict[str, tuple[str | None, str]]:
+    """name -> (the digest of its diff, or None where none is pinned yet; reason); every entry
+    must give a reason."""
     path = path or EQUIVALENT
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str | None, str]] = {}
     if not path.exists():
         return out
     for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        name, _, reason = line.partition(" ")
-        if not reason.strip():
+        name, _, rest = line.partition(" ")
+        digest = None
+        if rest.startswith("sha="):
+            token, _, rest = rest.partition(" ")
+            digest = token[len("sha="):]
+        if not rest.strip():
             raise SystemExit(f"{path}:{n}: {name} has no reason: each equivalent mutant needs one line saying why")
-        out[name] = reason.strip()
+        out[name] = (digest, rest.strip())
     return out
+
+
+def digest_of(name: str) -> str | None:
+    """The first 10 hex digits of the sha256 of a mutant's changed lines (each stripped of its
+    indentation), or None when mutmut cannot show it."""
+    lines = _changed_lines(name)
+    if lines is None:
+        return None
+    return hashlib.sha256("\n".join(ln[0] + ln[1:].strip() for ln in lines).encode()).hexdigest()[:10]
+
+
+def pin(globs: list[str], path: Path | None = None) -> int:
+    """Write the digest of every listed equivalent of these modules that has none; returns how
+    many were written. A listed name whose digest is there and differs is left for a review."""
+    path = path or EQUIVALENT
+    existing = {name for codes in results(globs).values() for name in codes}
+    text = path.read_text().splitlines(keepends=True)
+    written = 0
+    for i, line in enumerate(text):
+        name, _, rest = line.strip().partition(" ")
+        if not name or name.startswith("#") or rest.startswith("sha=") or name not in existing:
+            continue
+        digest = digest_of(name)
+        if digest is None:
+            continue
+        text[i] = f"{name} sha={digest} {rest}\n"
+        written += 1
+    path.write_text("".join(text))
+    return written
 
 
 def results(globs: list[str]) -> dict[str, dict[str, int | None]]:
@@ -129,12 +168,19 @@ def results(globs: list[str]) -> dict[str, dict[str, int | None]]:
     return out
 
 
-def diff_of(name: str) -> str:
-    """The changed lines of one mutant (`mutmut show`), without the diff's headers."""
+def _changed_lines(name: str) -> list[str] | None:
+    """The changed lines of one mutant (`mutmut show`), without the diff's headers; None when
+    mutmut shows none."""
     p = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
     lines = [ln for ln in p.stdout.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
-    return "\n".join(f"        {ln}" for ln in lines) or f"        (mutmut show {name}: {p.stderr.strip()[-200:]})"
+    return lines or None
+
+
+def diff_of(name: str) -> str:
+    """The changed lines of one mutant, indented for the report."""
+    lines = _changed_lines(name)
+    return "\n".join(f"        {ln}" for ln in lines) if lines else f"        (mutmut show {name}: no diff)"
 
 
 def report(globs: list[str], *, diffs: bool = True, out=sys.stdout) -> dict[str, dict]:
@@ -143,6 +189,11 @@ def report(globs: list[str], *, diffs: bool = True, out=sys.stdout) -> dict[str,
     if not by_file:
         print("no mutation results for these modules in mutants/: run with --run (make mutate)", file=out)
         return {}
+    # a listed name whose mutant is not the one reviewed (its diff's digest changed) is no equivalent
+    moved = {name for codes in by_file.values() for name in codes
+             if name in equivalent and equivalent[name][0] is not None and digest_of(name) != equivalent[name][0]}
+    unpinned = sorted(name for codes in by_file.values() for name in codes
+                      if name in equivalent and equivalent[name][0] is None)
     summary: dict[str, dict] = {}
     seen = set()
     total = Counter()
@@ -152,7 +203,7 @@ def report(globs: list[str], *, diffs: bool = True, out=sys.stdout) -> dict[str,
         survivors = []
         for name, code in sorted(codes.items()):
             seen.add(name)
-            if name in equivalent:
+            if name in equivalent and name not in moved:
                 c["equivalent"] += 1
             elif code in KILLED:
                 c["killed"] += 1
@@ -183,6 +234,16 @@ def report(globs: list[str], *, diffs: bool = True, out=sys.stdout) -> dict[str,
         print(f"\n{EQUIVALENT} names mutants that no longer exist (review them again):", file=out)
         for n in listed:
             print(f"    {n}", file=out)
+    if moved:
+        print(f"\n{EQUIVALENT} names mutants whose diff is not the one reviewed (mutmut renumbered them; "
+              "counted as any other mutant until reviewed again):", file=out)
+        for n in sorted(moved):
+            print(f"    {n}", file=out)
+            if diffs:
+                print(diff_of(n), file=out)
+    if unpinned:
+        print(f"\n{len(unpinned)} listed equivalent(s) have no digest yet (review them, then --pin): "
+              f"{', '.join(unpinned[:5])}{' ...' if len(unpinned) > 5 else ''}", file=out)
     if any(s.get("other") for s in summary.values()):
         print("\n'other': mutants not checked (an interrupted or partial run): they are not in the score", file=out)
     return summary
@@ -195,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1)")
     ap.add_argument("--tests", help='test paths that judge the mutants (default: tests/), e.g. "tests/schemas"')
     ap.add_argument("--no-diff", action="store_true", help="list survivors without their diffs")
+    ap.add_argument("--pin", action="store_true", help="write the digest of each listed equivalent of these modules "
+                                                       "that has none (after reviewing them), then report")
     args = ap.parse_args(argv)
     globs = module_globs(args.modules)
+    if args.pin:
+        print(f"pinned {pin(globs)} equivalent(s) in {EQUIVALENT}", file=sys.stderr)
     if args.run:
         rc = run(globs, args.jobs, args.tests)
         if rc != 0:
