@@ -35,7 +35,7 @@ def _as(cluster, role: str, prefix: str) -> KafkaConfig:
 
 
 def _xid(i: int) -> XidEvent:
-    return XidEvent(node="gpu-node-7", gpu_uuid=GPU, xid=13, pci_bus_id="00000000:02:00.0", source=XidSource.kmsg,
+    return XidEvent(node="gpu-node-7", gpu_uuid=GPU, xid=13, pci_bus_id="0000:02:00", source=XidSource.kmsg,
                     message=f"NVRM: Xid (PCI:0000:02:00): 13, pid={1000 + i}, name=python3, test {i}")
 
 
