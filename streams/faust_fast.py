@@ -81,8 +81,8 @@ MIRRORED = {
     "faust.transport.consumer.Consumer.force_commit": "cc094614d22c",
     "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread._fetch_records": "39a2c6c79fc1",
     "faust.transport.drivers.aiokafka.Transport.Consumer": "959f899e8ebf",  # the whole driver consumer class
-    "faust.transport.consumer.Consumer.ack": "5fcf41cf4515",
-    "faust.transport.drivers.aiokafka.Producer._settings_extra": "a4c7bc41b638",  # ack_events does its steps per event
+    "faust.transport.consumer.Consumer.ack": "5fcf41cf4515",  # ack_events does its steps per event
+    "faust.transport.drivers.aiokafka.Producer._settings_extra": "a4c7bc41b638",  # IdempotentProducer extends it
     "faust.events.Event.ack": "2d29a6eda87c",
     "faust.streams.Stream.take_events": "607d48aead11",  # take_batches replaces it
     "mode.services.Service.wait_first": "feade6a31f8a",  # deliver races as it does

@@ -101,10 +101,11 @@ def consume_records(consumer: Any, timeout: float, batch: int = 500) -> Iterator
             continue
 
 
-def admin(settings: KafkaConfig) -> AdminClient:
+def admin(settings: KafkaConfig, *, quiet: bool = False) -> AdminClient:
+    """An admin client whose fatal errors `ClientErrors` keeps; `quiet`: librdkafka's own log off."""
     config = {"bootstrap.servers": settings.bootstrap, **settings.kafka_extra}
     errors = ClientErrors(config)
-    client = AdminClient({**config, "error_cb": errors})
+    client = AdminClient({**config, "error_cb": errors, **({"log_level": 0} if quiet else {})})
     client.xidstream_errors = errors  # type: ignore[attr-defined]
     return client
 
@@ -114,12 +115,8 @@ def reachable(settings: KafkaConfig, timeout: float = 10.0) -> None:
     naming the address after `timeout` s (or at once for a refused password or an untrusted CA).
     librdkafka's own log is off for this one probe: a broker that is not there would print a
     "Connection refused" line every 50 ms for the whole wait."""
-    config = {"bootstrap.servers": settings.bootstrap, **settings.kafka_extra}
-    errors = ClientErrors(config)
-    client = AdminClient({**config, "error_cb": errors, "log_level": 0})
-    client.xidstream_errors = errors  # type: ignore[attr-defined]
     try:
-        _describe(client, timeout)
+        _describe(admin(settings, quiet=True), timeout)
     except TopicError as exc:
         raise TopicError(f"no Kafka broker answers at {settings.bootstrap} within {timeout:g} s ({exc}); "
                          f"is it running (`xidstream broker status`) and is the address right?") from None
