@@ -7,8 +7,10 @@ means every module [tool.mutmut] `only_mutate` in pyproject.toml names (a module
 them). `--run` first runs mutmut on those modules' mutants only: mutants are made in a copy under
 mutants/ (never in the checkout), judged by the fast tests (`-m "not broker and not kube"`) under
 `--tests` (default: all of tests/), with `--jobs` workers; results are kept there, so a second
-run only tests what changed. Without `--run` it reports what the last run left in mutants/.
-After changing `only_mutate`, remove mutants/ for a fresh copy.
+run only tests what changed, and a run over some modules keeps the others' results (mutmut would
+reset them when the test selection differs; the report says which commit and tests judged each).
+Without `--run` it reports what the runs left in mutants/. After changing `only_mutate`, remove
+mutants/ for a fresh copy.
 
 A surviving mutant that no test can kill, because it behaves exactly like the original, is listed
 in tests/mutation_equivalent.txt with the reason: one line each, the mutant's name, the digest of
@@ -32,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -104,7 +107,80 @@ def run(globs: list[str], jobs: int, tests: str | None) -> int:
     # what a mutant is judged by.
     env = {k: v for k, v in os.environ.items() if k != "CI"} | {"GIT_OPTIONAL_LOCKS": "0"}
     cmd = [sys.executable, "-c", _BOOT, json.dumps(over), "run", "--max-children", str(jobs), *mutant_globs(globs)]
-    return subprocess.call(cmd, cwd=ROOT, env=env)
+    kept = snapshot(globs)
+    rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    restored = restore(kept)
+    if restored:
+        print(f"kept {restored} result(s) of earlier runs of other modules (mutmut had reset them)", file=sys.stderr)
+    if rc == 0:
+        record_run(globs, tests or "tests")
+    return rc
+
+
+def _metas(root: Path) -> dict[str, Path]:
+    """Source file (relative) -> its .meta file under mutants/."""
+    return {str(m.relative_to(root / "mutants"))[: -len(".meta")]: m for m in sorted((root / "mutants").rglob("*.py.meta"))}
+
+
+def snapshot(globs: list[str], root: Path | None = None) -> dict[Path, dict]:
+    """The .meta of every module this run does not judge. mutmut resets the results of every
+    module when the run's test selection differs from the last run's (its configuration's
+    fingerprint changes), though only this run's modules are judged again: without this, a run
+    over one module forgot the others'."""
+    return {meta: json.loads(meta.read_text()) for src, meta in _metas(root or ROOT).items()
+            if not any(fnmatch.fnmatch(src, g) for g in globs)}
+
+
+def restore(kept: dict[Path, dict]) -> int:
+    """Put back each kept result that mutmut reset, where the mutant's function is unchanged (the
+    same hash before and after: a changed function's mutants are new mutants and stay to be
+    judged). Returns how many were put back."""
+    restored = 0
+    for meta, before in kept.items():
+        if not meta.exists():
+            continue
+        now = json.loads(meta.read_text())
+        codes = now.get("exit_code_by_key", {})
+        changed = False
+        for key, code in before.get("exit_code_by_key", {}).items():
+            if code is None or key not in codes or codes[key] is not None:
+                continue
+            func = key.partition("__mutmut_")[0].rpartition(".")[2]
+            old_hash = before.get("hash_by_function_name", {}).get(func)
+            if old_hash is None or now.get("hash_by_function_name", {}).get(func) != old_hash:
+                continue
+            codes[key] = code
+            if key in before.get("durations_by_key", {}):
+                now.setdefault("durations_by_key", {})[key] = before["durations_by_key"][key]
+            restored += 1
+            changed = True
+        if changed:
+            meta.write_text(json.dumps(now, indent=4))
+    return restored
+
+
+RUNS = "xidstream-runs.json"
+
+
+def record_run(globs: list[str], tests: str, root: Path | None = None) -> None:
+    """Note, per module, the commit and test selection its results were last judged with, for the
+    report: results kept from an earlier run are that run's."""
+    root = root or ROOT
+    path = root / "mutants" / RUNS
+    runs = json.loads(path.read_text()) if path.exists() else {}
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True).stdout.strip()
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    for src in _metas(root):
+        if any(fnmatch.fnmatch(src, g) for g in globs):
+            runs[src] = {"commit": head + ("+changes" if dirty else ""), "tests": tests, "at": when}
+    path.write_text(json.dumps(runs, indent=2, sort_keys=True))
+
+
+def runs_of() -> dict[str, dict]:
+    path = ROOT / "mutants" / RUNS
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def read_equivalent(path: Path | None = None) -> dict[str, tuple[str | None, str]]:
@@ -222,6 +298,11 @@ def report(globs: list[str], *, diffs: bool = True, out=sys.stdout) -> dict[str,
     if judged:
         print(f"{'all':<34} {total['killed']:>6} {total['survived']:>6} {total['equivalent']:>6} {total['other']:>6} "
               f"{total['killed'] / judged:6.1%}", file=out)
+    runs = runs_of()
+    for src in summary:
+        if src in runs:
+            r = runs[src]
+            print(f"    {src}: judged at {r['commit']} ({r['at']} UTC) by {r['tests']}", file=out)
     for src, s in summary.items():
         if s["survivors"]:
             print(f"\nsurviving in {src}:", file=out)
