@@ -1,6 +1,6 @@
 """Mutation score of the rule modules: `make mutate` (mutmut 3), per module, and the survivors.
 
-    python bench/mutation_report.py [--run [--jobs N] [--tests "PATHS"]] [--no-diff] [MODULE ...]
+    python bench/mutation_report.py [--run [--open] [--jobs N] [--tests "PATHS"]] [--no-diff] [MODULE ...]
 
 MODULE is a file or a folder of the checkout (`schemas/signing.py`, `collectors/parse/`); none
 means every module [tool.mutmut] `only_mutate` in pyproject.toml names (a module must be one of
@@ -90,7 +90,7 @@ def mutant_globs(globs: list[str]) -> list[str]:
     return [g.removesuffix(".py").replace("/", ".").rstrip("*").rstrip(".") + ".*" for g in globs]
 
 
-def run(globs: list[str], jobs: int, tests: str | None) -> int:
+def run(globs: list[str], jobs: int, tests: str | None, only_open: bool = False) -> int:
     # Every module of `only_mutate` stays mutated in the copy; the run is narrowed by mutant names.
     # (A copy narrowed by `only_mutate` gets the other modules back unmutated, and mutmut, seeing
     # their sources unchanged, would not mutate them again on the next run.)
@@ -106,7 +106,15 @@ def run(globs: list[str], jobs: int, tests: str | None) -> int:
     # ../shared/data beside it); the copy under mutants/ has no surroundings, and they are not
     # what a mutant is judged by.
     env = {k: v for k, v in os.environ.items() if k != "CI"} | {"GIT_OPTIONAL_LOCKS": "0"}
-    cmd = [sys.executable, "-c", _BOOT, json.dumps(over), "run", "--max-children", str(jobs), *mutant_globs(globs)]
+    names = mutant_globs(globs)
+    if only_open:
+        names = open_mutants(globs)
+        if not names:
+            print("no surviving or unjudged mutant in these modules: nothing to run (a changed module needs a "
+                  "run without --open)", file=sys.stderr)
+            return 0
+        print(f"judging {len(names)} surviving or unjudged mutant(s) again", file=sys.stderr)
+    cmd = [sys.executable, "-c", _BOOT, json.dumps(over), "run", "--max-children", str(jobs), *names]
     kept = snapshot(globs)
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
     restored = restore(kept)
@@ -115,6 +123,14 @@ def run(globs: list[str], jobs: int, tests: str | None) -> int:
     if rc == 0:
         record_run(globs, tests or "tests")
     return rc
+
+
+def open_mutants(globs: list[str]) -> list[str]:
+    """These modules' mutants the last run left surviving or unjudged, listed equivalents left out
+    (a run names them to mutmut, which then judges them again whatever their last result)."""
+    equivalent = read_equivalent()
+    return [name for codes in results(globs).values() for name, code in sorted(codes.items())
+            if name not in equivalent and (code is None or code in SURVIVED)]
 
 
 def _metas(root: Path) -> dict[str, Path]:
@@ -336,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", action="store_true", help="run mutmut on these modules first")
     ap.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1)")
     ap.add_argument("--tests", help='test paths that judge the mutants (default: tests/), e.g. "tests/schemas"')
+    ap.add_argument("--open", action="store_true",
+                    help="with --run: judge again only the mutants the last run left surviving or unjudged (after "
+                         "adding tests against survivors: minutes, not the module's whole run); a changed module "
+                         "needs a run without it")
     ap.add_argument("--no-diff", action="store_true", help="list survivors without their diffs")
     ap.add_argument("--pin", action="store_true", help="write the digest of each listed equivalent of these modules "
                                                        "that has none (after reviewing them), then report")
@@ -344,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pin:
         print(f"pinned {pin(globs)} equivalent(s) in {EQUIVALENT}", file=sys.stderr)
     if args.run:
-        rc = run(globs, args.jobs, args.tests)
+        rc = run(globs, args.jobs, args.tests, only_open=args.open)
         if rc != 0:
             print(f"mutmut run exited {rc}", file=sys.stderr)
             return rc

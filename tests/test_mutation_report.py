@@ -74,3 +74,13 @@ def test_the_report_names_the_run_that_judged_each_module(tmp_path, monkeypatch)
     text = out.getvalue()
     assert summary["m.py"]["score"] == 0.5
     assert "m.py: judged at abc1234 (2026-12-03 18:00 UTC) by tests/streams" in text
+
+
+def test_open_mutants_are_the_survivors_and_the_unjudged_without_the_listed_equivalents(tmp_path, monkeypatch):
+    _meta(tmp_path, "m.py", {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0, "m.x_f__mutmut_3": None,
+                             "m.x_f__mutmut_4": 33, "m.x_f__mutmut_5": 0, "m.x_f__mutmut_6": -9},
+          {"x_f": "f"})
+    _meta(tmp_path, "other.py", {"other.x_g__mutmut_1": 0}, {"x_g": "g"})
+    monkeypatch.setattr(mutation_report, "ROOT", tmp_path)
+    monkeypatch.setattr(mutation_report, "read_equivalent", lambda path=None: {"m.x_f__mutmut_5": ("abc", "why")})
+    assert mutation_report.open_mutants(["m.py"]) == ["m.x_f__mutmut_2", "m.x_f__mutmut_3", "m.x_f__mutmut_4"]
