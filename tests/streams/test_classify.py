@@ -716,3 +716,31 @@ def test_a_recovery_failure_is_an_xid_fact_of_no_code_and_no_application():
     e.process(line)
     assert e.states[GPU].xids == [{"ts": at(10).timestamp(), "xid": None, "kind": "recovery_failure", "pid": None,
                                    "app": False, "id": line.event_id}]
+
+
+def test_a_recovery_failure_waits_on_the_timeline_exactly():
+    # no incident yet: the line waits among the pending notes for the next one, with its kernel line
+    e = feed(Engine(), [inventory(0), sample(0)])
+    line = xid(10, 79, pid=None, kind="recovery_failure", message="Failed to enter state")
+    e.process(line)
+    assert e.states[GPU].pending_notes[-1] == {"ts": at(10).timestamp(), "kind": "xid",
+                                               "summary": "driver failed to recover the GPU: Failed to enter state",
+                                               "data": {"raw": line.raw}}
+    assert e.alerts == [] and e.states[GPU].last_xid_ts == at(10).timestamp()
+
+
+def test_a_gpu_fallen_off_the_bus_is_a_hardware_fault_with_the_reboot_plan_exactly():
+    # the parser's "GPU has fallen off the bus" line (kind fallen_off_bus, no Xid code of its own):
+    # recorded as an Xid 79 fact of no application, and the node rebooted (NVIDIA Xid catalog, 79)
+    e = feed(Engine(), [inventory(0), sample(0), procs(0, 4242)])
+    line = xid(10, 79, pid=None, kind="fallen_off_bus", message="GPU has fallen off the bus.")
+    e.process(line)
+    assert e.states[GPU].xids == [{"ts": at(10).timestamp(), "xid": 79, "kind": "fallen_off_bus", "pid": None,
+                                   "app": False, "id": line.event_id}]
+    assert classes(e) == [Classification.GPU_HARDWARE_FAULT]
+    alert = e.alerts[0]
+    assert alert.summary == f"GPU on {NODE} ({PCI}) has fallen off the bus" and alert.severity.value == "critical"
+    assert actions(e) == [Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE]
+    assert all(c.evidence_ids == [line.event_id] for c in e.commands)
+    assert {"ts": at(10).timestamp(), "kind": "xid", "summary": "GPU has fallen off the bus",
+            "data": {"raw": line.raw}} in e.states[GPU].incident.timeline
