@@ -342,6 +342,12 @@ def _faust_app(settings: KafkaConfig, app_name: str, *, web_port: int | None, we
     # the broker.
     extra["broker_commit_interval"] = 0.25
     extra["broker_max_poll_records"] = MAX_POLL_RECORDS
+    # Metadata at least every 10 s (faust: 5 minutes). aiokafka refreshes it on most errors that say
+    # it is stale, not on all (`faust_fast.mend_aiokafka` mends the one the three-broker tier met),
+    # and a refresh asked during one in flight gets that one's answer; a leader that moved with no
+    # error to say so (the preferred leader taking its partitions back after a restart) was known
+    # only at the next periodic refresh. One small Metadata request per client every 10 s.
+    extra["consumer_metadata_max_age_ms"] = extra["producer_metadata_max_age_ms"] = 10_000
     if fast_rebalance:
         # A single test broker: the first JoinGroup takes ~3 s instead of ~30 s (runtime notes).
         extra.update(broker_rebalance_timeout=6, broker_request_timeout=30)

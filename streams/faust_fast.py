@@ -40,6 +40,12 @@ and, the cause of that wait (`FastConsumerThread`), a fetch from before a rebala
 every partition's records once faust's set of active partitions is empty, and what a fetch returns
 after the flow stopped is put back, not dropped. A seek runs on aiokafka's thread (`_seek`), never
 from the event loop's thread in the middle of aiokafka's hand-over of that partition's records.
+
+`mend_aiokafka` (three-broker tier: the worker stopped folding for minutes after leadership moved),
+on each consumer `FastConsumerThread` starts: an offset reset that meets a stale leader refreshes
+metadata (aiokafka's `Fetcher._update_fetch_positions` asked the old leader every 100 ms), and an
+OffsetFetch answered with a group-level error (a coordinator that moved) is that retriable error,
+where aiokafka read it as "nothing committed" for every partition.
 """
 
 from __future__ import annotations
@@ -57,7 +63,8 @@ from mode import Service
 from mode.utils.futures import maybe_async, notify
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "BatchWatch",
-           "BATCHES", "IdempotentProducer", "faster_transport", "drop_monitor", "faust_drift", "WRITTEN_FOR", "MIRRORED"]
+           "BATCHES", "IdempotentProducer", "faster_transport", "drop_monitor", "faust_drift", "WRITTEN_FOR", "MIRRORED",
+           "mend_aiokafka"]
 
 
 _UNKNOWN = object()
@@ -86,6 +93,12 @@ MIRRORED = {
     "faust.events.Event.ack": "2d29a6eda87c",
     "faust.streams.Stream.take_events": "607d48aead11",  # take_batches replaces it
     "mode.services.Service.wait_first": "feade6a31f8a",  # deliver races as it does
+    "faust.transport.drivers.aiokafka.AIOKafkaConsumerThread.on_start": "38b4e8bd1e10",  # mend_aiokafka after it
+    # mend_aiokafka: what the two fixes wrap, and the code that needed them
+    "aiokafka.consumer.fetcher.Fetcher._update_fetch_positions": "d7774d8241dc",
+    "aiokafka.consumer.fetcher.Fetcher._proc_offset_request": "40c09472da94",
+    "aiokafka.consumer.group_coordinator.GroupCoordinator._do_fetch_commit_offsets": "b0f359813271",
+    "aiokafka.consumer.group_coordinator.GroupCoordinator._send_req": "fa4b12e914ce",
 }
 # faust Consumer attributes the cuts read or write directly
 CONSUMER_ATTRIBUTES = ("_read_offset", "_committed_offset", "_n_acked", "_acked", "_acked_index", "_unacked_messages",
@@ -372,7 +385,75 @@ def _put_back(consumer: Any, records: dict) -> None:
                 pass
 
 
+# -- aiokafka 0.14's consumer, mended --------------------------------------------------------------
+# Found by the three-broker tier (a leader SIGKILLed, a rolling restart): the worker stopped folding
+# for minutes after leadership moved. Applied per consumer, on its instance, by FastConsumerThread.
+_GROUP_ERRORS = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
+_OFFSET_FETCH = 9  # the OffsetFetch API key
+
+
+def mend_aiokafka(consumer: Any) -> None:
+    """Two fixes to a started aiokafka consumer (its fetcher and group coordinator).
+
+    - A partition whose position is reset asks its leader for offsets (ListOffsets). When the
+      cached leader is no longer the leader (NotLeaderForPartition: a broker restarted, or the
+      preferred leader took the partition back), `Fetcher._update_fetch_positions` logs it, waits
+      100 ms and asks the same broker again, never refreshing metadata (its fetch path and
+      `_retrieve_offsets` do): the worker asked the old leader every 100 ms for minutes, until the
+      periodic metadata refresh. Now an offset request that fails on stale metadata refreshes it.
+    - OffsetFetch v2 and later carry a group-level error at the top of the response, with no
+      partitions (a coordinator that moved answers NOT_COORDINATOR so). aiokafka reads only the
+      partitions, so it took "no committed offset" for every partition, and they were read again
+      from their beginning (or the reset sent them to ListOffsets, above); a partition-level
+      COORDINATOR_NOT_AVAILABLE it raised as a non-retriable error. Now both mark the coordinator
+      dead (a load in progress does not) and raise the retriable group error, which
+      `fetch_committed_offsets` retries against the coordinator it finds again."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None:
+        fetcher._proc_offset_request = _refreshing_offsets(fetcher, fetcher._proc_offset_request)
+    coordinator = getattr(consumer, "_coordinator", None)
+    if coordinator is not None:
+        coordinator._send_req = _group_errors_raised(coordinator, coordinator._send_req)
+
+
+def _refreshing_offsets(fetcher: Any, request: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    from aiokafka.errors import KafkaError, NodeNotReadyError
+
+    async def proc_offset_request(node_id: Any, topic_data: Any) -> Any:
+        try:
+            return await request(node_id, topic_data)
+        except KafkaError as exc:
+            if getattr(exc, "invalid_metadata", False) or isinstance(exc, NodeNotReadyError):
+                fetcher._client.force_metadata_update()
+            raise
+
+    return proc_offset_request
+
+
+def _group_errors_raised(coordinator: Any, send: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    from aiokafka.errors import for_code
+
+    async def send_req(request: Any) -> Any:
+        response = await send(request)
+        if getattr(response, "API_KEY", None) != _OFFSET_FETCH:
+            return response
+        codes = [getattr(response, "error_code", 0)]
+        codes += [part[-1] for _, parts in response.topics for part in parts]
+        group = next((c for c in codes if c in _GROUP_ERRORS), None)
+        if group is not None:
+            if group != 14:  # a coordinator loading its offsets is still the coordinator
+                coordinator.coordinator_dead()
+            raise for_code(group)()
+        return response
+
+    return send_req
+
+
 class FastConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    async def on_start(self) -> None:
+        await super().on_start()
+        mend_aiokafka(self._consumer)
+
     async def _fetch_records(self, consumer: Any, active_partitions: Any, timeout: float | None = None,
                              max_records: int | None = None) -> Any:
         # A fetch waits up to its timeout, and a rebalance can begin and end meanwhile (aiokafka

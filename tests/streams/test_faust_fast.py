@@ -920,3 +920,122 @@ def test_the_workers_producer_is_idempotent_with_acks_all():
     idempotent, extra = asyncio.run(made())
     assert idempotent, "aiokafka made no transaction manager: idempotence is off"
     assert extra == {"acks": "all", "enable_idempotence": True}
+
+
+# -- mend_aiokafka: aiokafka 0.14's consumer after leadership moves (three-broker tier) ----------
+class _Recorder:
+    def __init__(self):
+        self.refreshes = 0
+        self.dead = 0
+
+    def force_metadata_update(self):
+        self.refreshes += 1
+
+    def coordinator_dead(self):
+        self.dead += 1
+
+
+def test_an_offset_reset_that_meets_a_stale_leader_refreshes_the_metadata():
+    # aiokafka's own _update_fetch_positions, run over a fetcher whose cached leader answers
+    # NotLeaderForPartition: unmended it waits 100 ms and asks that broker again, metadata never
+    # refreshed (the worker asked the old leader every 100 ms for minutes)
+    from types import SimpleNamespace
+
+    from aiokafka.consumer.fetcher import Fetcher, OffsetResetStrategy
+    from aiokafka.errors import NotLeaderForPartitionError
+    from aiokafka.structs import TopicPartition
+
+    from streams.faust_fast import mend_aiokafka
+
+    tp = TopicPartition("gpu.samples", 0)
+    asked = []
+
+    async def old_leader(node_id, topic_data):
+        asked.append(node_id)
+        raise NotLeaderForPartitionError(tp)
+
+    client = _Recorder()
+    state = SimpleNamespace(has_valid_position=False, awaiting_reset=True, reset_strategy=OffsetResetStrategy.EARLIEST)
+    fetcher = SimpleNamespace(_client=client, _retry_backoff=0, _proc_offset_request=old_leader)
+    mend_aiokafka(SimpleNamespace(_fetcher=fetcher, _coordinator=None))
+    assignment = SimpleNamespace(state_value=lambda _: state)
+    asyncio.run(Fetcher._update_fetch_positions(fetcher, assignment, 1, [tp]))
+    assert asked == [1] and state.awaiting_reset, "the reset failed and waits for the next try"
+    assert client.refreshes == 1, "the next try must go to the leader fresh metadata names"
+
+
+def test_an_offset_fetch_that_answers_not_coordinator_is_a_retriable_group_error():
+    # OffsetFetch v3: the group's error at the top, no partitions. Unmended, aiokafka returned {}
+    # ("nothing committed"), and every partition of the group was read again from its beginning.
+    from types import SimpleNamespace
+
+    import pytest
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+    from aiokafka.errors import GroupLoadInProgressError, NotCoordinatorForGroupError
+    from aiokafka.protocol.commit import OffsetFetchResponse_v1, OffsetFetchResponse_v3
+    from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+    from streams.faust_fast import mend_aiokafka
+
+    tp = TopicPartition("gpu.samples", 0)
+
+    def coordinator_answering(response):
+        async def send_req(request):
+            return response
+
+        coordinator = _Recorder()
+        coordinator.group_id = "g"
+        coordinator._send_req = send_req
+        mend_aiokafka(SimpleNamespace(_fetcher=None, _coordinator=coordinator))
+        return coordinator
+
+    moved = coordinator_answering(OffsetFetchResponse_v3(0, [], 16))
+    with pytest.raises(NotCoordinatorForGroupError):
+        asyncio.run(GroupCoordinator._do_fetch_commit_offsets(moved, [tp]))
+    assert moved.dead == 1, "the coordinator is looked up again"
+    assert NotCoordinatorForGroupError.retriable
+
+    loading = coordinator_answering(OffsetFetchResponse_v3(0, [], 14))
+    with pytest.raises(GroupLoadInProgressError):
+        asyncio.run(GroupCoordinator._do_fetch_commit_offsets(loading, [tp]))
+    assert loading.dead == 0
+
+    # at the partition level (v1), COORDINATOR_NOT_AVAILABLE: a retriable group error, not the
+    # non-retriable KafkaError aiokafka made of it
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
+
+    gone = coordinator_answering(OffsetFetchResponse_v1([("gpu.samples", [(0, -1, "", 15)])]))
+    with pytest.raises(GroupCoordinatorNotAvailableError):
+        asyncio.run(GroupCoordinator._do_fetch_commit_offsets(gone, [tp]))
+    assert gone.dead == 1
+
+    fine = coordinator_answering(OffsetFetchResponse_v3(0, [("gpu.samples", [(0, 42, "", 0)])], 0))
+    assert asyncio.run(GroupCoordinator._do_fetch_commit_offsets(fine, [tp])) == {tp: OffsetAndMetadata(42, "")}
+
+
+def test_the_worker_mends_each_consumer_it_starts(monkeypatch):
+    from types import SimpleNamespace
+
+    from streams import faust_fast
+
+    started = SimpleNamespace(_fetcher=None, _coordinator=None)
+
+    async def on_start(self):
+        self._consumer = started
+
+    mended = []
+    monkeypatch.setattr(faust_aiokafka.AIOKafkaConsumerThread, "on_start", on_start)
+    monkeypatch.setattr(faust_fast, "mend_aiokafka", mended.append)
+    thread = faust_fast.FastConsumerThread.__new__(faust_fast.FastConsumerThread)  # no service machinery
+    asyncio.run(thread.on_start())
+    assert mended == [started]
+
+
+def test_the_workers_clients_refresh_metadata_every_ten_seconds():
+    # faust's default is five minutes: a leader that moved with no error to say so (the preferred
+    # leader taking its partitions back after a restart) was unknown to the worker that long
+    from streams.app import create_app
+    from transport.config import KafkaConfig
+
+    conf = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app.conf
+    assert conf.consumer_metadata_max_age_ms == conf.producer_metadata_max_age_ms == 10_000
