@@ -145,10 +145,10 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
 def _check_topics(settings: Settings, create: bool) -> None:
     from confluent_kafka import KafkaException
 
-    from schemas.topics import INPUT_TOPICS
+    from schemas.topics import COLLECTED_TOPICS
     from transport.kafka import admin, check_replication, create_topics
 
-    names = [settings.topics.name(n) for n in INPUT_TOPICS]
+    names = [settings.topics.name(n) for n in COLLECTED_TOPICS]
     if create:
         create_topics(settings)
         check_replication(settings, names)
@@ -159,7 +159,7 @@ def _check_topics(settings: Settings, create: bool) -> None:
         log.warning("Kafka not reachable at start (%s); records are spooled until it is", exc)
         return
     # Only what a collector writes: its least-privilege user may see no other topic.
-    missing = [settings.topics.name(n) for n in INPUT_TOPICS if settings.topics.name(n) not in md.topics]
+    missing = [settings.topics.name(n) for n in COLLECTED_TOPICS if settings.topics.name(n) not in md.topics]
     if missing:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; "
                          f"run `xidstream topics create` (or pass --create-topics)")
