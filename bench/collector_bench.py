@@ -1,11 +1,16 @@
 """Collector benchmark: prints figures; not a test.
 
     .venv/bin/python bench/collector_bench.py [--seconds 180] [--gpus 8] [--bootstrap HOST:PORT] [--fds 50000]
+                                              [--counters-interval 60]
 
 1. Runs the real collector loop for `--seconds` at 1 Hz: `--gpus` fake GPUs (pynvml look-alike)
    with two compute processes each, the kernel tail read from a file another thread appends real
    kernel lines to (tests/data/kernel-log-lines.tsv), the real KafkaSink and spool to the local
    broker (started if needed). Prints average CPU (% of one core), peak RSS, tick time p50/p99.
+   Each GPU has 18 NVLinks (an H100 SXM's) in an NVLink fabric, and the collector reads its
+   counters (gpu.counters) every `--counters-interval` seconds (default 60, as `xidstream collect`;
+   0: off). Also prints the time of one counters round over every GPU on its own, and that round's
+   share of a core at the interval.
 2. Parser throughput on (a) the real capture, almost all NVRM lines, and (b) a realistic mix where
    1 line in 20 is the driver's.
 
@@ -38,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from collectors.agent import Collector, CollectorConfig  # noqa: E402
-from collectors.fakes import FakeGpu, FakeProcess, FakePynvml  # noqa: E402
+from collectors.fakes import FakeFabric, FakeGpu, FakeNvLink, FakeProcess, FakePynvml  # noqa: E402
 from collectors.nvml import NvmlReader  # noqa: E402
 from collectors.parse.kernel import parse_line  # noqa: E402
 from collectors.sink import KafkaSink  # noqa: E402
@@ -61,6 +66,24 @@ def bench_parser(lines: list[str], total: int = 400_000) -> float:
     for line in batch:
         parse_line(line)
     return total / (time.perf_counter() - t0)
+
+
+def bench_counters_round(fake: FakePynvml, gpus: int, rounds: int = 50) -> float:
+    """Milliseconds of one NvmlReader.counters round over every GPU, after the first (which probes
+    the NVLinks), median of `rounds`; NVML itself is the look-alike, so this is the reader's cost."""
+    fake.nvmlInit()
+    reader = NvmlReader(fake)
+    gpus_read = reader.init()
+    for g in gpus_read:
+        reader.counters(g)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for g in gpus_read:
+            reader.counters(g)
+        times.append(time.perf_counter() - t0)
+    reader.shutdown()
+    return 1000 * statistics.median(times)
 
 
 TRAINERS = 8
@@ -236,6 +259,8 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--bootstrap", default=None, help="default: the local broker, started if needed")
     ap.add_argument("--fds", type=int, default=0, help="holders from a synthetic proc tree of this many descriptors")
+    ap.add_argument("--counters-interval", type=float, default=60.0,
+                    help="seconds between counters reads, as `xidstream collect` (default 60; 0: off)")
     ap.add_argument("--real-proc", type=int, default=0, metavar="N",
                     help="only time holder scans of the real /proc with child processes holding N descriptors")
     args = ap.parse_args()
@@ -287,11 +312,19 @@ def main() -> int:
 
     fake = FakePynvml([FakeGpu(i, f"GPU-{i:08x}-0000-0000-0000-000000000000", f"00000000:{i + 1:02x}:00.0",
                                utilization_gpu_pct=80, memory_used_mib=20000, power_w=400,
-                               processes=[FakeProcess(1000 + i, "python3", 10000, 40), FakeProcess(2000 + i, "python3", 9000, 38)])
+                               processes=[FakeProcess(1000 + i, "python3", 10000, 40), FakeProcess(2000 + i, "python3", 9000, 38)],
+                               nvlinks=[FakeNvLink(recovery=link) for link in range(18)], retired_pages=None,
+                               fabric=FakeFabric("5f0c3a8e-1b2d-4c6e-9a7f-0d1e2f3a4b5c", clique_id=1))
                        for i in range(args.gpus)])
+    round_ms = bench_counters_round(fake, args.gpus)
+    if args.counters_interval:
+        print(f"counters: one round over {args.gpus} GPUs (18 NVLinks each) {round_ms:.2f} ms, read on its own: "
+              f"{100 * round_ms / 1000 / args.counters_interval:.4f}% of a core at one round every "
+              f"{args.counters_interval:g} s")
     sink = KafkaSink(settings, tmp / "spool")
     dev_prefix = (info["dev"] + "/nvidia") if args.fds else "/dev/nvidia"
-    collector = Collector(CollectorConfig(node="bench-node", dev_prefix=dev_prefix), sink, nvml=NvmlReader(fake),
+    config = CollectorConfig(node="bench-node", dev_prefix=dev_prefix, counters_interval=args.counters_interval or None)
+    collector = Collector(config, sink, nvml=NvmlReader(fake),
                           kernel=FileSource(kern, cursor_file=tmp / "cursor", backfill=False), procfs=procfs)
     threading.Thread(target=writer, daemon=True).start()
     import psutil

@@ -6,7 +6,10 @@
 # 2. The collector's NvmlReader on the real module: the issue-9 fields are present, the NVML error
 #    counter stays at 0 on healthy GPUs (NotSupported/NoData are not errors), 30 samples per GPU
 #    timed, and the event set re-registers without error.
-# 3. One `xidstream collect --sink stdout --once` round, checked against the contract.
+#    Then the counters (gpu.counters): every field per GPU, what the board does not support, the
+#    time of a read (first, with the NVLink probe, then p50 of 10), errors 0 on healthy GPUs.
+# 3. One `xidstream collect --sink stdout --once` round, checked against the contract: a
+#    gpu.counters record per GPU with its PCIe and clock fields read.
 # Prints figures; exits non-zero when a check fails. Takes about 20 s.
 set -u
 cd "$(dirname "$0")/.."
@@ -21,7 +24,9 @@ echo "== xidstream gpu-check"
 code=$?
 cat "$OUT/gpu-check.txt"
 echo "gpu-check exit code: $code (0 all read, 3 faults found)"
-for f in memory_reserved_mib recovery_action remapped_rows_pending remapped_rows_failure ecc_dbe_volatile memory_info_version; do
+for f in memory_reserved_mib recovery_action remapped_rows_pending remapped_rows_failure ecc_dbe_volatile memory_info_version \
+         "counters (first read" nvlinks pcie_replay_count pcie_link_width_max ecc_corrected_aggregate \
+         retired_pages_pending clock_event_reason_names fabric_clique_id unsupported; do
   grep -q "$f" "$OUT/gpu-check.txt" || { echo "MISSING in gpu-check output: $f"; rc=1; }
 done
 echo "== NvmlReader on the real pynvml"
@@ -46,6 +51,21 @@ for g in gpus:
     print(f"  compute apps: {apps!r}" + ("" if apps is not None else f" (unknown: {r.last_error})"))
     if missing:
         print("  MISSING:", missing); bad += 1
+from collectors.nvml import COUNTER_FIELDS
+for g in gpus:
+    t0 = time.perf_counter(); c = r.counters(g); first = time.perf_counter() - t0
+    times = []
+    for _ in range(10):
+        t0 = time.perf_counter(); r.counters(g); times.append(time.perf_counter() - t0)
+    print(f"GPU {g.index} counters: status={c.status} errors={c.errors} first read {1000*first:.2f} ms, "
+          f"then p50 {1000*statistics.median(times):.2f} ms")
+    for k in COUNTER_FIELDS:
+        v = c.values.get(k)
+        print(f"  {k:28} {len(v)} links: {v}" if k == "nvlinks" and v else f"  {k:28} {v!r}")
+    print(f"  unsupported: {c.unsupported}")
+    missing = [k for k in COUNTER_FIELDS if k not in c.values]
+    if missing or c.status != "ok" or c.errors:
+        print("  COUNTERS NOT READ:", missing, c.status, c.errors); bad += 1
 print("events registered:", r.register_xid_events(), "re-registered:", r.register_xid_events())
 print("NVML error count (not counting absent answers):", r.error_count)
 r.shutdown()
@@ -68,7 +88,18 @@ for r in recs:
         print(" ", r.gpu_index, r.status.value, "used", r.memory_used_mib, "reserved", r.memory_reserved_mib,
               "recovery", r.recovery_action, "rows pending/failure", r.remapped_rows_pending, r.remapped_rows_failure,
               "dbe", r.ecc_dbe_volatile)
-sys.exit(0 if kinds.get("GpuSample") else 1)
+    if type(r).__name__ == "GpuCounters":
+        links = r.nvlinks or []
+        print(" ", r.gpu_index, "counters: pcie gen", r.pcie_link_gen_current, "/", r.pcie_link_gen_max, "width",
+              r.pcie_link_width_current, "/", r.pcie_link_width_max, "replays", r.pcie_replay_count,
+              "ecc corrected/uncorrected aggregate", r.ecc_corrected_aggregate, r.ecc_uncorrected_aggregate,
+              "clock reasons", hex(r.clock_event_reasons or 0), r.clock_event_reason_names,
+              "nvlinks", len(links), "active", sum(1 for l in links if l.active),
+              "recoveries", sum(l.recovery_errors or 0 for l in links),
+              "fabric", r.fabric_state, r.fabric_cluster_uuid, r.fabric_clique_id,
+              "unsupported", r.unsupported, "errors", r.errors)
+ok = kinds.get("GpuSample") and kinds.get("GpuCounters") == kinds.get("GpuSample")
+sys.exit(0 if ok else 1)
 PY
 echo "== done: rc=$rc (outputs in $OUT)"
 exit $rc

@@ -1,7 +1,8 @@
 """The collector loop: wires sources (NVML, kernel log, /proc, workloads) to a sink.
 
 One `tick(now)` per interval: read kernel lines and NVML Xid notices, resolve PCI -> GPU UUID,
-merge the kernel and NVML views of the same fault, sample every GPU, list its processes, publish.
+merge the kernel and NVML views of the same fault, sample every GPU, list its processes, publish;
+every `counters_interval` seconds also each GPU's error and link counters (gpu.counters).
 The clock is passed in, so a scenario can run the same loop in accelerated scenario time.
 """
 
@@ -43,9 +44,11 @@ from schemas.limits import (
 from schemas.models import (
     ComputeApp,
     DeviceHolder,
+    GpuCounters,
     GpuInventory,
     GpuProcesses,
     GpuSample,
+    NvLinkCounters,
     PmonSample,
     WorkloadEvent,
     XidEvent,
@@ -152,6 +155,11 @@ class CollectorConfig:
     xid_merge_window: float = 2.0
     inventory_interval: float = 60.0
     holders_interval: float = 10.0  # /proc/*/fd scans are the collector's costliest read
+    # Seconds between reads of the error and link counters (gpu.counters); None: not read. They
+    # trend over hours (an NVLink's recoveries, a rising single-bit ECC count), so a minute loses
+    # nothing and costs 1/60 of a sample's NVML calls. `xidstream collect` reads them every 60 s;
+    # a scenario replay does not, unless its config says so.
+    counters_interval: float | None = None
     dev_prefix: str = "/dev/nvidia"
     # Live mode: the loop's clock is the node's, so kmsg monotonic stamps become wall time and
     # local-time stamps (syslog, dmesg -T) are placed by the node's clock and zone. False (a
@@ -374,6 +382,8 @@ class Collector:
         self._status: dict[str, str] = {}
         self._last_inventory = float("-inf")
         self._last_holders = float("-inf")
+        self._last_counters = float("-inf")
+        self._counters_failed: set[str] = set()  # GPUs whose counters read raised (logged once each)
         # PIDs holding each /dev/nvidia* by the last scan; None until one ran (and always without /proc).
         self._holders: dict[str, list[int]] | None = None
         self._nvml_q: queue.Queue[XidNotice] = queue.Queue()
@@ -507,6 +517,12 @@ class Collector:
                 self._sample(gpu, now)
             for gpu in self.lost:
                 self._sample_lost(gpu, now)
+            every = self.config.counters_interval
+            if every is not None and mono - self._last_counters >= every:
+                self._last_counters = mono
+                for gpu in self.gpus:
+                    if self._status.get(gpu.uuid, "ok") == "ok":  # a lost GPU's sample says so already
+                        self._publish_counters(gpu, now)
         if self.workloads is not None:
             self._read_workloads(now)
         self.sink.poll()
@@ -914,6 +930,27 @@ class Collector:
             apps = self.nvml.compute_apps(gpu)
             error = None if apps is not None else f"compute processes not readable: {self.nvml.last_error}"
         self._publish_processes(gpu, now, apps, error, list(self.nvml.pmon(gpu)) if reading.status == "ok" else [])
+
+    def _publish_counters(self, gpu: GpuIdentity, now: datetime) -> None:
+        """One gpu.counters record for this GPU, when any counter was read. NVML errors are data
+        (NvmlReader.counters); anything else one GPU's read raises (an odd pynvml's struct, a value
+        out of the contract) costs that GPU's record, logged once, never the loop."""
+        try:
+            reading = self.nvml.counters(gpu)
+            if not reading.anything:
+                return
+            values = dict(reading.values)
+            links = values.pop("nvlinks")
+            self.sink.publish(GpuCounters(
+                ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
+                nvlinks=[NvLinkCounters(**link) for link in links] if links is not None else None,
+                unsupported=reading.unsupported, errors=reading.errors, **values,
+            ))
+        except Exception:  # noqa: BLE001 - one GPU's counters must not stop the collector
+            if gpu.uuid not in self._counters_failed:
+                self._counters_failed.add(gpu.uuid)
+                log.exception("GPU %s (%s): cannot read or publish its counters; trying again every %g s",
+                              gpu.index, gpu.uuid, self.config.counters_interval)
 
     # -- workloads -------------------------------------------------------------------------
     def _read_workloads(self, now: datetime) -> None:

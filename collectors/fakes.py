@@ -15,6 +15,17 @@ Knobs per GPU for the v2 sample fields: `memory_reserved_mib` (v2 reports it apa
 (function name -> NVML return code it raises), `lose_on_call` ((function, n): the GPU falls off the
 bus at the n-th call of that function).
 
+Knobs per GPU for the counters (`NvmlReader.counters`): `nvlinks` (a `FakeNvLink` per link; None: no
+NVLink, every link answers NotSupported; a link number past the list answers InvalidArgument, as
+NVML does), `nvlink_counter_errors` (nvmlNvLinkErrorCounter_t -> the code every link raises for it),
+`pcie_replay_count`, `pcie_link_gen` / `pcie_link_width` ((current, max)), the ECC counts (None
+`ecc_dbe_volatile`: no ECC, all four NotSupported), `retired_pages` ((single-bit, double-bit) page
+counts; None: NotSupported, as on Ampere and later), `clock_event_reasons` (the bitmask),
+`clocks_event_api=False` (a driver before R535: only the Throttle call), `fabric` (a `FakeFabric`;
+None: NotSupported), `fabric_v=False` (a driver without nvmlDeviceGetGpuFabricInfoV). The fabric
+calls fill the caller's struct through `ctypes.byref`, as pynvml's do, and use pynvml's own struct
+classes, so the reader's real path (struct, version, by reference) is the one tested.
+
 Driver knobs (on `FakePynvml`): `compute_versions`, the nvmlDeviceGetComputeRunningProcesses_v<n>
 symbols the driver library exports (R510+ has _v3; R470 and the other pre-R510 branches only _v2).
 The versioned functions raise `NVMLError_FunctionNotFound` for a missing symbol and the unversioned
@@ -31,13 +42,15 @@ from __future__ import annotations
 
 import collections
 import threading
+import uuid as uuidlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+import pynvml
 from pynvml import NVMLLibraryMismatchError  # a plain Exception in nvidia-ml-py, not an NVMLError
 
-__all__ = ["FakePynvml", "FakeGpu", "FakeProcess", "FilePynvml"]
+__all__ = ["FakePynvml", "FakeGpu", "FakeProcess", "FakeNvLink", "FakeFabric", "FilePynvml"]
 
 
 class _NVMLError(Exception):
@@ -59,12 +72,12 @@ class _NVMLError(Exception):
 
 
 _NAMES = {
-    0: "Success", 1: "Uninitialized", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
+    0: "Success", 1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
     10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found", 15: "GPU is lost",
     16: "GPU requires restart", 21: "No data", 25: "Argument version mismatch", 999: "Unknown Error",
 }
 _CLASS_NAMES = {
-    1: "Uninitialized", 3: "NotSupported", 4: "NoPermission", 6: "NotFound", 10: "Timeout",
+    1: "Uninitialized", 2: "InvalidArgument", 3: "NotSupported", 4: "NoPermission", 6: "NotFound", 10: "Timeout",
     12: "LibraryNotFound", 13: "FunctionNotFound", 15: "GpuIsLost", 16: "ResetRequired", 21: "NoData",
     25: "ArgumentVersionMismatch", 999: "Unknown",
 }
@@ -81,6 +94,28 @@ class FakeProcess:
     name: str = "python3"
     used_memory_mib: float | None = None
     sm_util_pct: float | None = None  # None: not seen by pmon
+
+
+@dataclass
+class FakeNvLink:
+    """One NVLink: its state and data-link error counters (nvmlDeviceGetNvLinkErrorCounter)."""
+
+    active: bool = True
+    replay: int = 0
+    recovery: int = 0
+    crc_flit: int = 0
+    crc_data: int = 0
+
+
+@dataclass
+class FakeFabric:
+    """What nvmlDeviceGetGpuFabricInfo(V) fills in."""
+
+    cluster_uuid: str = "00000000-0000-0000-0000-000000000000"
+    clique_id: int = 0
+    state: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = 0  # NVML_SUCCESS
+    health_mask: int = 0
 
 
 @dataclass
@@ -109,6 +144,21 @@ class FakeGpu:
     errors: dict[str, int] = field(default_factory=dict)  # function name -> NVML code it raises
     lose_on_call: tuple[str, int] | None = None  # (function, n): lost from its n-th call on
     still_answers: set[str] = field(default_factory=set)  # functions that answer even while lost/reset_required
+    # counters (module docstring)
+    nvlinks: list[FakeNvLink] | None = None
+    nvlink_counter_errors: dict[int, int] = field(default_factory=dict)
+    pcie_replay_count: int = 0
+    pcie_link_gen: tuple[int, int] = (4, 4)
+    pcie_link_width: tuple[int, int] = (16, 16)
+    ecc_sbe_volatile: int = 0
+    ecc_sbe_aggregate: int = 0
+    ecc_dbe_aggregate: int = 0
+    retired_pages: tuple[int, int] | None = (0, 0)
+    retired_pages_pending: bool = False
+    clock_event_reasons: int = 0
+    clocks_event_api: bool = True
+    fabric: FakeFabric | None = None
+    fabric_v: bool = True
 
 
 class _FakeEventSet:
@@ -135,6 +185,21 @@ class FakePynvml:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     nvmlEventTypeXidCriticalError = 0x8
     nvmlMemory_v2 = 0x02000028
+    NVML_ERROR_INVALID_ARGUMENT = 2
+    NVML_FEATURE_ENABLED = 1
+    NVML_AGGREGATE_ECC = 1
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    # pynvml's own values and struct classes for the counters: a name missing from nvidia-ml-py
+    # fails here, at import, not on a GPU
+    for _name in ("NVML_NVLINK_MAX_LINKS", "NVML_NVLINK_ERROR_DL_REPLAY", "NVML_NVLINK_ERROR_DL_RECOVERY",
+                  "NVML_NVLINK_ERROR_DL_CRC_FLIT", "NVML_NVLINK_ERROR_DL_CRC_DATA",
+                  "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+                  "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED",
+                  "NVML_GPU_FABRIC_STATE_COMPLETED", "nvmlGpuFabricInfo_v2", "c_nvmlGpuFabricInfo_t",
+                  "c_nvmlGpuFabricInfoV_t", *(n for n in dir(pynvml) if n.startswith(("nvmlClocksEventReason",
+                                                                                          "nvmlClocksThrottleReason")))):
+        locals()[_name] = getattr(pynvml, _name)
+    del _name
 
     def __init__(self, gpus: list[FakeGpu], driver_version: str = "590.44.01", cuda_version: str = "13.1",
                  available: bool = True, recovery_events: bool = True,
@@ -295,7 +360,94 @@ class FakePynvml:
         self._check("nvmlDeviceGetTotalEccErrors", h)
         if h.ecc_dbe_volatile is None:
             raise _NVMLError(3)
-        return h.ecc_dbe_volatile if (error_type, counter_type) == (1, 0) else 0
+        # (NVML_MEMORY_ERROR_TYPE_*, NVML_*_ECC): corrected 0 / uncorrected 1, volatile 0 / aggregate 1
+        return {(0, 0): h.ecc_sbe_volatile, (1, 0): h.ecc_dbe_volatile, (0, 1): h.ecc_sbe_aggregate,
+                (1, 1): h.ecc_dbe_aggregate}[(error_type, counter_type)]
+
+    # -- counters ----------------------------------------------------------------------------
+    def _nvlink(self, h: FakeGpu, link: int) -> FakeNvLink:
+        if h.nvlinks is None:
+            raise _NVMLError(3)  # no NVLink on this board
+        if not 0 <= link < len(h.nvlinks):
+            raise _NVMLError(2)  # NVML: InvalidArgument for a link the GPU does not have
+        entry = h.nvlinks[link]
+        return FakeNvLink(**entry) if isinstance(entry, dict) else entry  # FilePynvml's JSON gives dicts
+
+    def nvmlDeviceGetNvLinkState(self, h: FakeGpu, link: int) -> int:
+        self._check("nvmlDeviceGetNvLinkState", h)
+        return 1 if self._nvlink(h, link).active else 0  # NVML_FEATURE_ENABLED / DISABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: FakeGpu, link: int, counter: int) -> int:
+        self._check("nvmlDeviceGetNvLinkErrorCounter", h)
+        entry = self._nvlink(h, link)
+        if counter in h.nvlink_counter_errors:
+            raise _NVMLError(h.nvlink_counter_errors[counter])
+        return (entry.replay, entry.recovery, entry.crc_flit, entry.crc_data)[counter]
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetPcieReplayCounter", h)
+        return h.pcie_replay_count
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetCurrPcieLinkGeneration", h)
+        return h.pcie_link_gen[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMaxPcieLinkGeneration", h)
+        return h.pcie_link_gen[1]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetCurrPcieLinkWidth", h)
+        return h.pcie_link_width[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetMaxPcieLinkWidth", h)
+        return h.pcie_link_width[1]
+
+    def nvmlDeviceGetRetiredPages(self, h: FakeGpu, cause: int) -> list:
+        self._check("nvmlDeviceGetRetiredPages", h)
+        if h.retired_pages is None:
+            raise _NVMLError(3)
+        return [0x1000 * (i + 1) for i in range(h.retired_pages[cause])]  # pynvml returns the addresses
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        if h.retired_pages is None:
+            raise _NVMLError(3)
+        return 1 if h.retired_pages_pending else 0
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
+        if not h.clocks_event_api:
+            self.calls["nvmlDeviceGetCurrentClocksEventReasons"] += 1
+            raise _NVMLError(13)  # pynvml's _nvmlGetFunctionPointer: a driver before R535 lacks the symbol
+        self._check("nvmlDeviceGetCurrentClocksEventReasons", h)
+        return h.clock_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeGpu) -> int:
+        self._check("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        return h.clock_event_reasons
+
+    def _fabric_info(self, h: FakeGpu, ref: Any, fn: str) -> int:
+        self._check(fn, h)
+        if h.fabric is None:
+            raise _NVMLError(3)
+        info = ref._obj  # ctypes.byref(struct), as pynvml passes it on to the C call
+        info.clusterUuid[:] = list(uuidlib.UUID(h.fabric.cluster_uuid).bytes)
+        info.cliqueId, info.state, info.status = h.fabric.clique_id, h.fabric.state, h.fabric.status
+        if hasattr(info, "healthMask"):
+            info.healthMask = h.fabric.health_mask
+        return 0
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h: FakeGpu, ref: Any) -> int:
+        if not h.fabric_v:
+            self.calls["nvmlDeviceGetGpuFabricInfoV"] += 1
+            raise _NVMLError(13)
+        if ref._obj.version != self.nvmlGpuFabricInfo_v2:
+            raise _NVMLError(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        return self._fabric_info(h, ref, "nvmlDeviceGetGpuFabricInfoV")
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: FakeGpu, ref: Any) -> int:
+        return self._fabric_info(h, ref, "nvmlDeviceGetGpuFabricInfo")
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
         self._check("nvmlDeviceGetUtilizationRates", h)

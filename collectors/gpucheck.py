@@ -4,7 +4,10 @@ Run it on a machine with an NVIDIA GPU and driver to check the real NVML path of
 (the tests use the pynvml look-alike). It prints, per GPU, the identity (with the memory call's
 version and any notes), one sample with every contract field (memory reserved, recovery action,
 remapped rows, volatile DBE included), compute apps, pmon samples and whether Xid and
-recovery-action events can be registered, and every event already pending. A GPU that NVML
+recovery-action events can be registered, and every event already pending; then every counter of
+gpu.counters (NVLink per link, PCIe, ECC, retired pages, clock event reasons, temperature, fabric),
+which counters the board does not support, and the time of a first read (it probes the NVLinks)
+and of a second one (what every `--counters-interval` costs). A GPU that NVML
 refuses a handle for, or that is lost during the check, is printed as lost, never as a traceback.
 A driver without a call (nvmlDeviceGetComputeRunningProcesses_v3 before R510)
 is read through the older one, or printed as "not supported".
@@ -81,6 +84,7 @@ def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -
         for pid, _ in apps or []:
             say(f"    pid {pid}: name {reader.process_name(pid)!r}")
         say(f"  pmon: {reader.pmon(gpu)!r}")
+        faults += _say_counters(reader, gpu, say)
     registered = reader.register_xid_events()
     recovery = getattr(nvml_module, "nvmlEventTypeGpuRecoveryAction", None)
     say(f"\nXid event registration: {'ok' if registered else 'not available'}")
@@ -107,3 +111,24 @@ def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -
     say(f"NVML errors other than NotSupported/NotFound/NoData: {reader.error_count}")
     reader.shutdown()
     return 3 if faults or reader.error_count else 0
+
+
+def _say_counters(reader: Any, gpu: Any, say: Any) -> int:
+    """Print one counters read of `gpu` (NvmlReader.counters) and time a second; the faults found."""
+    t0 = time.perf_counter()
+    reading = reader.counters(gpu)
+    first = 1000 * (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    reader.counters(gpu)
+    again = 1000 * (time.perf_counter() - t0)
+    say(f"  counters (first read {first:.2f} ms, then {again:.2f} ms): status={reading.status} "
+        f"errors={reading.errors}" + (f" error={reading.error}" if reading.error else ""))
+    for key, value in reading.values.items():
+        if key == "nvlinks" and value:
+            say(f"    {key:28} {len(value)} link(s)")
+            for link in value:
+                say(f"      link {link['link']:2} " + " ".join(f"{k}={v!r}" for k, v in link.items() if k != "link"))
+        else:
+            say(f"    {key:28} {value!r}")
+    say(f"    {'unsupported':28} {', '.join(reading.unsupported) or 'none'}")
+    return reading.errors + (reading.status != "ok")

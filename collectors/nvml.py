@@ -14,6 +14,14 @@ Every read is wrapped (runtime-notes section 4; gpud treats lost/reset as health
   same answers during the inventory read give the GPU's identity that status (never `ok`);
 - anything else -> the field is null and the error is counted; never an exception out of here.
 
+Counters (`NvmlReader.counters`, read at a slower cadence than samples: `collect --counters-interval`):
+NVLink state and data-link error counters per link, PCIe replays and link generation/width, ECC
+counts, retired pages, clock event reasons, temperature and NVLink fabric registration. A counter
+the driver answers NotSupported for (or a function the pynvml module or the driver lacks) is
+recorded once per GPU in `unsupported` and never asked again for the life of the process, even
+across inventory refreshes: these are properties of the board and driver, and a 60 s cadence
+that re-probed them would cost most of the calls on a board that has none of them.
+
 Versioned calls: nvidia-ml-py's unversioned wrappers call the newest symbol, and where the driver
 library lacks it `throwOnVersionMismatch` raises `NVMLLibraryMismatchError`, a plain Exception and
 not an NVMLError (pynvml.py). nvmlDeviceGetComputeRunningProcesses is one: it calls _v3, which
@@ -24,25 +32,28 @@ pynvml's `_nvmlGetFunctionPointer`) or that mismatch as "this driver has no such
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import threading
 import time
+import uuid as uuidlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from schemas.base import normalize_pci
+from schemas.limits import NVLINK_LINKS_MAX
 
-__all__ = ["NvmlReader", "NvmlUnavailable", "EventWaitFailed", "GpuIdentity", "SampleReading", "XidNotice",
-           "NvmlRelease", "RELEASE_DIR"]
+__all__ = ["NvmlReader", "NvmlUnavailable", "EventWaitFailed", "GpuIdentity", "SampleReading", "CounterReading",
+           "XidNotice", "NvmlRelease", "RELEASE_DIR", "COUNTER_FIELDS"]
 
 log = logging.getLogger(__name__)
 
 # NVML return codes (nvml.h); pynvml exposes them as NVML_ERROR_* too.
-SUCCESS = 0
+SUCCESS, INVALID_ARGUMENT = 0, 2
 NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, TIMEOUT, GPU_IS_LOST, RESET_REQUIRED = 3, 4, 6, 10, 15, 16
 FUNCTION_NOT_FOUND, NO_DATA, ARGUMENT_VERSION_MISMATCH, UNKNOWN = 13, 21, 25, 999
 # Answers that mean "this board/driver has no such value (now)": null, never an error count.
@@ -65,6 +76,40 @@ _MIB = 1024 * 1024
 NEW_SAMPLE_FIELDS = ("memory_reserved_mib", "recovery_action", "remapped_rows_correctable",
                      "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure",
                      "ecc_dbe_volatile")
+
+
+# -- counters ---------------------------------------------------------------------------------------
+# nvmlDeviceGetNvLinkErrorCounter's counters (nvml.h nvmlNvLinkErrorCounter_t), by record field; the
+# second item is nvml.h's value, for a pynvml look-alike without the constant.
+_NVLINK_COUNTERS = (("replay_errors", "NVML_NVLINK_ERROR_DL_REPLAY", 0),
+                    ("recovery_errors", "NVML_NVLINK_ERROR_DL_RECOVERY", 1),
+                    ("crc_flit_errors", "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2),
+                    ("crc_data_errors", "NVML_NVLINK_ERROR_DL_CRC_DATA", 3))
+# Clock event reasons (nvml.h "Clocks Event Reasons"; pynvml nvmlClocksEventReason*, called
+# ...ThrottleReason* before R535): bit constant suffix -> name in the record. BoardLimit and
+# Reliability exist only under the Throttle names in nvidia-ml-py 13.
+_CLOCK_EVENT_REASONS = (("GpuIdle", "gpu_idle"), ("ApplicationsClocksSetting", "applications_clocks_setting"),
+                        ("SwPowerCap", "sw_power_cap"), ("HwSlowdown", "hw_slowdown"), ("SyncBoost", "sync_boost"),
+                        ("SwThermalSlowdown", "sw_thermal_slowdown"), ("HwThermalSlowdown", "hw_thermal_slowdown"),
+                        ("HwPowerBrakeSlowdown", "hw_power_brake_slowdown"),
+                        ("DisplayClockSetting", "display_clock_setting"), ("BoardLimit", "board_limit"),
+                        ("Reliability", "reliability"))
+# The current clock event reasons call, newest first: nvidia-ml-py marks the Throttle one deprecated
+# ("will be removed in CUDA 14.0"), and drivers before R535 have only it.
+_CLOCK_EVENT_CALLS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+# Fabric info, newest first, with the struct each fills: the V call takes a versioned struct
+# (c_nvmlGpuFabricInfoV_t is nvmlGpuFabricInfo_v2_t, which adds healthMask); drivers before it
+# have only the deprecated call.
+_FABRIC_CALLS = (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                 ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"))
+_FABRIC_STATE_NOT_SUPPORTED, _FABRIC_STATE_COMPLETED = 0, 3  # nvml.h NVML_GPU_FABRIC_STATE_*
+# Every field of a gpu.counters record that the reader fills (schemas.models.GpuCounters).
+COUNTER_FIELDS = ("nvlinks", "pcie_replay_count", "pcie_link_gen_current", "pcie_link_gen_max",
+                  "pcie_link_width_current", "pcie_link_width_max", "ecc_corrected_volatile",
+                  "ecc_uncorrected_volatile", "ecc_corrected_aggregate", "ecc_uncorrected_aggregate",
+                  "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
+                  "clock_event_reasons", "clock_event_reason_names", "temperature_c", "fabric_cluster_uuid",
+                  "fabric_clique_id", "fabric_state", "fabric_status", "fabric_health_mask")
 
 
 class NvmlUnavailable(Exception):
@@ -97,6 +142,24 @@ class SampleReading:
     errors: int = 0  # reads that failed for a reason other than "absent" (see _ABSENT)
 
 
+@dataclass
+class CounterReading:
+    """One `NvmlReader.counters` read: `values` (COUNTER_FIELDS; null where unread), the counters
+    this GPU does not support (sorted), and how many reads failed otherwise."""
+
+    values: dict[str, Any]
+    unsupported: list[str] = field(default_factory=list)
+    status: str = "ok"  # lost / reset_required: the GPU said so mid-read; nothing is published
+    error: str | None = None
+    errors: int = 0
+
+    @property
+    def anything(self) -> bool:
+        """Something was read (a record is published only then)."""
+        return self.status == "ok" and any(v is not None for k, v in self.values.items()
+                                           if k != "clock_event_reason_names")
+
+
 @dataclass(frozen=True)
 class XidNotice:
     """An event from NVML's event set: an Xid (how the k8s device plugin sees Xids) or, where the
@@ -120,6 +183,10 @@ class _Device:
     unsupported: set = field(default_factory=set)  # reads this board answered NotSupported
     missing: set = field(default_factory=set)  # versioned functions this driver does not export
     event_recovery_action: int | None = None  # last action delivered by a recovery-action event
+    # Counters (NvmlReader.counters): kept across inventory refreshes, unlike `unsupported`.
+    counters_unsupported: set = field(default_factory=set)  # counter names answered NotSupported
+    counters_missing: set = field(default_factory=set)  # counter functions this pynvml/driver lacks
+    nvlinks: list[int] | None = None  # the links this GPU has, once probed
 
 
 class NvmlReader:
@@ -143,6 +210,12 @@ class NvmlReader:
         mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
         self._mismatch: tuple[type, ...] = (mismatch,) if isinstance(mismatch, type) else ()
         self._errors: tuple[type, ...] = (nvml.NVMLError, *self._mismatch)
+        # clock event reason bits of this pynvml, by name (a bit it lacks stays only in the mask)
+        self._reason_bits: list[tuple[int, str]] = []
+        for suffix, name in _CLOCK_EVENT_REASONS:
+            bit = getattr(nvml, f"nvmlClocksEventReason{suffix}", getattr(nvml, f"nvmlClocksThrottleReason{suffix}", None))
+            if isinstance(bit, int) and bit:
+                self._reason_bits.append((bit, name))
 
     # -- set-up ----------------------------------------------------------------------------
     def init(self) -> list[GpuIdentity]:
@@ -353,6 +426,209 @@ class NvmlReader:
                 elif ret not in _ABSENT and ret not in _HEALTH:
                     self.error_count += 1
         return value if value is not None else dev.event_recovery_action
+
+    # -- counters --------------------------------------------------------------------------
+    def counters(self, gpu: GpuIdentity) -> CounterReading:
+        """One read of every counter of COUNTER_FIELDS that this GPU supports (module docstring,
+        Counters). NotSupported or a missing function: null, named in `unsupported`, never asked
+        again; GpuIsLost / ResetRequired: the reading's status, nothing else asked; any other NVML
+        error: null and counted. Never raises an NVML error."""
+        n = self.nvml
+        dev = self._device(gpu)
+        h = dev.handle
+        skip = dev.counters_unsupported
+        values: dict[str, Any] = dict.fromkeys(COUNTER_FIELDS)
+        values["clock_event_reason_names"] = []
+        reading = CounterReading(values)
+
+        def const(name: str, default: int | None = None) -> int | None:
+            value = getattr(n, name, default)
+            return value if isinstance(value, int) else None
+
+        def call(name: str, fn_name: str, *args: Any) -> Any:
+            """Counter `name` through `fn_name(handle, *args)`; None when it could not be read."""
+            if name in skip or reading.status != "ok":
+                return None
+            fn = getattr(n, fn_name, None)
+            if fn is None or any(a is None for a in args):  # an older pynvml: no such call or constant
+                skip.add(name)
+                return None
+            try:
+                return fn(h, *args)
+            except self._errors as exc:
+                self._counter_failed(reading, skip, name, exc)
+                return None
+
+        values["nvlinks"] = self._nvlinks(dev, reading, const)
+        values["pcie_replay_count"] = call("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter")
+        values["pcie_link_gen_current"] = call("pcie_link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration")
+        values["pcie_link_gen_max"] = call("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration")
+        values["pcie_link_width_current"] = call("pcie_link_width_current", "nvmlDeviceGetCurrPcieLinkWidth")
+        values["pcie_link_width_max"] = call("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth")
+        # nvmlDeviceGetTotalEccErrors(handle, errorType, counterType) (NVML API Reference): corrected
+        # = single-bit, uncorrected = double-bit; volatile since the driver loaded, aggregate for
+        # the GPU's life (kept in its InfoROM). NotSupported on boards without ECC or with it off.
+        corrected, uncorrected = const("NVML_MEMORY_ERROR_TYPE_CORRECTED"), const("NVML_MEMORY_ERROR_TYPE_UNCORRECTED")
+        volatile, aggregate = const("NVML_VOLATILE_ECC"), const("NVML_AGGREGATE_ECC")
+        for name, etype, ctype in (("ecc_corrected_volatile", corrected, volatile),
+                                   ("ecc_uncorrected_volatile", uncorrected, volatile),
+                                   ("ecc_corrected_aggregate", corrected, aggregate),
+                                   ("ecc_uncorrected_aggregate", uncorrected, aggregate)):
+            values[name] = call(name, "nvmlDeviceGetTotalEccErrors", etype, ctype)
+        # Dynamic page retirement (NVIDIA "GPU Memory Error Management"): pre-Ampere boards retire
+        # a page after a double-bit error or repeated single-bit errors; Ampere and later remap
+        # rows instead (gpu.samples) and answer NotSupported here. pynvml returns the addresses.
+        for name, cause in (("retired_pages_single_bit", "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS"),
+                            ("retired_pages_double_bit", "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR")):
+            pages = call(name, "nvmlDeviceGetRetiredPages", const(cause))
+            values[name] = len(pages) if pages is not None else None
+        pending = call("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus")
+        values["retired_pages_pending"] = (pending == const("NVML_FEATURE_ENABLED", 1)) if pending is not None else None
+        mask = self._clock_event_reasons(dev, reading)
+        if mask is not None:
+            values["clock_event_reasons"] = int(mask)
+            values["clock_event_reason_names"] = [name for bit, name in self._reason_bits if mask & bit]
+        values["temperature_c"] = call("temperature_c", "nvmlDeviceGetTemperature", const("NVML_TEMPERATURE_GPU", 0))
+        self._fabric(dev, reading)
+        reading.unsupported = sorted(skip)
+        if reading.status != "ok":
+            values.update(dict.fromkeys(COUNTER_FIELDS), clock_event_reason_names=[])  # nothing after lost is trustworthy
+        return reading
+
+    def _counter_failed(self, reading: CounterReading, skip: set, name: str, exc: BaseException) -> None:
+        code = self._code(exc)
+        self.last_error = str(exc)
+        if code in _HEALTH:
+            reading.status, reading.error = _HEALTH[code], str(exc)
+        elif code in _UNSUPPORTED:
+            skip.add(name)
+        elif code not in _ABSENT:
+            reading.errors += 1
+            self.error_count += 1
+
+    def _nvlinks(self, dev: _Device, reading: CounterReading, const: Any) -> list[dict] | None:
+        """Each NVLink's state and error counters. The first read probes links 0 up to
+        NVML_NVLINK_MAX_LINKS: NVML numbers a GPU's links from 0 and answers InvalidArgument for a
+        number past its last one (NVML API Reference, nvmlDeviceGetNvLinkState), which ends the
+        probe; a link that answers NotSupported is not one of this GPU's. Later reads ask only the
+        links found. No link at all: `nvlink` is unsupported."""
+        n, skip = self.nvml, dev.counters_unsupported
+        state_fn = getattr(n, "nvmlDeviceGetNvLinkState", None)
+        counter_fn = getattr(n, "nvmlDeviceGetNvLinkErrorCounter", None)
+        if "nvlink" in skip or reading.status != "ok":
+            return None
+        if state_fn is None:
+            skip.add("nvlink")
+            return None
+        probing = dev.nvlinks is None
+        links = range(min(const("NVML_NVLINK_MAX_LINKS", NVLINK_LINKS_MAX) or 0, NVLINK_LINKS_MAX)) if probing else dev.nvlinks
+        enabled = const("NVML_FEATURE_ENABLED", 1)
+        out: list[dict] = []
+        for link in links:
+            try:
+                state = state_fn(dev.handle, link)
+            except self._errors as exc:
+                code = self._code(exc)
+                if code in _HEALTH:
+                    reading.status, reading.error = _HEALTH[code], str(exc)
+                    return None
+                if probing and code == INVALID_ARGUMENT:
+                    break  # past the GPU's last link
+                if probing and code in _ABSENT:
+                    continue  # not one of this GPU's links
+                if code not in _ABSENT:  # a link found earlier: null now, asked again next time
+                    reading.errors += 1
+                    self.error_count += 1
+                    self.last_error = str(exc)
+                state = None
+            entry: dict[str, Any] = {"link": link, "active": state == enabled if state is not None else None}
+            for name, const_name, default in _NVLINK_COUNTERS:
+                entry[name] = None
+                key = f"nvlink_{name}"
+                counter = const(const_name, default)
+                if key in skip or counter is None or reading.status != "ok":
+                    continue
+                if counter_fn is None:
+                    skip.add(key)
+                    continue
+                try:
+                    entry[name] = counter_fn(dev.handle, link, counter)
+                except self._errors as exc:
+                    if self._code(exc) in _UNSUPPORTED and not entry["active"]:
+                        continue  # a link that is down may refuse its counters: ask again next time
+                    self._counter_failed(reading, skip, key, exc)
+            out.append(entry)
+        if reading.status != "ok":
+            return None
+        if probing:
+            dev.nvlinks = [e["link"] for e in out]
+            if not out:
+                skip.add("nvlink")
+                return None
+        return out
+
+    def _clock_event_reasons(self, dev: _Device, reading: CounterReading) -> int | None:
+        """The current clock event reasons bitmask, through the newest call this pynvml and driver
+        have (`_CLOCK_EVENT_CALLS`); a missing one is not asked again."""
+        skip, name = dev.counters_unsupported, "clock_event_reasons"
+        if name in skip or reading.status != "ok":
+            return None
+        for fn_name in _CLOCK_EVENT_CALLS:
+            fn = getattr(self.nvml, fn_name, None)
+            if fn is None or fn_name in dev.counters_missing:
+                continue
+            try:
+                return fn(dev.handle)
+            except self._errors as exc:
+                if self._code(exc) == FUNCTION_NOT_FOUND:  # this driver lacks the symbol: the older call
+                    dev.counters_missing.add(fn_name)
+                    continue
+                self._counter_failed(reading, skip, name, exc)
+                return None
+        skip.add(name)
+        return None
+
+    def _fabric(self, dev: _Device, reading: CounterReading) -> None:
+        """NVLink fabric registration (multi-node NVLink, e.g. GB200 NVL72): the cluster UUID and
+        clique id that name the GPU's NVLink domain. nvml.h: `status` "must be checked only if
+        state returns complete", and the UUID and clique are meaningful once it is Success. A GPU
+        in no fabric answers NotSupported, or state NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: `fabric`
+        is unsupported. The struct is passed by reference (pynvml hands it to the C call as given)."""
+        n, skip, values = self.nvml, dev.counters_unsupported, reading.values
+        if "fabric" in skip or reading.status != "ok":
+            return
+        info = None
+        for fn_name, struct_name in _FABRIC_CALLS:
+            fn, struct = getattr(n, fn_name, None), getattr(n, struct_name, None)
+            if fn is None or struct is None or fn_name in dev.counters_missing:
+                continue
+            candidate = struct()  # the V struct's constructor sets its version (nvmlGpuFabricInfo_v2)
+            try:
+                fn(dev.handle, ctypes.byref(candidate))
+            except self._errors as exc:
+                if self._code(exc) in (FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH):
+                    dev.counters_missing.add(fn_name)  # the driver lacks it, or this struct version
+                    continue
+                self._counter_failed(reading, skip, "fabric", exc)
+                return
+            info = candidate
+            break
+        if info is None:
+            skip.add("fabric")
+            return
+        state = int(info.state)
+        if state == _FABRIC_STATE_NOT_SUPPORTED:
+            skip.add("fabric")
+            return
+        values["fabric_state"] = state
+        if any(name == "healthMask" for name, *_ in type(info)._fields_):
+            values["fabric_health_mask"] = int(info.healthMask)
+        if state == _FABRIC_STATE_COMPLETED:
+            values["fabric_status"] = int(info.status)
+            raw = bytes(info.clusterUuid)
+            if values["fabric_status"] == SUCCESS and any(raw):
+                values["fabric_cluster_uuid"] = str(uuidlib.UUID(bytes=raw))
+                values["fabric_clique_id"] = int(info.cliqueId)
 
     def compute_apps(self, gpu: GpuIdentity) -> list[tuple[int, float | None]] | None:
         """(pid, used MiB) of compute processes; None when NVML could not say (`last_error` says

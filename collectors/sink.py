@@ -6,9 +6,11 @@ idempotent confluent-kafka producer (acks=all, murmur2 partitioner: transport.ka
 that goes away and comes back gets every record exactly once and in order per key; the number in
 flight is capped so the rest waits on disk, not in memory.
 
-Two spools: `critical` (Xid, workloads, inventory: never replaceable) and `telemetry` (samples,
-process lists: the next second replaces them), each with its own bound, so a long outage drops
-old samples before it could ever drop an Xid.
+Two spools: `critical` (Xid, workloads, inventory, counters: never replaceable) and `telemetry`
+(samples, process lists: the next second replaces them), each with its own bound, so a long outage
+drops old samples before it could ever drop an Xid. Counters go with the critical records: their
+history is the evidence a trend rests on, and at one record per GPU a minute they are a sixtieth of
+the samples' volume.
 """
 
 from __future__ import annotations

@@ -49,19 +49,20 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel
 
 from schemas.base import Record
-from schemas.models import GpuInventory, GpuProcesses, GpuSample, WorkloadEvent, XidEvent
+from schemas.models import GpuCounters, GpuInventory, GpuProcesses, GpuSample, WorkloadEvent, XidEvent
 
 __all__ = ["TELEMETRY_TOPICS", "LANDED_MODELS", "FINDINGS_SCHEMA", "arrow_schema", "schema_for_topic",
            "ParquetLander", "LandedFile", "MAX_CLOCK_SKEW_S", "partition_time", "HIVE_TYPES_SQL", "partitioning",
            "lake_dataset", "compact", "compact_lake"]
 
 # the raw telemetry topics the lake gets, and gpu.inventory (small, compacted) to join GPU models on
-TELEMETRY_TOPICS = ("gpu.samples", "gpu.xid", "gpu.processes", "gpu.workloads")
+TELEMETRY_TOPICS = ("gpu.samples", "gpu.xid", "gpu.processes", "gpu.workloads", "gpu.counters")
 LANDED_MODELS: dict[str, type[Record]] = {
     "gpu.samples": GpuSample,
     "gpu.xid": XidEvent,
     "gpu.processes": GpuProcesses,
     "gpu.workloads": WorkloadEvent,
+    "gpu.counters": GpuCounters,
     "gpu.inventory": GpuInventory,
 }
 _KAFKA_FIELDS = [pa.field("_kafka_partition", pa.int32()), pa.field("_kafka_offset", pa.int64())]

@@ -23,10 +23,12 @@ from schemas.models import (
     DeviceHolder,
     Evidence,
     EvidenceEntry,
+    GpuCounters,
     GpuInventory,
     GpuProcesses,
     GpuSample,
     NodeEnrollment,
+    NvLinkCounters,
     PmonSample,
     RemediationCommand,
     RemediationResult,
@@ -35,7 +37,7 @@ from schemas.models import (
     XidEvent,
 )
 from schemas.scenario import Scenario, load_scenario, parse_scenario
-from schemas.topics import DEFAULT_PARTITIONS, INPUT_TOPICS, TOPICS, TopicRegistry, TopicSpec
+from schemas.topics import COLLECTED_TOPICS, DEFAULT_PARTITIONS, INPUT_TOPICS, TOPICS, TopicRegistry, TopicSpec
 from schemas.vocab import (
     NODE_ACTIONS,
     Action,
@@ -56,6 +58,7 @@ __all__ = [
     "Classification",
     "ComputeApp",
     "ConfigError",
+    "COLLECTED_TOPICS",
     "ContractError",
     "DEFAULT_PARTITIONS",
     "DeadLetter",
@@ -64,11 +67,13 @@ __all__ = [
     "DeviceHolder",
     "Evidence",
     "EvidenceEntry",
+    "GpuCounters",
     "GpuInventory",
     "GpuProcesses",
     "GpuSample",
     "INPUT_TOPICS",
     "NODE_ACTIONS",
+    "NvLinkCounters",
     "Outcome",
     "PmonSample",
     "Record",

@@ -35,6 +35,9 @@ __all__ = [
     "DETAIL_MAX",
     "PROCESSES_MAX",
     "XID_SOURCES_MAX",
+    "NVLINK_LINKS_MAX",
+    "COUNTER_NAME_MAX",
+    "COUNTER_NAMES_MAX",
     "clip",
 ]
 
@@ -94,6 +97,17 @@ PROCESSES_MAX = 4096
 
 # The sources of one Xid record: each of kmsg, journal, file, nvml (schemas.vocab.XidSource) once.
 XID_SOURCES_MAX = 4
+
+# NVLinks per GPU: NVML numbers them below NVML_NVLINK_MAX_LINKS (nvml.h; 36 in nvidia-ml-py 13,
+# 18 before), the bound the collector probes up to.
+NVLINK_LINKS_MAX = 36
+
+# A counter's name in a gpu.counters record (a field name, an NVML function name, a clock event
+# reason): the longest we write is under 50 characters.
+COUNTER_NAME_MAX = 64
+# Names per list of one gpu.counters record: about 30 counters, or the 64 bits of a clock event
+# reasons mask (nvmlDeviceGetCurrentClocksEventReasons returns an unsigned long long).
+COUNTER_NAMES_MAX = 64
 
 
 def clip(text: str | None, limit: int, more: int = 0) -> str | None:

@@ -1,7 +1,9 @@
 """The topic registry: every topic's name, key, partitions, retention and model, in one place.
 
-The input topics that the stream processor reads together are keyed by GPU UUID and must have the
-same partition count (faust co-partitioning; runtime-notes section 2). `INPUT_TOPICS` names them.
+The topics a collector writes (`COLLECTED_TOPICS`) are keyed by GPU UUID and must have the same
+partition count (faust co-partitioning; runtime-notes section 2): the stream processor reads
+`INPUT_TOPICS` of them together, and a topic it does not read yet (`gpu.counters`) is partitioned
+the same way, so a rule that joins it later finds a GPU's records on the same partition number.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from schemas.models import (
     Alert,
     Approval,
     DeadLetter,
+    GpuCounters,
     GpuInventory,
     GpuProcesses,
     GpuSample,
@@ -29,6 +32,7 @@ __all__ = [
     "TopicRegistry",
     "TOPICS",
     "INPUT_TOPICS",
+    "COLLECTED_TOPICS",
     "DEFAULT_PARTITIONS",
     "spec_for_model",
 ]
@@ -73,7 +77,8 @@ class TopicSpec:
     key_fn: Callable[[Record], str]
     retention_ms: int | None  # None: compacted, kept forever
     compacted: bool = False
-    co_partitioned: bool = False  # read together by the stream processor
+    co_partitioned: bool = False  # keyed by GPU UUID with the processor's partition count (checked)
+    processed: bool = True  # with co_partitioned: read by the stream processor (INPUT_TOPICS)
 
     def key_for(self, record: Record) -> bytes:
         return self.key_fn(record).encode("utf-8")
@@ -95,6 +100,10 @@ TOPICS: dict[str, TopicSpec] = {
             30 * DAY_MS, co_partitioned=True,
         ),
         TopicSpec("gpu.workloads", WorkloadEvent, "GPU UUID", _key_gpu, 7 * DAY_MS, co_partitioned=True),
+        # error and link counters at a slower cadence (collectors.nvml NvmlReader.counters); no rule
+        # reads them yet, so the processor does not subscribe (it would fold every record for nothing)
+        TopicSpec("gpu.counters", GpuCounters, "GPU UUID", _key_gpu, 3 * DAY_MS, co_partitioned=True,
+                  processed=False),
         TopicSpec("gpu.alerts", Alert, "GPU UUID, or node for node-wide alerts", _key_alert, 90 * DAY_MS),
         TopicSpec("gpu.remediation", RemediationCommand, "node", _key_node, 30 * DAY_MS),
         TopicSpec(
@@ -107,7 +116,9 @@ TOPICS: dict[str, TopicSpec] = {
     )
 }
 
-INPUT_TOPICS: tuple[str, ...] = tuple(name for name, spec in TOPICS.items() if spec.co_partitioned)
+# what a collector writes, and what of it the stream processor reads
+COLLECTED_TOPICS: tuple[str, ...] = tuple(name for name, spec in TOPICS.items() if spec.co_partitioned)
+INPUT_TOPICS: tuple[str, ...] = tuple(name for name, spec in TOPICS.items() if spec.co_partitioned and spec.processed)
 
 _BY_MODEL = {spec.model: spec for spec in TOPICS.values()}
 

@@ -37,11 +37,14 @@ from typing import Mapping
 from schemas.errors import TopicError
 from transport.config import KafkaConfig
 
-__all__ = ["INPUT_TOPICS", "ROLE_NAMES", "acl_bindings", "apply_acls", "CLUSTER_EXECUTOR_GROUP",
+__all__ = ["INPUT_TOPICS", "COLLECTED_TOPICS", "ROLE_NAMES", "acl_bindings", "apply_acls", "CLUSTER_EXECUTOR_GROUP",
            "NODE_EXECUTOR_GROUP_PREFIX", "executor_group", "EXPORT_GROUP_PREFIX", "EXPORT_READ_TOPICS", "EXPORT_TOPICS",
            "export_group"]
 
 INPUT_TOPICS = ("gpu.inventory", "gpu.samples", "gpu.processes", "gpu.xid", "gpu.workloads")
+# what a collector writes: the inputs, and the counters no rule reads yet (schemas.topics
+# COLLECTED_TOPICS, which a test compares)
+COLLECTED_TOPICS = (*INPUT_TOPICS, "gpu.counters")
 ROLE_NAMES = ("collector", "processor", "executor", "cluster-executor", "exporter")
 # what `xidstream export` reads: the findings it maps to OCSF/ECS (the same tuple as
 # exporters.pipeline.FINDING_TOPICS, which a test compares: transport does not import exporters)
@@ -89,14 +92,15 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
     T, G = ResourceType.TOPIC, ResourceType.GROUP
     W, R, D = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
     PREFIXED = ResourcePatternType.PREFIXED
-    for t in INPUT_TOPICS:
+    for t in COLLECTED_TOPICS:
         allow("collector", T, p + t, (W, D))
     # processor
     for t in (*INPUT_TOPICS, "gpu.remediation.results"):
         allow("processor", T, p + t, (R, D))
     for t in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter"):
         allow("processor", T, p + t, (W, D))
-    allow("processor", T, p + "gpu.remediation.approvals", (D,))  # its start-up check lists every contract topic
+    for t in ("gpu.remediation.approvals", "gpu.counters"):
+        allow("processor", T, p + t, (D,))  # its start-up check lists every contract topic
     allow("processor", T, p + "xidstream.identities", (R, D))  # whose MAC it believes (transport.identity)
     allow("processor", T, p + "xidstream.results-by-gpu", (AclOperation.ALL,))
     allow("processor", T, p + "xidstream.fleet", (AclOperation.ALL,))
@@ -114,7 +118,7 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
     allow("cluster-executor", G, p + CLUSTER_EXECUTOR_GROUP, (R, D))
     allow("cluster-executor", T, p + "xidstream.identities", (W, D))  # the enroller's enrollments
     # exporter: reads findings and telemetry, writes only its documents' topics
-    for t in (*EXPORT_READ_TOPICS, *INPUT_TOPICS):
+    for t in (*EXPORT_READ_TOPICS, *COLLECTED_TOPICS):
         allow("exporter", T, p + t, (R, D))
     for t in EXPORT_TOPICS:
         allow("exporter", T, p + t, (W, D))

@@ -131,7 +131,8 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
         reg = settings.topics
         for name, spec in TOPICS.items():
             keep = "compacted" if spec.compacted else f"{spec.retention_ms // 86_400_000} d"
-            part = f"{settings.partitions} partitions" + (" (co-partitioned input)" if spec.co_partitioned else "")
+            part = f"{settings.partitions} partitions" + (
+                (" (co-partitioned input)" if spec.processed else " (co-partitioned)") if spec.co_partitioned else "")
             print(f"{reg.name(name):32} key: {spec.key:42} {keep:10} {part:38} {spec.model.SCHEMA}")
         return 0
     from transport.kafka import create_topics

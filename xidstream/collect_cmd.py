@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import logging
+import math
 import signal
 import socket
 import sys
@@ -35,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="END-TO-END TESTS ONLY: GPUs from a JSON file re-read when it changes "
                         "(collectors.fakes.FilePynvml), for a machine without a GPU")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+    p.add_argument("--counters-interval", type=float, default=60.0, metavar="SECONDS",
+                   help="seconds between reads of each GPU's error and link counters (NVLink, PCIe, ECC, retired "
+                        "pages, clock event reasons, fabric: gpu.counters; default 60; 0: not read)")
     p.add_argument("--once", action="store_true", help="one sample of everything, publish, exit")
     p.add_argument("--scenario", help="drive fake NVML and kernel-log sources from a scenario file")
     p.add_argument("--speed", type=float, default=0.0, help="with --scenario: x times real time (0: as fast as possible)")
@@ -145,10 +149,10 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
 def _check_topics(settings: Settings, create: bool) -> None:
     from confluent_kafka import KafkaException
 
-    from schemas.topics import INPUT_TOPICS
+    from schemas.topics import COLLECTED_TOPICS
     from transport.kafka import admin, check_replication, create_topics
 
-    names = [settings.topics.name(n) for n in INPUT_TOPICS]
+    names = [settings.topics.name(n) for n in COLLECTED_TOPICS]
     if create:
         create_topics(settings)
         check_replication(settings, names)
@@ -159,7 +163,7 @@ def _check_topics(settings: Settings, create: bool) -> None:
         log.warning("Kafka not reachable at start (%s); records are spooled until it is", exc)
         return
     # Only what a collector writes: its least-privilege user may see no other topic.
-    missing = [settings.topics.name(n) for n in INPUT_TOPICS if settings.topics.name(n) not in md.topics]
+    missing = [settings.topics.name(n) for n in COLLECTED_TOPICS if settings.topics.name(n) not in md.topics]
     if missing:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; "
                          f"run `xidstream topics create` (or pass --create-topics)")
@@ -296,7 +300,11 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.sources.kubernetes import from_environment
 
     workloads = None if args.no_kubernetes else from_environment(os.environ, settings.node)
-    collector = Collector(CollectorConfig(node=settings.node, interval=args.interval, backfill_since=since), sink,
+    if not math.isfinite(args.counters_interval) or args.counters_interval < 0:
+        raise ConfigError("--counters-interval must be a number of seconds >= 0 (0: the counters are not read)")
+    config = CollectorConfig(node=settings.node, interval=args.interval, backfill_since=since,
+                             counters_interval=args.counters_interval or None)
+    collector = Collector(config, sink,
                           nvml=nvml, kernel=kernel, procfs=ProcFs(), workloads=workloads, metrics=metrics,
                           state_dir=state)
     for uuid in args.forget_gpu:

@@ -2,7 +2,7 @@
 
     xidstream export --format ocsf --to kafka:xidstream.findings.ocsf   # consumer group, at-least-once
     xidstream export --format ecs --to jsonl:findings.ndjson
-    xidstream export --to parquet:/lake                              # + gpu.samples/xid/processes/workloads
+    xidstream export --to parquet:/lake                              # + gpu.samples/xid/processes/workloads/counters
     xidstream replay --json scenarios/motivating-incident.yaml | xidstream export --stdin --to jsonl:-
 """
 
@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=["ocsf", "ecs"], default="ocsf", help="document format (default ocsf)")
     p.add_argument("--to", required=True, metavar="SINK",
                    help="kafka:TOPIC (e.g. xidstream.findings.ocsf, what the exporter role may write), jsonl:PATH or jsonl:- (stdout), or parquet:DIR "
-                        "(also lands gpu.samples, gpu.xid, gpu.processes, gpu.workloads, gpu.inventory)")
+                        "(also lands gpu.samples, gpu.xid, gpu.processes, gpu.workloads, gpu.counters, gpu.inventory)")
     p.add_argument("--stdin", action="store_true", help="read {topic,key,value} JSON lines (xidstream replay --json); no Kafka")
     p.add_argument("--group", help="consumer group (default: xidstream-export-FORMAT-KIND under the topic prefix)")
     p.add_argument("--roll-mb", type=float, default=256.0, help="parquet: roll files at this much buffered input (default 256: zstd makes that tens of MB of Parquet; memory does not grow with it)")

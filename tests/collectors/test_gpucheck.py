@@ -105,3 +105,29 @@ def test_gpu_check_shows_every_pending_xid_event():
     for uuid, xid in (("GPU-aaaa", 13), ("GPU-bbbb", 31), ("GPU-aaaa", 43)):
         assert f"uuid='{uuid}'" in text and f"xid={xid}," in text, (uuid, xid)
     assert text.count("xid=") == 3
+
+
+def test_gpu_check_prints_every_counter_and_what_the_board_does_not_support():
+    from collectors.fakes import FakeFabric, FakeNvLink
+    from collectors.nvml import COUNTER_FIELDS
+
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", nvlinks=[FakeNvLink(recovery=505)],
+                               fabric=FakeFabric("5f0c3a8e-1b2d-4c6e-9a7f-0d1e2f3a4b5c", 7)),
+                       FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", retired_pages=None)])
+    assert run_gpu_check(fake, out, wait_events=0.01) == 0
+    text = out.getvalue()
+    assert text.count("counters (first read") == 2 and "link  0 active=True replay_errors=0 recovery_errors=505" in text
+    for section in text.split("counters (first read")[1:]:
+        for field in COUNTER_FIELDS:
+            assert f"\n    {field} " in section.split("\nGPU ")[0].split("\nXid event")[0], field
+    assert "fabric_cluster_uuid          '5f0c3a8e-1b2d-4c6e-9a7f-0d1e2f3a4b5c'" in text
+    assert "unsupported                  none" in text
+    assert "unsupported                  fabric, nvlink, retired_pages_double_bit" in text
+
+
+def test_gpu_check_counts_a_failed_counter_read_as_a_fault():
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", errors={"nvmlDeviceGetPcieReplayCounter": 999})])
+    assert run_gpu_check(fake, out, wait_events=0.01) == 3
+    assert "pcie_replay_count            None" in out.getvalue()

@@ -81,3 +81,31 @@ def test_no_temporary_or_partial_file_is_left_visible(tmp_path):
     (files[0].path.parent / ".part-x.parquet.tmp").write_bytes(b"PAR1 half")
     assert ds.dataset(tmp_path / "topic=gpu.samples", format="parquet", partitioning="hive").count_rows() == 10
     assert duckdb.sql(f"select count(*) from '{tmp_path}/topic=*/dt=*/hour=*/*.parquet'").fetchall() == [(10,)]
+
+
+def test_a_counters_record_lands_with_typed_columns_and_its_values(tmp_path):
+    import pyarrow as pa
+
+    from schemas import GpuCounters
+
+    rec = next(r for r in one_of_each() if isinstance(r, GpuCounters))
+    lander = ParquetLander(tmp_path)
+    lander.add("gpu.counters", rec, partition=5, offset=9)
+    (landed,) = lander.flush()
+    assert landed.path.parent == tmp_path / "topic=gpu.counters" / "dt=2026-11-28" / "hour=3"
+    table = pq.read_table(landed.path)
+    types = {f.name: f.type for f in table.schema}
+    assert types["nvlinks"] == pa.list_(pa.struct([
+        ("link", pa.int64()), ("active", pa.bool_()), ("replay_errors", pa.int64()), ("recovery_errors", pa.int64()),
+        ("crc_flit_errors", pa.int64()), ("crc_data_errors", pa.int64())]))
+    assert {types[c] for c in ("pcie_replay_count", "pcie_link_width_current", "ecc_corrected_aggregate",
+                               "clock_event_reasons", "fabric_clique_id", "errors")} == {pa.int64()}
+    assert types["retired_pages_pending"] == pa.bool_() and types["ts"] == pa.timestamp("us", tz="UTC")
+    assert types["clock_event_reason_names"] == types["unsupported"] == pa.list_(pa.string())
+    (row,) = table.to_pylist()
+    assert row == {**rec.model_dump(by_alias=True), "_kafka_partition": 5, "_kafka_offset": 9}
+    assert row["nvlinks"][0] == {"link": 0, "active": True, "replay_errors": 2, "recovery_errors": 505,
+                                 "crc_flit_errors": 7, "crc_data_errors": None}
+    assert (row["pcie_link_width_current"], row["pcie_link_width_max"], row["fabric_cluster_uuid"]) == (
+        8, 16, "5f0c3a8e-1b2d-4c6e-9a7f-0d1e2f3a4b5c")
+    assert row["clock_event_reason_names"] == ["hw_slowdown", "hw_thermal_slowdown"] and row["errors"] == 1

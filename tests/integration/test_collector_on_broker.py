@@ -1,5 +1,5 @@
 """The collector against the real broker: a scenario's records published, and the spool keeping
-every record through a broker outage."""
+every record (Xids, samples, counters) through a broker outage."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakePynvml
+from collectors.fakes import FakeGpu, FakeNvLink, FakePynvml
 from collectors.nvml import NvmlReader
 from collectors.sink import KafkaSink
 from collectors.sources.kernel import MemoryKernelSource
@@ -59,13 +59,15 @@ def own_broker(tmp_path):
 def test_spool_keeps_every_record_through_a_broker_outage(own_broker, tmp_path):
     settings = Settings(bootstrap=own_broker.bootstrap, topic_prefix="spool.", partitions=4, node="node-a")
     create_topics(settings)
-    fake = FakePynvml([FakeGpu(i, f"GPU-{i:04d}", f"00000000:{i + 1:02x}:00.0") for i in range(4)])
+    fake = FakePynvml([FakeGpu(i, f"GPU-{i:04d}", f"00000000:{i + 1:02x}:00.0", nvlinks=[FakeNvLink(recovery=i)])
+                       for i in range(4)])
     kernel = MemoryKernelSource()
     sink = KafkaSink(settings, tmp_path / "spool", producer_overrides={"reconnect.backoff.max.ms": 500})
-    c = Collector(CollectorConfig(node="node-a", xid_merge_window=0), sink, nvml=NvmlReader(fake),
-                  kernel=kernel, nvml_events_thread=False)
-    c.start(datetime.now(timezone.utc))
     ticks = 0
+    # the loop's clock counts ticks: counters at ticks 1, 11, ..., 71, four of them while the broker is away
+    c = Collector(CollectorConfig(node="node-a", xid_merge_window=0, counters_interval=10), sink,
+                  nvml=NvmlReader(fake), kernel=kernel, nvml_events_thread=False, clock=lambda: float(ticks))
+    c.start(datetime.now(timezone.utc))
 
     def run(n):
         nonlocal ticks
@@ -96,3 +98,8 @@ def test_spool_keeps_every_record_through_a_broker_outage(own_broker, tmp_path):
     assert all(v == sorted(v) for v in per_key.values())  # in order per key
     samples = read_all(settings, [settings.topics.name("gpu.samples")], expected=80 * 4, timeout=60)
     assert len(samples) == 80 * 4 and len({decode_any(m.value()).event_id for m in samples}) == 320
+    counters = read_all(settings, [settings.topics.name("gpu.counters")], expected=8 * 4, timeout=60)
+    assert len(counters) == 8 * 4 and len({decode_any(m.value()).event_id for m in counters}) == 32
+    for m in counters:
+        rec = decode_any(m.value())
+        assert m.key() == rec.gpu_uuid.encode() and rec.nvlinks[0].recovery_errors == int(rec.gpu_uuid[-1])

@@ -11,6 +11,7 @@ import pytest
 
 from schemas import (
     DecodeError,
+    GpuCounters,
     GpuInventory,
     GpuProcesses,
     GpuSample,
@@ -24,6 +25,8 @@ from schemas import (
 from schemas.base import NodeRecord
 from schemas.limits import (
     CATALOG_TEXT_MAX,
+    COUNTER_NAME_MAX,
+    COUNTER_NAMES_MAX,
     DETAIL_MAX,
     GPU_UUID_MAX,
     ID_MAX,
@@ -33,6 +36,7 @@ from schemas.limits import (
     KERNEL_TS_MAX,
     NODE_NAME_MAX,
     NOTES_MAX,
+    NVLINK_LINKS_MAX,
     NVML_STRING_MAX,
     POD_NAME_MAX,
     PROCESS_NAME_MAX,
@@ -45,7 +49,7 @@ from schemas.limits import (
 from schemas.models import ALL_MODELS
 from tests.factories import one_of_each
 
-NODE_SENT = (GpuInventory, GpuSample, GpuProcesses, XidEvent, WorkloadEvent, RemediationResult)
+NODE_SENT = (GpuInventory, GpuSample, GpuProcesses, XidEvent, WorkloadEvent, GpuCounters, RemediationResult)
 
 
 def _doc(model) -> dict:
@@ -94,6 +98,10 @@ STRINGS = [
     (WorkloadEvent, "pod", POD_NAME_MAX),
     (WorkloadEvent, "container", K8S_LABEL_MAX),
     (WorkloadEvent, "reason", SHORT_TEXT_MAX),
+    (GpuCounters, "gpu_uuid", GPU_UUID_MAX),
+    (GpuCounters, "fabric_cluster_uuid", 36),
+    (GpuCounters, "clock_event_reason_names.0", COUNTER_NAME_MAX),
+    (GpuCounters, "unsupported.0", COUNTER_NAME_MAX),
     (RemediationResult, "command_id", ID_MAX),
     (RemediationResult, "incident_id", ID_MAX),
     (RemediationResult, "gpu_uuid", GPU_UUID_MAX),
@@ -114,7 +122,7 @@ def test_a_string_at_its_cap_decodes_and_one_past_it_is_refused_by_name(model, p
 
 def _item(path: str):
     return {"compute_apps": {"pid": 1}, "pmon": {"pid": 1}, "device_holders": {"pid": 1}, "notes": "n",
-            "sources": "kmsg"}[path]
+            "sources": "kmsg", "nvlinks": {"link": 1}, "unsupported": "n", "clock_event_reason_names": "n"}[path]
 
 
 LISTS = [
@@ -123,6 +131,9 @@ LISTS = [
     (GpuProcesses, "pmon", PROCESSES_MAX),
     (GpuProcesses, "device_holders", PROCESSES_MAX),
     (XidEvent, "sources", XID_SOURCES_MAX),
+    (GpuCounters, "nvlinks", NVLINK_LINKS_MAX),
+    (GpuCounters, "unsupported", COUNTER_NAMES_MAX),
+    (GpuCounters, "clock_event_reason_names", COUNTER_NAMES_MAX),
 ]
 
 
@@ -190,7 +201,12 @@ PREVIOUS = {
 }
 
 
-@pytest.mark.parametrize("model", NODE_SENT, ids=lambda m: m.__name__)
+def test_every_node_record_with_an_earlier_version_is_listed():
+    # GpuCounters is at its first version: nothing earlier to decode
+    assert {m for m in NODE_SENT if m.LEGACY} == set(PREVIOUS)
+
+
+@pytest.mark.parametrize("model", list(PREVIOUS), ids=lambda m: m.__name__)
 def test_the_previous_version_still_decodes_into_the_current_model(model):
     assert PREVIOUS[model] in model.LEGACY and model.SCHEMA != PREVIOUS[model]
     doc = {**_doc(model), "schema": PREVIOUS[model]}

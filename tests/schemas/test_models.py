@@ -73,6 +73,11 @@ CONTRACT_FIELDS = {
     "xidstream.gpu_processes/3": "gpu_uuid compute_apps pmon device_holders error",
     "xidstream.xid/3": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name ts_source backfilled",
     "xidstream.workload/2": "gpu_uuid pod_uid namespace pod container event reason exit_code",
+    "xidstream.gpu_counters/1": "gpu_uuid gpu_index pci_bus_id nvlinks pcie_replay_count pcie_link_gen_current "
+    "pcie_link_gen_max pcie_link_width_current pcie_link_width_max ecc_corrected_volatile ecc_uncorrected_volatile "
+    "ecc_corrected_aggregate ecc_uncorrected_aggregate retired_pages_single_bit retired_pages_double_bit "
+    "retired_pages_pending clock_event_reasons clock_event_reason_names temperature_c fabric_cluster_uuid "
+    "fabric_clique_id fabric_state fabric_status fabric_health_mask unsupported errors",
     "xidstream.alert/1": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps",
     "xidstream.remediation_command/2": "command_id incident_id gpu_uuid pci_bus_id action step preconditions expires_at "
     "requires_approval dry_run evidence_ids key_id signature",

@@ -17,7 +17,7 @@ def test_the_exporter_reads_findings_and_telemetry_and_writes_only_its_document_
     assert "exporter" in ROLE_NAMES
     got = _grants("User:exporter")
     reads = ("gpu.alerts", "gpu.remediation", "gpu.remediation.results", "gpu.remediation.approvals",
-             "gpu.samples", "gpu.xid", "gpu.processes", "gpu.workloads", "gpu.inventory")
+             "gpu.samples", "gpu.xid", "gpu.processes", "gpu.workloads", "gpu.inventory", "gpu.counters")
     want = {("TOPIC", f"p.{t}", "LITERAL", op) for t in reads for op in ("READ", "DESCRIBE")}
     want |= {("TOPIC", f"p.xidstream.findings.{f}", "LITERAL", op) for f in ("ocsf", "ecs")
              for op in ("WRITE", "DESCRIBE")}
@@ -40,3 +40,16 @@ def test_the_exporters_default_groups_are_under_its_granted_prefix():
     assert not any(g.startswith("p." + EXPORT_GROUP_PREFIX) for g in other_groups)
     assert all(b.operation != AclOperation.ALL for b in acl_bindings("p.") if b.principal == "User:exporter")
     assert ResourcePatternType.PREFIXED in {b.resource_pattern_type for b in acl_bindings("p.")}
+
+
+def test_the_collector_writes_what_the_registry_says_it_collects_and_the_processor_reads_only_its_inputs():
+    from schemas.topics import COLLECTED_TOPICS as REGISTRY_COLLECTED, INPUT_TOPICS as REGISTRY_INPUTS
+    from transport.acls import COLLECTED_TOPICS, INPUT_TOPICS
+
+    assert set(COLLECTED_TOPICS) == set(REGISTRY_COLLECTED) and set(INPUT_TOPICS) == set(REGISTRY_INPUTS)
+    writes = {g[1] for g in _grants("User:collector") if g[3] == "WRITE"}
+    assert writes == {f"p.{t}" for t in COLLECTED_TOPICS}
+    reads = {g[1] for g in _grants("User:processor") if g[0] == "TOPIC" and g[3] == "READ"}
+    assert "p.gpu.counters" not in reads and "p.gpu.samples" in reads
+    # its start-up check lists every contract topic, gpu.counters included
+    assert ("TOPIC", "p.gpu.counters", "LITERAL", "DESCRIBE") in _grants("User:processor")
