@@ -25,7 +25,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.certificates_v1 import CertificateSigningRequest
 
 from schemas.models import NodeEnrollment
-from transport.identity import SIGNER_NAME, NodeIdentity, validate_csr
+from transport.identity import SIGNER_NAME, NodeIdentity, _sa_user, validate_csr
 
 __all__ = ["Enroller", "request_enrollment", "csr_name"]
 
@@ -63,6 +63,8 @@ class Enroller:
                  node_service_account: str, cluster_service_account: str | None = None) -> None:
         self.client, self.signing_key, self.publish = client, signing_key, publish
         self.node_sa, self.cluster_sa = node_service_account, cluster_service_account
+        for account in filter(None, (node_service_account, cluster_service_account)):
+            _sa_user(account)  # a malformed account is a ConfigError at start, not a refusal per CSR
         self.published: dict[str, str] = {}  # identity -> X25519 key published
         self._refused: set[str] = set()  # CSR uids already logged
 

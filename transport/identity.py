@@ -289,7 +289,12 @@ def validate_csr(csr: Mapping[str, Any], *, node_service_account: str, cluster_s
 
 
 def _sa_user(ns_name: str) -> str:
+    """The API server's user name for service account ``namespace/name``. Anything else is refused:
+    "xidstream" alone gave "system:serviceaccount:xidstream:", a user no token has, and every
+    node's enrollment was refused as "not the node service account" with nothing to say why."""
     ns, _, name = ns_name.partition("/")
+    if not ns or not name or "/" in name:
+        raise ConfigError(f"service account {ns_name!r} is not namespace/name")
     return f"system:serviceaccount:{ns}:{name}"
 
 

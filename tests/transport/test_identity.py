@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import stat
 
 import pytest
@@ -360,3 +361,25 @@ def test_the_csrs_key_extension_is_not_critical_and_a_request_without_fields_is_
     check = validate_csr(_csr(me.csr_pem(), user="system:serviceaccount:xidstream:xidstream-cluster-executor", nodes=None),
                          node_service_account=NODE_SA, cluster_service_account=CLUSTER_SA)
     assert (check.x25519_public, check.ed25519_public) == (me.x25519_public, me.ed25519_public)
+
+
+@pytest.mark.parametrize("account", ["xidstream", "xidstream/", "/xidstream-node", "a/b/c", ""])
+def test_a_service_account_that_is_not_namespace_slash_name_is_a_clear_error(nodes, account):
+    # "xidstream" alone meant the user "system:serviceaccount:xidstream:", which no token has: every
+    # node's CSR was refused as "not the node service account", and nothing said why
+    a = nodes["gpu-a"]
+    with pytest.raises(ConfigError, match=rf"^service account {re.escape(repr(account))} is not namespace/name$"):
+        validate_csr(_csr(a.csr_pem()), node_service_account=account)
+    from executors.enroll import Enroller
+
+    with pytest.raises(ConfigError, match="is not namespace/name"):
+        Enroller(None, None, print, node_service_account=NODE_SA, cluster_service_account=account or "x")
+    assert validate_csr(_csr(a.csr_pem()), node_service_account="xidstream/xidstream-node").identity == "gpu-a"
+
+
+def test_a_missing_cryptography_package_is_a_clear_config_error_for_identities(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives", None)  # what a failed import leaves
+    with pytest.raises(ConfigError, match=r"^node identity needs the cryptography package: .+"):
+        NodeIdentity.load_or_create(tmp_path / "n", "gpu-a")
