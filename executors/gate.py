@@ -33,6 +33,7 @@ treats a succeeded RESET_GPU/REBOOT_NODE as a repair, and a dry run repaired not
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -49,6 +50,8 @@ from schemas.vocab import Action, Outcome
 
 __all__ = ["Scope", "CLUSTER_ACTIONS", "NODE_ACTIONS", "Decision", "decide", "result_for", "Journal",
            "Approvals", "DRY_RUN_PREFIX", "Limits", "separate_trust"]
+
+log = logging.getLogger(__name__)
 
 Scope = Literal["cluster", "node"]
 
@@ -258,7 +261,14 @@ class Journal:
         if kind == "started":
             self._started[cid] = entry
         elif kind == "done":
-            self._done[cid] = _stored_result(entry["result"])
+            try:
+                self._done[cid] = _stored_result(entry["result"])
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:  # ValidationError is a ValueError
+                # A complete line that is no result (a disk error, a hand edit): the executor must
+                # still start. Its "started" line stays, so the command is answered as interrupted
+                # and never run again.
+                log.error("journal %s: the result of command %s is unreadable (%s: %s); answered as interrupted, "
+                          "not run again", self.path, cid, type(exc).__name__, str(exc)[:200])
             self.held.pop(cid, None)
         elif kind == "held":
             self.held[cid] = entry["command"]

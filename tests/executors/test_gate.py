@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import orjson
 import pytest
 
 from executors.gate import Approvals, Journal, decide, result_for
@@ -178,3 +179,19 @@ def test_held_command_is_released_by_an_approval_or_expires(tmp_path):
     [r] = ex.due()
     assert r.outcome == Outcome.expired and "never came" in r.detail
     assert len(rec.calls) == 1
+
+
+@pytest.mark.parametrize("result", [None, [], "ok", {"outcome": "nonsense"}])
+def test_a_done_line_whose_result_is_unreadable_leaves_the_command_interrupted(env, caplog, result):
+    # a complete JSON line that is no result (a disk error, a hand edit): the executor used to die
+    # at start (AttributeError on a list); it must start, and never run the command again
+    key, keys, journal, approvals = env
+    cmd = key.sign(command("n1", "DRAIN_NODE", now=NOW))
+    journal.started(cmd, NOW)
+    with journal.path.open("ab") as fh:
+        fh.write(orjson.dumps({"kind": "done", "command_id": cmd.command_id, "result": result}) + b"\n")
+    with caplog.at_level("ERROR", logger="executors.gate"):
+        restarted = Journal(journal.path)
+    assert f"the result of command {cmd.command_id} is unreadable" in caplog.text
+    d = _decide(cmd, keys, restarted, approvals)
+    assert not d.proceed and d.result.detail.startswith("already carried out (journal): interrupted")
