@@ -92,6 +92,20 @@ def test_pods_that_left_the_window_are_swept_every_quarter_window():
     assert s.workload_swept_at == t - 5
 
 
+def test_a_fault_at_the_instant_of_the_last_sweep_does_not_sweep_again():
+    # one sweep per quarter window: a fault stamped when the last sweep ran has nothing new to
+    # sweep for (what it left was kept under the window of then; a restart with a shorter
+    # suspect_window_s drops it at the next quarter, not at every fault of that second)
+    s = FleetState()
+    s, _ = fault(s, "old", "GPU-a", 1000.0)
+    s.workload_swept_at = 1000.0 + W + 1
+    s.dirty_pods = set()
+    s, _ = fault(s, "other", "GPU-b", 1000.0 + W + 1)
+    assert "old" in s.workload_gpus and s.dirty_pods == {"other"}
+    s, _ = fault(s, "other", "GPU-c", 1000.0 + W + 1 + W / 4)
+    assert "old" not in s.workload_gpus and "old" in s.dirty_pods
+
+
 def test_a_sweep_keeps_the_part_of_a_pod_still_in_the_window():
     s = FleetState()
     s, _ = fault(s, "pod-1", "GPU-a", 1000.0)
