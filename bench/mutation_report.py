@@ -115,22 +115,33 @@ def run(globs: list[str], jobs: int, tests: str | None, only_open: bool = False)
             return 0
         print(f"judging {len(names)} surviving or unjudged mutant(s) again", file=sys.stderr)
     cmd = [sys.executable, "-c", _BOOT, json.dumps(over), "run", "--max-children", str(jobs), *names]
-    kept = snapshot(globs)
-    rc = subprocess.call(cmd, cwd=ROOT, env=env)
-    restored = restore(kept)
-    if restored:
-        print(f"kept {restored} result(s) of earlier runs of other modules (mutmut had reset them)", file=sys.stderr)
+    # --open names only some of this module's mutants: its other results need keeping too
+    kept = snapshot([] if only_open else globs)
+    try:
+        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    finally:  # an interrupted run too: mutmut reset the results before it began judging
+        restored = restore(kept)
+        if restored:
+            print(f"kept {restored} result(s) of earlier runs (mutmut had reset them)", file=sys.stderr)
     if rc == 0:
-        record_run(globs, tests or "tests")
+        record_run(globs, (tests or "tests") + (" (--open: survivors and unjudged again)" if only_open else ""))
     return rc
 
 
 def open_mutants(globs: list[str]) -> list[str]:
-    """These modules' mutants the last run left surviving or unjudged, listed equivalents left out
-    (a run names them to mutmut, which then judges them again whatever their last result)."""
+    """These modules' mutants the last run did not kill (survived, unjudged, interrupted), listed
+    equivalents left out unless their diff moved (a run names them to mutmut, which then judges
+    them again whatever their last result)."""
     equivalent = read_equivalent()
-    return [name for codes in results(globs).values() for name, code in sorted(codes.items())
-            if name not in equivalent and (code is None or code in SURVIVED)]
+    out = []
+    for codes in results(globs).values():
+        for name, code in sorted(codes.items()):
+            if code in KILLED:
+                continue
+            if name in equivalent and (equivalent[name][0] is None or digest_of(name) == equivalent[name][0]):
+                continue
+            out.append(name)
+    return out
 
 
 def _metas(root: Path) -> dict[str, Path]:

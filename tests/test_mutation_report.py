@@ -12,6 +12,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("mutation_report", ROOT / "bench" / "mutation_report.py")
 mutation_report = importlib.util.module_from_spec(_spec)
@@ -78,9 +80,44 @@ def test_the_report_names_the_run_that_judged_each_module(tmp_path, monkeypatch)
 
 def test_open_mutants_are_the_survivors_and_the_unjudged_without_the_listed_equivalents(tmp_path, monkeypatch):
     _meta(tmp_path, "m.py", {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0, "m.x_f__mutmut_3": None,
-                             "m.x_f__mutmut_4": 33, "m.x_f__mutmut_5": 0, "m.x_f__mutmut_6": -9},
+                             "m.x_f__mutmut_4": 33, "m.x_f__mutmut_5": 0, "m.x_f__mutmut_6": -9,
+                             "m.x_f__mutmut_7": 2, "m.x_f__mutmut_8": 0},
           {"x_f": "f"})
     _meta(tmp_path, "other.py", {"other.x_g__mutmut_1": 0}, {"x_g": "g"})
     monkeypatch.setattr(mutation_report, "ROOT", tmp_path)
-    monkeypatch.setattr(mutation_report, "read_equivalent", lambda path=None: {"m.x_f__mutmut_5": ("abc", "why")})
-    assert mutation_report.open_mutants(["m.py"]) == ["m.x_f__mutmut_2", "m.x_f__mutmut_3", "m.x_f__mutmut_4"]
+    # _5 is listed and its diff is the one reviewed; _8's diff moved (mutmut renumbered it): judged again
+    monkeypatch.setattr(mutation_report, "read_equivalent",
+                        lambda path=None: {"m.x_f__mutmut_5": ("abc", "why"), "m.x_f__mutmut_8": ("def", "why")})
+    monkeypatch.setattr(mutation_report, "digest_of", lambda name: "abc")
+    assert mutation_report.open_mutants(["m.py"]) == ["m.x_f__mutmut_2", "m.x_f__mutmut_3", "m.x_f__mutmut_4",
+                                                      "m.x_f__mutmut_7", "m.x_f__mutmut_8"]
+
+
+def test_an_open_run_keeps_the_judged_modules_own_killed_results_and_an_interrupted_run_restores(tmp_path,
+                                                                                                  monkeypatch):
+    # --open names only the module's open mutants; mutmut still resets all its results (a new test
+    # selection): the killed ones must come back. And Ctrl-C during the run restores too.
+    meta = _meta(tmp_path, "m.py", {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0}, {"x_f": "f"})
+    (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nonly_mutate = ["m.py"]\n')
+    (tmp_path / "m.py").write_text("")
+    monkeypatch.setattr(mutation_report, "ROOT", tmp_path)
+    monkeypatch.setattr(mutation_report, "read_equivalent", lambda path=None: {})
+    monkeypatch.setattr(mutation_report, "record_run", lambda *a, **k: None)
+
+    def mutmut(cmd, **kw):  # resets every result, judges what it was given
+        assert cmd[-1] == "m.x_f__mutmut_2"
+        _meta(tmp_path, "m.py", {"m.x_f__mutmut_1": None, "m.x_f__mutmut_2": 0}, {"x_f": "f"})  # survives again
+        return 0
+
+    monkeypatch.setattr(mutation_report.subprocess, "call", mutmut)
+    assert mutation_report.run(["m.py"], 1, "tests", only_open=True) == 0
+    assert json.loads(meta.read_text())["exit_code_by_key"] == {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0}
+
+    def interrupted(cmd, **kw):
+        _meta(tmp_path, "m.py", {"m.x_f__mutmut_1": None, "m.x_f__mutmut_2": None}, {"x_f": "f"})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mutation_report.subprocess, "call", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mutation_report.run(["m.py"], 1, "tests", only_open=True)
+    assert json.loads(meta.read_text())["exit_code_by_key"] == {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0}
