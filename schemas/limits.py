@@ -36,6 +36,12 @@ __all__ = [
     "PROCESSES_MAX",
     "XID_SOURCES_MAX",
     "NVLINK_LINKS_MAX",
+    "INT64_MAX",
+    "INT32_MAX",
+    "GPU_INDEX_MAX",
+    "PCIE_GEN_MAX",
+    "PCIE_WIDTH_MAX",
+    "TEMPERATURE_C_MAX",
     "COUNTER_NAME_MAX",
     "COUNTER_NAMES_MAX",
     "clip",
@@ -108,6 +114,15 @@ COUNTER_NAME_MAX = 64
 # Names per list of one gpu.counters record: about 30 counters, or the 64 bits of a clock event
 # reasons mask (nvmlDeviceGetCurrentClocksEventReasons returns an unsigned long long).
 COUNTER_NAMES_MAX = 64
+# The integers of a gpu.counters record. Every node writes the topic, so any value must land: the
+# lake's columns are Parquet int64, and a count past that (2**64 from a forged record) failed the
+# lander's conversion, and every flush after it, for every topic.
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1  # NVML enums and return codes (fabric state and status)
+GPU_INDEX_MAX = 4095  # NVML device indices on one node (eight or sixteen GPUs today)
+PCIE_GEN_MAX = 32  # PCIe generations (7 today)
+PCIE_WIDTH_MAX = 64  # lanes (x16 for a GPU; the PCIe spec's widest link is x32)
+TEMPERATURE_C_MAX = 1000  # NVML_TEMPERATURE_GPU in degrees C; GPUs shut down far below this
 
 
 def clip(text: str | None, limit: int, more: int = 0) -> str | None:

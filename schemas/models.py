@@ -20,11 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from schemas.base import NodeRecord, Record, UtcDatetime
 from schemas.limits import (
     CATALOG_TEXT_MAX,
-    COUNTER_NAME_MAX,
     COUNTER_NAMES_MAX,
+    COUNTER_NAME_MAX,
     DETAIL_MAX,
+    GPU_INDEX_MAX,
     GPU_UUID_MAX,
     ID_MAX,
+    INT32_MAX,
+    INT64_MAX,
     K8S_LABEL_MAX,
     KERNEL_MESSAGE_MAX,
     KERNEL_RAW_MAX,
@@ -32,11 +35,14 @@ from schemas.limits import (
     NOTES_MAX,
     NVLINK_LINKS_MAX,
     NVML_STRING_MAX,
+    PCIE_GEN_MAX,
+    PCIE_WIDTH_MAX,
     POD_NAME_MAX,
-    PROCESS_NAME_MAX,
     PROCESSES_MAX,
+    PROCESS_NAME_MAX,
     SHORT_TEXT_MAX,
     TASK_COMM_MAX,
+    TEMPERATURE_C_MAX,
     XID_SOURCES_MAX,
 )
 from schemas.vocab import (
@@ -155,13 +161,13 @@ class NvLinkCounters(_Part):
     active: bool | None = Field(
         None, description="nvmlDeviceGetNvLinkState: true when the link is up (NVML_FEATURE_ENABLED).")
     replay_errors: int | None = Field(
-        None, ge=0, description="nvmlDeviceGetNvLinkErrorCounter NVML_NVLINK_ERROR_DL_REPLAY: data-link replays.")
+        None, ge=0, le=INT64_MAX, description="nvmlDeviceGetNvLinkErrorCounter NVML_NVLINK_ERROR_DL_REPLAY: data-link replays.")
     recovery_errors: int | None = Field(
-        None, ge=0, description="NVML_NVLINK_ERROR_DL_RECOVERY: link recoveries (retraining after errors).")
+        None, ge=0, le=INT64_MAX, description="NVML_NVLINK_ERROR_DL_RECOVERY: link recoveries (retraining after errors).")
     crc_flit_errors: int | None = Field(
-        None, ge=0, description="NVML_NVLINK_ERROR_DL_CRC_FLIT: flow-control units received with a bad CRC.")
+        None, ge=0, le=INT64_MAX, description="NVML_NVLINK_ERROR_DL_CRC_FLIT: flow-control units received with a bad CRC.")
     crc_data_errors: int | None = Field(
-        None, ge=0, description="NVML_NVLINK_ERROR_DL_CRC_DATA: data packets received with a bad CRC.")
+        None, ge=0, le=INT64_MAX, description="NVML_NVLINK_ERROR_DL_CRC_DATA: data packets received with a bad CRC.")
 
 
 class GpuCounters(NodeRecord):
@@ -174,62 +180,62 @@ class GpuCounters(NodeRecord):
     SCHEMA = "xidstream.gpu_counters/1"
     schema_: Literal["xidstream.gpu_counters/1"] = Field(SCHEMA, alias="schema")
     gpu_uuid: str = Field(max_length=GPU_UUID_MAX)
-    gpu_index: int = Field(ge=0)
+    gpu_index: int = Field(ge=0, le=GPU_INDEX_MAX)
     pci_bus_id: str = Field(pattern=_PCI)
     nvlinks: list[NvLinkCounters] | None = Field(
         None, max_length=NVLINK_LINKS_MAX, description="Every NVLink the GPU has, by number; null when it has none "
         "or they could not be read.")
     pcie_replay_count: int | None = Field(
-        None, ge=0, description="nvmlDeviceGetPcieReplayCounter: PCIe replays since the driver loaded.")
-    pcie_link_gen_current: int | None = Field(None, description="nvmlDeviceGetCurrPcieLinkGeneration.")
+        None, ge=0, le=INT64_MAX, description="nvmlDeviceGetPcieReplayCounter: PCIe replays since the driver loaded.")
+    pcie_link_gen_current: int | None = Field(None, ge=0, le=PCIE_GEN_MAX, description="nvmlDeviceGetCurrPcieLinkGeneration.")
     pcie_link_gen_max: int | None = Field(
-        None, description="nvmlDeviceGetMaxPcieLinkGeneration: the most the GPU and its slot allow. The current "
+        None, ge=0, le=PCIE_GEN_MAX, description="nvmlDeviceGetMaxPcieLinkGeneration: the most the GPU and its slot allow. The current "
         "generation also drops below it when the GPU idles, to save power.")
-    pcie_link_width_current: int | None = Field(None, description="nvmlDeviceGetCurrPcieLinkWidth (lanes).")
+    pcie_link_width_current: int | None = Field(None, ge=0, le=PCIE_WIDTH_MAX, description="nvmlDeviceGetCurrPcieLinkWidth (lanes).")
     pcie_link_width_max: int | None = Field(
-        None, description="nvmlDeviceGetMaxPcieLinkWidth (lanes); a current width below it is a downgraded link.")
+        None, ge=0, le=PCIE_WIDTH_MAX, description="nvmlDeviceGetMaxPcieLinkWidth (lanes); a current width below it is a downgraded link.")
     ecc_corrected_volatile: int | None = Field(
-        None, ge=0, description="nvmlDeviceGetTotalEccErrors NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC: "
+        None, ge=0, le=INT64_MAX, description="nvmlDeviceGetTotalEccErrors NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC: "
         "single-bit errors since the driver loaded.")
     ecc_uncorrected_volatile: int | None = Field(
-        None, ge=0, description="NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC: double-bit errors since "
+        None, ge=0, le=INT64_MAX, description="NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC: double-bit errors since "
         "the driver loaded.")
     ecc_corrected_aggregate: int | None = Field(
-        None, ge=0, description="NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC: over the GPU's life.")
+        None, ge=0, le=INT64_MAX, description="NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC: over the GPU's life.")
     ecc_uncorrected_aggregate: int | None = Field(
-        None, ge=0, description="NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC: over the GPU's life.")
+        None, ge=0, le=INT64_MAX, description="NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC: over the GPU's life.")
     retired_pages_single_bit: int | None = Field(
-        None, ge=0, description="nvmlDeviceGetRetiredPages NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: "
+        None, ge=0, le=INT64_MAX, description="nvmlDeviceGetRetiredPages NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: "
         "pages retired (pre-Ampere; Ampere and later remap rows instead, see gpu.samples).")
     retired_pages_double_bit: int | None = Field(
-        None, ge=0, description="NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: pages retired.")
+        None, ge=0, le=INT64_MAX, description="NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: pages retired.")
     retired_pages_pending: bool | None = Field(
         None, description="nvmlDeviceGetRetiredPagesPendingStatus: a retirement waits for the next driver reload.")
     clock_event_reasons: int | None = Field(
-        None, ge=0, description="nvmlDeviceGetCurrentClocksEventReasons (older drivers: ...ClocksThrottleReasons): "
+        None, ge=0, le=INT64_MAX, description="nvmlDeviceGetCurrentClocksEventReasons (older drivers: ...ClocksThrottleReasons): "
         "the bitmask of why the clocks are below their target now.")
     clock_event_reason_names: list[_CounterName] = Field(
         default_factory=list, max_length=COUNTER_NAMES_MAX, description="The bits of clock_event_reasons by name "
         "(hw_slowdown, hw_thermal_slowdown, sw_thermal_slowdown, hw_power_brake_slowdown, sw_power_cap, gpu_idle, "
         "...); a bit without a name in the collector's pynvml is only in the mask.")
-    temperature_c: int | None = Field(None, description="nvmlDeviceGetTemperature NVML_TEMPERATURE_GPU.")
+    temperature_c: int | None = Field(None, ge=-273, le=TEMPERATURE_C_MAX, description="nvmlDeviceGetTemperature NVML_TEMPERATURE_GPU.")
     fabric_cluster_uuid: str | None = Field(
         None, max_length=36, description="nvmlDeviceGetGpuFabricInfoV: the NVLink fabric (e.g. an NVL72 rack's "
         "NVLink domain) the GPU was registered in; null until registration completed.")
     fabric_clique_id: int | None = Field(
-        None, ge=0, description="The GPU's clique within that fabric (GPUs that can reach each other over NVLink).")
+        None, ge=0, le=INT64_MAX, description="The GPU's clique within that fabric (GPUs that can reach each other over NVLink).")
     fabric_state: int | None = Field(
-        None, description="NVML_GPU_FABRIC_STATE_*: 1 not started, 2 in progress, 3 completed. A GPU outside any "
+        None, ge=0, le=INT32_MAX, description="NVML_GPU_FABRIC_STATE_*: 1 not started, 2 in progress, 3 completed. A GPU outside any "
         "fabric (0, not supported) has the fabric named in `unsupported` instead.")
     fabric_status: int | None = Field(
-        None, description="The NVML return code of the fabric registration (0 success), once completed.")
+        None, ge=0, le=INT32_MAX, description="The NVML return code of the fabric registration (0 success), once completed.")
     fabric_health_mask: int | None = Field(
-        None, ge=0, description="NVML_GPU_FABRIC_HEALTH_MASK_* bits (the V call only; null from the older call).")
+        None, ge=0, le=INT64_MAX, description="NVML_GPU_FABRIC_HEALTH_MASK_* bits (the V call only; null from the older call).")
     unsupported: list[_CounterName] = Field(
         default_factory=list, max_length=COUNTER_NAMES_MAX, description="Counters the driver answered NotSupported "
         "for on this GPU (or a function this pynvml or driver lacks): never asked again by this collector.")
     errors: int = Field(
-        0, ge=0, description="Reads of this round that failed with another NVML error; their fields are null.")
+        0, ge=0, le=INT64_MAX, description="Reads of this round that failed with another NVML error; their fields are null.")
 
 
 class ComputeApp(_Part):

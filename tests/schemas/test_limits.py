@@ -267,3 +267,44 @@ def test_clip_leaves_what_fits_alone_and_adds_what_was_left_out_before():
     assert clip("x" * 4096, 4096) == "x" * 4096
     assert clip("abc", 100, more=5) == "abc... [5 more characters]"
     assert clip("x" * 100, 10) == "x" * 10  # no room for a marker: a plain cut
+
+
+COUNTER_INTS = ["pcie_replay_count", "ecc_corrected_volatile", "ecc_uncorrected_aggregate", "retired_pages_single_bit",
+                "clock_event_reasons", "fabric_clique_id", "fabric_health_mask", "errors", "nvlinks.0.replay_errors",
+                "nvlinks.0.crc_data_errors"]
+
+
+@pytest.mark.parametrize("path", COUNTER_INTS)
+def test_a_counter_past_a_signed_64_bit_integer_is_refused_by_name(path):
+    # every node writes gpu.counters, and the lake's columns are Parquet int64: a forged 2**64 passed
+    # validation, then failed the lander's conversion, and every flush after it, for every topic
+    from schemas.limits import INT64_MAX
+
+    doc = _doc(GpuCounters)
+    doc.setdefault("nvlinks", [{"link": 0}])
+    if not doc["nvlinks"]:
+        doc["nvlinks"] = [{"link": 0}]
+    assert isinstance(decode_any(orjson.dumps(_put(doc, path, INT64_MAX))), GpuCounters)
+    with pytest.raises(DecodeError) as refused:
+        decode_any(orjson.dumps(_put(doc, path, INT64_MAX + 1)))
+    assert f"{path}: Input should be less than or equal to {INT64_MAX}" in str(refused.value)
+
+
+def test_a_counters_record_at_every_cap_lands(tmp_path):
+    # what the schema lets through, the lake's int64 columns hold: a counter at INT64_MAX lands
+    import pyarrow.parquet as pq
+
+    from exporters.parquet import ParquetLander
+    from schemas.limits import INT64_MAX
+
+    doc = _doc(GpuCounters)
+    for path in COUNTER_INTS:
+        if path.startswith("nvlinks.") and not doc.get("nvlinks"):
+            doc["nvlinks"] = [{"link": 0}]
+        _put(doc, path, INT64_MAX)
+    rec = decode_any(orjson.dumps(doc))
+    lander = ParquetLander(tmp_path)
+    lander.add("gpu.counters", rec, partition=0, offset=1)
+    (landed,) = lander.flush()
+    (row,) = pq.read_table(landed.path).to_pylist()
+    assert row["pcie_replay_count"] == row["errors"] == row["nvlinks"][0]["crc_data_errors"] == INT64_MAX
