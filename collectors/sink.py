@@ -6,11 +6,11 @@ idempotent confluent-kafka producer (acks=all, murmur2 partitioner: transport.ka
 that goes away and comes back gets every record exactly once and in order per key; the number in
 flight is capped so the rest waits on disk, not in memory.
 
-Two spools: `critical` (Xid, workloads, inventory, counters: never replaceable) and `telemetry`
-(samples, process lists: the next second replaces them), each with its own bound, so a long outage
-drops old samples before it could ever drop an Xid. Counters go with the critical records: their
-history is the evidence a trend rests on, and at one record per GPU a minute they are a sixtieth of
-the samples' volume.
+Three spools, each with its own bound, so that what a long outage drops first is never an Xid:
+`critical` (Xid, workloads, inventory: never replaceable), `counters` (gpu.counters, one record per
+GPU a minute, about 2.7 KB with 18 NVLinks: 30 MB a day at 8 GPUs; in the critical spool they would
+fill its 512 MiB in some 17 days of outage and push Xids out with them) and `telemetry` (samples,
+process lists: the next second replaces them).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from confluent_kafka import KafkaError, Producer
 
 from schemas.base import Record
 from schemas.codec import encode, to_dict
-from schemas.models import GpuProcesses, GpuSample
+from schemas.models import GpuCounters, GpuProcesses, GpuSample
 from transport.kafka import explain_error, producer_config
 from transport.config import KafkaConfig
 
@@ -123,7 +123,7 @@ class _Lane:
 
 class KafkaSink:
     def __init__(self, settings: KafkaConfig, spool_dir: str | Path, *, max_inflight: int = 10_000,
-                 critical_bytes: int = 512 << 20, telemetry_bytes: int = 256 << 20,
+                 critical_bytes: int = 512 << 20, telemetry_bytes: int = 256 << 20, counters_bytes: int = 128 << 20,
                  producer_overrides: dict | None = None, auth: Any = None) -> None:
         """`auth` (a `transport.identity.RecordAuth`): every record sent carries this node's MAC
         header, computed at send time over what Kafka stores (the spool keeps the record only)."""
@@ -133,6 +133,7 @@ class KafkaSink:
         self.lanes = {
             "critical": _Lane(spool_dir, "critical", critical_bytes),
             "telemetry": _Lane(spool_dir, "telemetry", telemetry_bytes),
+            "counters": _Lane(spool_dir, "counters", counters_bytes),  # about four days at 8 GPUs
         }
         self.max_inflight = max_inflight
         self.inflight = 0
@@ -149,7 +150,8 @@ class KafkaSink:
 
     # -- publishing ------------------------------------------------------------------------
     def publish(self, record: Record, on_ack: AckCallback | None = None) -> None:
-        lane = self.lanes["telemetry" if isinstance(record, _TELEMETRY) else "critical"]
+        lane = self.lanes["telemetry" if isinstance(record, _TELEMETRY)
+                          else "counters" if isinstance(record, GpuCounters) else "critical"]
         topic, key = self.settings.topics.for_record(record)
         seq = lane.spool.append(topic, key, encode(record))
         if on_ack is not None:

@@ -120,11 +120,13 @@ def test_producer_overrides_win_over_the_sinks_own_settings(make_sink):
     assert sink.producer.config["error_cb"] == sink._on_error
 
 
-def test_two_spools_with_their_own_bounds_and_names(make_sink, tmp_path):
+def test_three_spools_with_their_own_bounds_and_names(make_sink, tmp_path):
     sink = make_sink()
-    crit, tele = sink.lanes["critical"].spool, sink.lanes["telemetry"].spool
+    crit, tele, count = sink.lanes["critical"].spool, sink.lanes["telemetry"].spool, sink.lanes["counters"].spool
     assert (crit.dir, crit.name, crit.max_bytes) == (tmp_path / "spool" / "critical", "spool/critical", 512 << 20)
     assert (tele.dir, tele.name, tele.max_bytes) == (tmp_path / "spool" / "telemetry", "spool/telemetry", 256 << 20)
+    assert (count.dir, count.name, count.max_bytes) == (tmp_path / "spool" / "counters", "spool/counters", 128 << 20)
+    assert make_sink(counters_bytes=1 << 18).lanes["counters"].spool.max_bytes == 1 << 18
     assert sink.max_inflight == 10_000 and sink.inflight == 0
     assert sink.auth_error is None and sink.failed == 0 and sink.dropped_permanent == 0
     other = make_sink(critical_bytes=1 << 20, telemetry_bytes=1 << 19, max_inflight=3)
@@ -150,13 +152,20 @@ def test_a_restarted_sink_resends_only_what_was_not_acknowledged(make_sink):
 # -- publishing ----------------------------------------------------------------------------
 
 
-def test_samples_and_process_lists_go_to_telemetry_everything_else_to_critical(make_sink):
+def test_samples_and_process_lists_go_to_telemetry_counters_apart_everything_else_to_critical(make_sink):
+    # counters in the critical spool filled its bound in some 17 days of outage at 8 GPUs, and
+    # pushed Xids out with them (review of the counters change)
+    from tests.factories import one_of_each
+    from schemas.models import GpuCounters
+
+    counters = next(r for r in one_of_each() if isinstance(r, GpuCounters))
     sink = make_sink()
-    for rec in (XID, SAMPLE, PROCS, INVENTORY):
+    for rec in (XID, SAMPLE, counters, PROCS, INVENTORY):
         sink.publish(rec)
     crit, tele = sink.lanes["critical"].spool, sink.lanes["telemetry"].spool
     assert [r.topic for r in crit.pending()] == ["t.gpu.xid", "t.gpu.inventory"]
     assert [r.topic for r in tele.pending()] == ["t.gpu.samples", "t.gpu.processes"]
+    assert [r.topic for r in sink.lanes["counters"].spool.pending()] == ["t.gpu.counters"]
     rec = crit.pending()[0]
     assert rec.key == SETTINGS.topics.for_record(XID)[1] and decode_any(rec.value) == XID
     assert sink.producer.sent == []  # spooled only: the producer is fed on poll()
@@ -303,7 +312,7 @@ def test_published_counts_per_topic(make_sink):
     sink.producer.deliver()
     assert sink.published == {"t.gpu.xid": 2, "t.gpu.samples": 1}
     assert sink.stats() == {"published": {"t.gpu.xid": 2, "t.gpu.samples": 1},
-                            "spool_depth": {"critical": 0, "telemetry": 0}, "dropped": 0,
+                            "spool_depth": {"critical": 0, "telemetry": 0, "counters": 0}, "dropped": 0,
                             "inflight": 0, "retries": 0}
 
 
@@ -314,7 +323,7 @@ def test_stats_count_spool_drops_and_permanent_drops_together(make_sink):
     sink.dropped_permanent = 1
     sink.publish(XID)
     assert sink.stats()["dropped"] == 8
-    assert sink.stats()["spool_depth"] == {"critical": 1, "telemetry": 0}
+    assert sink.stats()["spool_depth"] == {"critical": 1, "telemetry": 0, "counters": 0}
 
 
 # -- the in-flight cap ---------------------------------------------------------------------
@@ -462,13 +471,13 @@ def test_the_spools_are_synced_once_a_second_not_every_tick(make_sink, clock, mo
     assert synced == []
     clock.t += 0.0625  # exactly one second since the sink started
     sink.poll()
-    assert synced == ["critical", "telemetry"]
+    assert synced == ["critical", "telemetry", "counters"]
     clock.t += 0.5
     sink.poll()
-    assert synced == ["critical", "telemetry"]  # the second counts from the last sync
+    assert synced == ["critical", "telemetry", "counters"]  # the second counts from the last sync
     clock.t += 0.625
     sink.poll()
-    assert synced == ["critical", "telemetry"] * 2
+    assert synced == ["critical", "telemetry", "counters"] * 2
 
 
 def test_flush_returns_true_once_everything_is_acknowledged_and_persists_the_cursor(make_sink, tmp_path, clock):
