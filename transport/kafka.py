@@ -7,6 +7,7 @@ than faust expects (runtime-notes section 2: 1 of 40 keys matched with librdkafk
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable, Iterator, Mapping
 
 from confluent_kafka import KafkaException
@@ -180,8 +181,6 @@ def check_replication(settings: KafkaConfig, topics: Iterable[str], *, timeout: 
     topic of `topics` is replicated otherwise than the settings assume; returns the findings.
     Never raises: a topic that is missing, a broker that does not answer, or a user not allowed
     to read topic configs (DescribeConfigs) only narrows what is checked."""
-    import logging
-
     from confluent_kafka.admin import ConfigResource
 
     log = logger or logging.getLogger("xidstream.kafka")
@@ -495,13 +494,20 @@ def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], tim
     deadline = time.monotonic() + 10.0
     while True:  # topics created a moment ago may not be in the metadata yet
         existing = _describe(client, timeout)
-        missing = [reg.name(n) for n, s in TOPICS.items() if reg.name(n) not in existing]
+        missing = [reg.name(n) for n, s in TOPICS.items() if reg.name(n) not in existing and s.processed]
         if not missing or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     if missing:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; run `xidstream topics create` "
                          f"with the same --topic-prefix and --partitions")
+    # a topic the processor does not read (gpu.counters) is no reason to stop deciding: an upgrade
+    # that adds one runs the processor before anyone created it
+    for n, spec in TOPICS.items():
+        if not spec.processed and reg.name(n) not in existing:
+            logging.getLogger("xidstream.kafka").warning(
+                "topic %s is missing on %s; the processor does not read it (run `xidstream topics create` for the "
+                "collectors and the exporter)", reg.name(n), settings.bootstrap)
     check_copartitioning(settings, existing)
     compacted = dict(compacted or {})
     wanted = {**internal, **compacted}

@@ -146,28 +146,40 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # -- collect -----------------------------------------------------------------------------------
-def _check_topics(settings: Settings, create: bool) -> None:
+def _check_topics(settings: Settings, create: bool) -> set[str]:
+    """Check the topics a collector writes; returns the logical names of those missing that the
+    collector can do without (what the processor does not read: gpu.counters). A missing topic the
+    processor reads is a TopicError: without it the collector's Xids go nowhere."""
     from confluent_kafka import KafkaException
 
-    from schemas.topics import COLLECTED_TOPICS
+    from schemas.topics import COLLECTED_TOPICS, TOPICS
     from transport.kafka import admin, check_replication, create_topics
 
     names = [settings.topics.name(n) for n in COLLECTED_TOPICS]
     if create:
         create_topics(settings)
         check_replication(settings, names)
-        return
+        return set()
     try:
         md = admin(settings).list_topics(timeout=5)
     except KafkaException as exc:
         log.warning("Kafka not reachable at start (%s); records are spooled until it is", exc)
-        return
-    # Only what a collector writes: its least-privilege user may see no other topic.
-    missing = [settings.topics.name(n) for n in COLLECTED_TOPICS if settings.topics.name(n) not in md.topics]
-    if missing:
-        raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; "
-                         f"run `xidstream topics create` (or pass --create-topics)")
-    check_replication(settings, names)
+        return set()
+    # Only what a collector writes: its least-privilege user may see no other topic (a user without
+    # DESCRIBE on a topic does not see it either, hence the ACL in the messages).
+    missing = [n for n in COLLECTED_TOPICS if settings.topics.name(n) not in md.topics]
+    needed = [settings.topics.name(n) for n in missing if TOPICS[n].processed]
+    if needed:
+        raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(needed)}; "
+                         f"run `xidstream topics create` (or pass --create-topics), and grant the collector's user "
+                         f"WRITE and DESCRIBE on them (transport/acls.py)")
+    # An upgrade that added a topic the processor does not read must not stop collection
+    for n in missing:
+        log.error("topic %s is missing on %s (or this user may not DESCRIBE it): %s is not published until the "
+                  "collector restarts after `xidstream topics create` and a WRITE and DESCRIBE grant for it "
+                  "(transport/acls.py)", settings.topics.name(n), settings.bootstrap, n)
+    check_replication(settings, [t for t in names if t in md.topics])
+    return set(missing)
 
 
 def node_auth(args: argparse.Namespace, identity: str):  # -> transport.identity.RecordAuth | None
@@ -219,7 +231,8 @@ def _collect(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError("--interval must be > 0")
     state = Path(args.state_dir)
     if args.sink == "kafka":
-        _check_topics(settings, args.create_topics)
+        if "gpu.counters" in _check_topics(settings, args.create_topics):
+            args.counters_interval = 0
         sink = KafkaSink(settings, state / "spool", auth=node_auth(args, settings.node))
         if args.request_enrollment:
             _request_enrollment_until_done(args.identity_dir, settings.node)
