@@ -63,8 +63,10 @@ class Enroller:
                  node_service_account: str, cluster_service_account: str | None = None) -> None:
         self.client, self.signing_key, self.publish = client, signing_key, publish
         self.node_sa, self.cluster_sa = node_service_account, cluster_service_account
-        for account in filter(None, (node_service_account, cluster_service_account)):
-            _sa_user(account)  # a malformed account is a ConfigError at start, not a refusal per CSR
+        # a malformed account is a ConfigError at start, not a refusal of every CSR
+        _sa_user(node_service_account)
+        if cluster_service_account is not None:
+            _sa_user(cluster_service_account)
         self.published: dict[str, str] = {}  # identity -> X25519 key published
         self._refused: set[str] = set()  # CSR uids already logged
 

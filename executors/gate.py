@@ -230,7 +230,11 @@ class Journal:
                     entry = orjson.loads(line)
                 except orjson.JSONDecodeError:
                     continue  # a torn last line after a crash: the entry never completed
-                self._apply(entry)
+                try:
+                    self._apply(entry)
+                except (AttributeError, KeyError, TypeError) as exc:  # no entry of ours: never a reason not to start
+                    log.error("journal %s: a line that is no entry, skipped (%s: %s): %r", self.path,
+                              type(exc).__name__, str(exc)[:200], line[:200])
 
     def _repair_tail(self) -> None:
         """A crash mid-write leaves a last line without its newline: appending after it would glue
@@ -259,6 +263,8 @@ class Journal:
     def _apply(self, entry: dict) -> None:
         cid, kind = entry.get("command_id"), entry.get("kind")
         if kind == "started":
+            if not isinstance(entry.get("stub"), dict):
+                raise KeyError("stub")  # answer() builds the interrupted answer from it
             self._started[cid] = entry
         elif kind == "done":
             try:

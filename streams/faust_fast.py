@@ -437,13 +437,15 @@ def _group_errors_raised(coordinator: Any, send: Callable[..., Awaitable[Any]]) 
         response = await send(request)
         if getattr(response, "API_KEY", None) != _OFFSET_FETCH:
             return response
-        codes = [getattr(response, "error_code", 0)]
-        codes += [part[-1] for _, parts in response.topics for part in parts]
+        top = getattr(response, "error_code", 0)
+        codes = [top] + [part[-1] for _, parts in response.topics for part in parts]
         group = next((c for c in codes if c in _GROUP_ERRORS), None)
         if group is not None:
             if group != 14:  # a coordinator loading its offsets is still the coordinator
                 coordinator.coordinator_dead()
             raise for_code(group)()
+        if top:  # any other group-level error (GROUP_AUTHORIZATION_FAILED): never "nothing committed"
+            raise for_code(top)()
         return response
 
     return send_req

@@ -195,3 +195,17 @@ def test_a_done_line_whose_result_is_unreadable_leaves_the_command_interrupted(e
     assert f"the result of command {cmd.command_id} is unreadable" in caplog.text
     d = _decide(cmd, keys, restarted, approvals)
     assert not d.proceed and d.result.detail.startswith("already carried out (journal): interrupted")
+
+
+@pytest.mark.parametrize("line", [b"[]", b"1", b'"text"', b'{"kind": "held", "command_id": "c1"}',
+                                  b'{"kind": "started", "command_id": "c2"}'])
+def test_a_journal_line_that_is_no_entry_is_skipped_and_the_executor_starts(env, caplog, line):
+    key, keys, journal, approvals = env
+    cmd = key.sign(command("n1", "CORDON_NODE", now=NOW))
+    journal.started(cmd, NOW)
+    with journal.path.open("ab") as fh:
+        fh.write(line + b"\n")
+    with caplog.at_level("ERROR", logger="executors.gate"):
+        restarted = Journal(journal.path)
+    assert "a line that is no entry, skipped" in caplog.text
+    assert restarted.answer(cmd.command_id).detail.startswith("interrupted")  # the good lines still count

@@ -1009,6 +1009,14 @@ def test_an_offset_fetch_that_answers_not_coordinator_is_a_retriable_group_error
         asyncio.run(GroupCoordinator._do_fetch_commit_offsets(gone, [tp]))
     assert gone.dead == 1
 
+    # any other error at the top (a group the user may not read) is that error, not "nothing committed"
+    from aiokafka.errors import GroupAuthorizationFailedError
+
+    refused = coordinator_answering(OffsetFetchResponse_v3(0, [], 30))
+    with pytest.raises(GroupAuthorizationFailedError):
+        asyncio.run(GroupCoordinator._do_fetch_commit_offsets(refused, [tp]))
+    assert refused.dead == 0
+
     fine = coordinator_answering(OffsetFetchResponse_v3(0, [("gpu.samples", [(0, 42, "", 0)])], 0))
     assert asyncio.run(GroupCoordinator._do_fetch_commit_offsets(fine, [tp])) == {tp: OffsetAndMetadata(42, "")}
 

@@ -373,7 +373,9 @@ def test_a_service_account_that_is_not_namespace_slash_name_is_a_clear_error(nod
     from executors.enroll import Enroller
 
     with pytest.raises(ConfigError, match="is not namespace/name"):
-        Enroller(None, None, print, node_service_account=NODE_SA, cluster_service_account=account or "x")
+        Enroller(None, None, print, node_service_account=NODE_SA, cluster_service_account=account)
+    with pytest.raises(ConfigError, match="is not namespace/name"):
+        Enroller(None, None, print, node_service_account=account)
     assert validate_csr(_csr(a.csr_pem()), node_service_account="xidstream/xidstream-node").identity == "gpu-a"
 
 
