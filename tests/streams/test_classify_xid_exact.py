@@ -1,0 +1,125 @@
+"""`streams.classify._on_xid` exactly: the Xid fact, the timeline line, the occurrence and the
+fleet message an application fault leaves, the climb a hardware Xid makes after a reset or a
+reboot that succeeded, and the boundaries of both. Each test kills mutants of `make mutate
+streams/classify.py` that only the slow property tests (test_order_free, test_persisted_material,
+test_flood) caught, or none did; these run in well under a second."""
+
+from __future__ import annotations
+
+import copy
+
+from schemas import Action, Classification
+from streams.classify import step
+from streams.engine import Engine
+from streams.policy import Policy
+from streams.render import describe_xid
+from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, sample, xid
+
+P = Policy()
+
+
+def _running(*pids):
+    """A GPU with a live process list naming each PID's pod (pod-<pid>)."""
+    return feed(Engine(), [inventory(0), sample(0), procs(0, *pids)])
+
+
+def _step(e, record):
+    state, outputs, _ = step(copy.deepcopy(e.states[GPU]), GPU, record, e.policy)
+    return state, outputs
+
+
+def test_an_application_xid_leaves_its_fact_line_occurrence_and_fleet_message_exactly():
+    e = _running(4242)
+    line = xid(10, 13, pid=4242, message="Graphics Exception")
+    state, outputs = _step(e, line)
+    t = at(10).timestamp()
+    assert state.xids[-1] == {"ts": t, "xid": 13, "kind": "xid", "pid": 4242, "app": True, "id": line.event_id}
+    assert state.occurrences[-1] == {"ts": t, "last_ts": t, "pid": 4242, "wl": "pod:pod-4242", "codes": [13],
+                                     "pod": "pod-4242", "id": line.event_id}
+    assert state.incident is not None and state.incident.classification == Classification.APP_FAULT.value
+    assert {"ts": t, "kind": "xid", "summary": f"{describe_xid(13)} pid=4242 name=python3",
+            "data": {"xid": 13, "name": line.xid_name, "pid": 4242, "process_name": "python3", "pod_uid": "pod-4242",
+                     "raw": line.raw, "sources": ["kmsg"], "workload_occurrences": 1}} in state.incident.timeline
+    (fault,) = [m for kind, m in outputs if kind == "workload_fault"]
+    assert fault == {"pod_uid": "pod-4242", "gpu_uuid": GPU, "node": NODE, "ts": t, "xid": 13,
+                     "incident_id": state.incident.id}
+
+
+def test_a_pid_no_process_list_names_is_its_own_workload_and_sends_no_fleet_message():
+    e = _running(4242)
+    state, outputs = _step(e, xid(10, 13, pid=999))
+    assert state.occurrences[-1]["wl"] == "pid:999" and state.occurrences[-1]["pod"] is None
+    assert [k for k, _ in outputs if k == "workload_fault"] == []
+
+
+def test_lines_of_one_fault_within_the_burst_are_one_occurrence_at_exactly_the_burst():
+    e = _running(4242)
+    b = P.burst_seconds
+    e.process(xid(10, 13, pid=4242))
+    e.process(xid(10 + b, 31, pid=4242))  # at exactly burst_seconds: the same fault
+    (occ,) = e.states[GPU].occurrences
+    assert occ["codes"] == [13, 31] and occ["last_ts"] == at(10 + b).timestamp()
+    e.process(xid(10 + b, 31, pid=4242))  # the same code again adds no code
+    assert e.states[GPU].occurrences[0]["codes"] == [13, 31]
+    e.process(xid(10 + 2 * b + 0.5, 13, pid=4242))  # past the burst from the last occurrence's start
+    assert len(e.states[GPU].occurrences) == 2
+
+
+def test_an_occurrence_of_one_workload_does_not_swallow_another_workloads_fault():
+    e = _running(4242, 5151)
+    e.process(xid(10, 13, pid=4242))
+    e.process(xid(11, 13, pid=5151))
+    assert [o["wl"] for o in e.states[GPU].occurrences] == ["pod:pod-4242", "pod:pod-5151"]
+
+
+def test_a_line_without_a_pid_joins_the_fault_and_a_later_pid_names_it():
+    e = _running(4242)
+    e.process(xid(10, 13, pid=None))
+    (occ,) = e.states[GPU].occurrences
+    assert (occ["wl"], occ["pid"]) == (None, None)
+    e.process(xid(11, 31, pid=4242))
+    (occ,) = e.states[GPU].occurrences
+    assert (occ["wl"], occ["pid"], occ["codes"]) == ("pod:pod-4242", 4242, [13, 31])
+
+
+def test_a_hardware_xid_no_gpu_was_resolved_for_names_its_pci_bus():
+    e = Engine()
+    e.process(xid(10, 79, pid=None, gpu=None))
+    (alert,) = e.alerts
+    assert alert.classification == Classification.GPU_HARDWARE_FAULT
+    assert f"({PCI}) on {NODE}" in alert.summary
+
+
+def _actions(e):
+    return [c.action for c in e.commands]
+
+
+def test_a_hardware_xid_again_after_a_reset_that_succeeded_climbs_to_a_reboot_exactly():
+    from tests.streams.builders import result, run
+
+    e = run([inventory(0), sample(0), xid(10, 48, pid=None), result(20, Action.RESET_GPU, "succeeded"), sample(25),
+             xid(30, 48, pid=None)])
+    assert _actions(e) == [Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU, Action.REBOOT_NODE]
+    assert e.commands[-1].reason == "Xid 48 again after the GPU reset"
+    assert e.alerts[-1].summary == "Xid 48 again after the GPU reset: REBOOT_NODE"
+    assert any(n["kind"] == "xid" and n["data"].get("xid") == 48 and n["ts"] == at(30).timestamp()
+               for n in e.states[GPU].incident.timeline)  # the Xid is on the timeline
+    # stamped at the very time the reset succeeded: not after it, no climb
+    e = feed(Engine(), [inventory(0), sample(0), xid(10, 48, pid=None)])
+    e.process(result(20, Action.RESET_GPU, "succeeded").to_result(e))
+    e.process(xid(20, 48, pid=None))
+    assert _actions(e) == [Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU]
+
+
+def test_a_hardware_xid_after_the_node_came_back_from_its_reboot_climbs_to_a_replacement_exactly():
+    from tests.streams.builders import result
+
+    e = feed(Engine(), [inventory(0), sample(0), xid(10, 79, pid=None)])
+    e.process(result(20, Action.REBOOT_NODE, "succeeded").to_result(e))
+    e.process(sample(25))  # the node came back
+    e.process(xid(20, 79, pid=None))  # stamped at the reboot's own time: not after it
+    assert _actions(e) == [Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE]
+    e.process(xid(30, 79, pid=None))
+    assert _actions(e)[-1] == Action.REPLACE_NODE
+    assert e.commands[-1].reason == "Xid 79 on GPU 1 after the node was rebooted"
+    assert e.alerts[-1].summary == "Xid 79 on GPU 1 after the node was rebooted: REPLACE_NODE"
