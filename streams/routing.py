@@ -57,6 +57,8 @@ def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Aler
             fleet.append({"kind": "command", "command": out})
         elif kind == "workload_fault":  # a plain dict: which pod faulted which GPU
             fleet.append({"kind": "workload_fault", **out})
-        else:
+        elif kind == "alert":
             alerts.append(out)
+        else:  # a fold step's output of no kind we route: a bug, never published as something else
+            raise ValueError(f"a fold step gave an output of unknown kind {kind!r}")
     return fleet, alerts

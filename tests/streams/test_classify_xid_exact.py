@@ -123,3 +123,44 @@ def test_a_hardware_xid_after_the_node_came_back_from_its_reboot_climbs_to_a_rep
     assert _actions(e)[-1] == Action.REPLACE_NODE
     assert e.commands[-1].reason == "Xid 79 on GPU 1 after the node was rebooted"
     assert e.alerts[-1].summary == "Xid 79 on GPU 1 after the node was rebooted: REPLACE_NODE"
+
+
+def test_an_incident_opens_with_its_id_time_plan_and_remedy_exactly():
+    from streams.render import hid
+
+    e = feed(Engine(), [inventory(0), sample(0), xid(10, 48, pid=None)])
+    inc = e.states[GPU].incident
+    t = at(10).timestamp()
+    assert inc.id == hid(GPU, t, Classification.GPU_HARDWARE_FAULT.value) and inc.opened_at == t
+    assert inc.plan == ["CORDON_NODE", "DRAIN_NODE", "RESET_GPU"] and inc.remedy == "reset" and inc.hardware
+    assert inc.sample_stats is None  # only a wedge or phantom load carries the samples' statistics
+    assert e.alerts[0].incident_id == inc.id
+
+
+def test_the_same_hardware_fault_with_a_reboot_remedy_escalates_a_reset_incident_and_nothing_less_does():
+    e = feed(Engine(), [inventory(0), sample(0), xid(10, 48, pid=None)])
+    inc = e.states[GPU].incident
+    noted = len(inc.timeline)
+    e.process(xid(12, 48, pid=None))  # the same verdict again: the open incident already says it
+    assert len(inc.timeline) == noted and len(e.alerts) == 1 and inc.remedy == "reset"
+    e.process(xid(14, 79, pid=None))  # the same class, the next remedy: escalates
+    assert inc.remedy == "reboot" and inc.plan == ["CORDON_NODE", "DRAIN_NODE", "RESET_GPU", "REBOOT_NODE"]
+    assert inc.hardware and len(inc.timeline) == noted + 1
+    assert e.commands[-1].action == Action.REBOOT_NODE and e.alerts[-1].state == "updated"
+
+
+def test_an_application_fault_on_a_hardware_incident_keeps_it_hardware():
+    e = feed(Engine(), [inventory(0), sample(0), procs(0, 4242), xid(10, 48, pid=None)])
+    e.process(xid(20, 13, pid=4242))
+    inc = e.states[GPU].incident
+    assert inc.hardware is True and inc.classification == Classification.GPU_HARDWARE_FAULT.value
+
+
+def test_a_fold_output_of_unknown_kind_is_refused_not_published_as_an_alert():
+    import pytest
+
+    from streams.routing import fan_out
+
+    state = feed(Engine(), [inventory(0)]).states[GPU]
+    with pytest.raises(ValueError, match="unknown kind 'alerts'"):
+        fan_out(state, sample(1), [("alerts", object())])
