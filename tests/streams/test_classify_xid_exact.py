@@ -164,3 +164,31 @@ def test_a_fold_output_of_unknown_kind_is_refused_not_published_as_an_alert():
     state = feed(Engine(), [inventory(0)]).states[GPU]
     with pytest.raises(ValueError, match="unknown kind 'alerts'"):
         fan_out(state, sample(1), [("alerts", object())])
+
+
+# -- _on_sample ----------------------------------------------------------------------------------
+def test_a_sample_read_late_does_not_move_the_gpus_clock_back():
+    e = feed(Engine(), [inventory(0), sample(20)])
+    e.process(sample(10))
+    assert e.states[GPU].last_sample_ts == at(20).timestamp()
+    e.process(sample(30))
+    assert e.states[GPU].last_sample_ts == at(30).timestamp()
+
+
+def test_a_new_memory_total_is_kept():
+    from tests.streams.builders import sample as base
+
+    e = feed(Engine(), [inventory(0), sample(0)])
+    s = base(5).model_copy(update={"memory_total_mib": 81559.0})
+    e.process(s)
+    assert e.states[GPU].memory_total_mib == 81559.0
+
+
+def test_a_gpu_readable_again_after_nvml_was_unavailable_is_no_fault():
+    e = feed(Engine(), [inventory(0), sample(0, status="unavailable")])
+    assert e.states[GPU].status == "unavailable"
+    e.process(sample(5))
+    assert e.states[GPU].status == "ok" and e.alerts == [] and e.commands == []
+    e.process(sample(6, status="reset_required"))
+    e.process(sample(7, status="reset_required"))  # said once
+    assert [a.classification for a in e.alerts] == [Classification.GPU_HARDWARE_FAULT]
