@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from schemas import Action, Classification
 from streams.classify import step
 from streams.engine import Engine
@@ -192,3 +194,25 @@ def test_a_gpu_readable_again_after_nvml_was_unavailable_is_no_fault():
     e.process(sample(6, status="reset_required"))
     e.process(sample(7, status="reset_required"))  # said once
     assert [a.classification for a in e.alerts] == [Classification.GPU_HARDWARE_FAULT]
+
+
+@pytest.mark.parametrize("status, what, last", [
+    ("lost", "GPU is lost (NVML_ERROR_GPU_IS_LOST)", Action.REBOOT_NODE),
+    ("reset_required", "GPU requires a reset (NVML_ERROR_RESET_REQUIRED)", Action.RESET_GPU)])
+def test_a_gpu_nvml_calls_lost_or_in_need_of_a_reset_is_a_hardware_fault_exactly(status, what, last):
+    e = feed(Engine(), [inventory(0), sample(0)])
+    s = sample(5, status=status).model_copy(update={"error": "nvmlDeviceGetUtilizationRates: GPU is lost"})
+    e.process(s)
+    state = e.states[GPU]
+    assert state.status == status and state.healthy_since is None
+    (alert,) = e.alerts
+    assert alert.summary == f"GPU 1 on {NODE}: {what}" and alert.classification == Classification.GPU_HARDWARE_FAULT
+    assert {"ts": at(5).timestamp(), "kind": "sample", "summary": what,
+            "data": {"status": status, "error": "nvmlDeviceGetUtilizationRates: GPU is lost"}} in state.incident.timeline
+    assert [c.action for c in e.commands][-1] == last and all(c.evidence_ids == [s.event_id] for c in e.commands)
+
+
+def test_a_gpu_row_an_xid_made_takes_the_gpus_index_from_it():
+    e = Engine()
+    e.process(xid(10, 13, pid=None))
+    assert e.states[GPU].gpu_index == 1 and e.states[GPU].pci_bus_id == PCI
