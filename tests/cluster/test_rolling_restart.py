@@ -12,14 +12,22 @@ What must hold: every record the sink acknowledged is on its topic, once (event 
 gives every command the pure decision path gives over the same records, each once; after each
 broker comes back the worker's lag falls back to under two seconds' worth of records. Printed: the
 worst pause in folding and, per restart, the time until the lag was back.
+
+The lag is the worker's own: records the sink had acknowledged less records the worker had folded
+(`xidstream_processor_events_total` on its /metrics), read once a tick. Not the group's committed
+offsets: reading them takes a broker round trip per partition, which on a 2-core machine under
+three brokers missed its 2 s budget for 140 of 150 readings, and while a partition has no leader
+they cannot be read at all, which is when the lag matters.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -34,7 +42,7 @@ from schemas.topics import INPUT_TOPICS
 from schemas.vocab import Action
 from streams.app import internal_topics
 from streams.engine import Engine
-from transport.kafka import LagProbe, create_topics, delete_run, read_all
+from transport.kafka import create_topics, delete_run, read_all
 from xidstream.runner import WorkerProcess, die_with_parent
 from xidstream.settings import Settings
 from xidstream.simulate import Simulator
@@ -68,6 +76,25 @@ for n in (1, 2, 3):
 """
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _folded(port: int) -> int | None:
+    """Input records the worker has folded since it started; None when /metrics did not answer
+    within a second (the tick goes on)."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1.0).read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("xidstream_processor_events_total "):
+            return int(float(line.split()[1]))
+    return None
+
+
 def _events(path: Path) -> list[tuple[str, int, float]]:
     out = []
     for line in path.read_text().splitlines():
@@ -75,6 +102,19 @@ def _events(path: Path) -> list[tuple[str, int, float]]:
         if len(parts) == 3 and parts[0] in ("stopping", "stopped", "started", "in-sync"):
             out.append((parts[0], int(parts[1]), float(parts[2])))
     return out
+
+
+def _stall(folds: list[tuple[float, int]]) -> float:
+    """The longest time (s) between two readings of the worker's count with no record folded in
+    between, while the fleet went on publishing."""
+    worst, since = 0.0, None
+    for (prev_at, before), (at, n) in zip(folds, folds[1:]):
+        if n == before:
+            since = prev_at if since is None else since
+            worst = max(worst, at - since)
+        else:
+            since = None
+    return worst
 
 
 def _pauses(readings: list[tuple[float, int | None]]) -> float:
@@ -95,14 +135,20 @@ def test_rolling_restart_of_every_broker_under_a_1000_gpu_fleet(kafka_cluster, t
     create_topics(settings)
     reg = settings.topics
     watch = [reg.name(n) for n in INPUT_TOPICS] + list(internal_topics(settings))
-    worker = WorkerProcess(settings, tmp_path, env=REPLICATION_ENV, loglevel="info").start()
+    port = _free_port()
+    worker = WorkerProcess(settings, tmp_path, env=REPLICATION_ENV, loglevel="info",
+                           extra_args=["--web-port", str(port)]).start()
     sink = KafkaSink(settings, tmp_path / "spool")
-    probe = LagProbe(settings, worker.group, watch, timeout=2.0)
     driver_out = tmp_path / "restarts.txt"
-    state: dict = {"driver": None, "readings": []}
+    state: dict = {"driver": None, "readings": [], "folds": []}
 
     def on_tick(t: float) -> None:
-        state["readings"].append((time.time(), probe.lag()))
+        acked = sum(sink.published.values())
+        folded = _folded(port)
+        now = time.time()
+        state["readings"].append((now, None if folded is None else max(0, acked - folded)))
+        if folded is not None:
+            state["folds"].append((now, folded))
         if state["driver"] is None and t >= FIRST_RESTART_AT:
             with driver_out.open("w") as fh:
                 state["driver"] = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd=REPO, stdout=fh,
@@ -133,8 +179,8 @@ def test_rolling_restart_of_every_broker_under_a_1000_gpu_fleet(kafka_cluster, t
               f"p50 {before[len(before) // 2] if before else '-'}, worst {max(before, default='-')}; "
               f"worst during the run {max((lag for _, lag in readings if lag is not None), default='-')}; "
               f"unreadable {sum(1 for _, lag in readings if lag is None)} of {len(readings)} readings")
-        print(f"rolling restart: worst pause in folding "
-              f"{_pauses(readings):.1f} s; lag back under {RECOVERED} records after each broker's return: "
+        print(f"rolling restart: worst pause in folding {_stall(state['folds']):.1f} s (no record folded), "
+              f"{_pauses(readings):.1f} s with the lag over {RECOVERED} records; lag back under {RECOVERED} records after each broker's return: "
               + ", ".join(f"broker {n} {'never' if s is None else f'{s:.1f} s'}" for n, s in recovered.items()))
         assert all(s is not None and s <= RECOVERY_BOUND for s in recovered.values()), recovered
 
@@ -162,7 +208,6 @@ def test_rolling_restart_of_every_broker_under_a_1000_gpu_fleet(kafka_cluster, t
         assert want, "the fleet's faults gave no command: nothing was tested"
         assert got == want, f"missing {sorted(want - got)[:5]}, extra {sorted(got - want)[:5]}"
     finally:
-        probe.close()
         worker.stop()
         if state["driver"] is not None and state["driver"].poll() is None:
             state["driver"].kill()
