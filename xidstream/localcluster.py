@@ -136,6 +136,7 @@ class ClusterNode(LocalBroker):
         self._format(java, props)
         self._log(f"starting node {self.node_id} on {self.bootstrap}")
         log = self.log_file.open("a")
+        self.launched_at = log.tell()  # where this run's lines start: `running()` reads from here
         proc = subprocess.Popen(
             [java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseSerialGC", "-Xshare:auto", "-Djava.awt.headless=true",
              f"-Dlog4j2.configurationFile=file:{DEPLOY_DIR / 'log4j2.yaml'}",
@@ -145,6 +146,19 @@ class ClusterNode(LocalBroker):
         log.close()
         self.pid_file.write_text(str(proc.pid))
         return proc
+
+    def running(self) -> bool:
+        """True once the process this object launched has logged that its broker is unfenced and
+        serving (Kafka's "Kafka Server started", written after "Transitioning from RECOVERY to
+        RUNNING"). The other nodes' metadata is not enough alone: a fresh secure cluster's start
+        once returned while node 3 had not registered yet, and the first CreateTopics at
+        replication 3 failed with "only 2 broker(s) are registered"."""
+        try:
+            with self.log_file.open("rb") as fh:
+                fh.seek(getattr(self, "launched_at", 0))
+                return b"Kafka Server started" in fh.read()
+        except OSError:
+            return False
 
     def kill(self) -> bool:
         """SIGKILL, as a crashed host: no controlled shutdown, no leadership handed over."""
@@ -362,21 +376,24 @@ class LocalCluster:
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def wait(self, timeout: float, procs: dict[int, subprocess.Popen] | None = None) -> None:
-        """Until every running node is registered with the cluster (metadata lists it)."""
+        """Until every running node is registered with the cluster (metadata lists it) and each node
+        in `procs` (just launched) has logged that it serves."""
         deadline = time.monotonic() + timeout
         want = {n.node_id for n in self.nodes if n.pid() is not None}
         seen: set[int] = set()
+        starting: list[int] = []
         while time.monotonic() < deadline:
             for nid, proc in (procs or {}).items():
                 if proc.poll() is not None:
                     raise BrokerError(f"cluster node {nid} exited with code {proc.returncode} while starting; "
                                       f"last lines of {self.node(nid).log_file}:\n{self.node(nid).tail()}")
             seen = self.answering()
-            if want <= seen:
+            starting = sorted(nid for nid in (procs or {}) if not self.node(nid).running())
+            if want <= seen and not starting:
                 return
             time.sleep(0.5)
-        raise BrokerError(f"cluster nodes {sorted(want - seen)} did not register within {timeout:.0f}s; "
-                          f"see {self.state_dir}/node-*/broker.log")
+        raise BrokerError(f"cluster nodes {sorted(set(want - seen) | set(starting))} did not register and start "
+                          f"within {timeout:.0f}s; see {self.state_dir}/node-*/broker.log")
 
     def registered(self) -> set[int]:
         """Ids of the brokers the cluster's metadata lists (empty when none answers)."""
