@@ -425,11 +425,11 @@ class Exporter:
         def on_revoke(c, partitions) -> None:
             commit()
 
-        # a telemetry topic the processor does not read (gpu.counters) may not exist yet after an
-        # upgrade that added it: landed once it does (a restart), the rest goes on meanwhile
+        # a telemetry topic a release added (gpu.counters) may not exist yet after the upgrade:
+        # landed once it does (a restart), the rest goes on meanwhile
         from schemas.topics import TOPICS
 
-        optional = {reg.name(n) for n in names if not TOPICS[n].processed}
+        optional = {reg.name(n) for n in names if not TOPICS[n].required}
         if optional:
             try:
                 shown = consumer.list_topics(timeout=10).topics

@@ -2,8 +2,8 @@
 
 The topics a collector writes (`COLLECTED_TOPICS`) are keyed by GPU UUID and must have the same
 partition count (faust co-partitioning; runtime-notes section 2): the stream processor reads
-`INPUT_TOPICS` of them together, and a topic it does not read yet (`gpu.counters`) is partitioned
-the same way, so a rule that joins it later finds a GPU's records on the same partition number.
+`INPUT_TOPICS` of them together (a topic it did not read would be partitioned the same way, so a
+rule that joins it later finds a GPU's records on the same partition number).
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ class TopicSpec:
     compacted: bool = False
     co_partitioned: bool = False  # keyed by GPU UUID with the processor's partition count (checked)
     processed: bool = True  # with co_partitioned: read by the stream processor (INPUT_TOPICS)
+    # False: a topic a release added, which the collectors, the processor and the exporter go on
+    # without (saying so) until someone has created it and granted its ACLs: an upgrade runs them
+    # before that
+    required: bool = True
 
     def key_for(self, record: Record) -> bytes:
         return self.key_fn(record).encode("utf-8")
@@ -100,10 +104,10 @@ TOPICS: dict[str, TopicSpec] = {
             30 * DAY_MS, co_partitioned=True,
         ),
         TopicSpec("gpu.workloads", WorkloadEvent, "GPU UUID", _key_gpu, 7 * DAY_MS, co_partitioned=True),
-        # error and link counters at a slower cadence (collectors.nvml NvmlReader.counters); no rule
-        # reads them yet, so the processor does not subscribe (it would fold every record for nothing)
+        # error and link counters at a slower cadence (collectors.nvml NvmlReader.counters), trended
+        # by the processor (streams.degrade); added after the others, so not required
         TopicSpec("gpu.counters", GpuCounters, "GPU UUID", _key_gpu, 3 * DAY_MS, co_partitioned=True,
-                  processed=False),
+                  required=False),
         TopicSpec("gpu.alerts", Alert, "GPU UUID, or node for node-wide alerts", _key_alert, 90 * DAY_MS),
         TopicSpec("gpu.remediation", RemediationCommand, "node", _key_node, 30 * DAY_MS),
         TopicSpec(

@@ -25,6 +25,7 @@ import zlib
 
 from schemas.base import Record
 from schemas.models import (
+    GpuCounters,
     GpuInventory,
     GpuProcesses,
     GpuSample,
@@ -34,6 +35,7 @@ from schemas.models import (
 )
 from schemas.vocab import NODE_ACTIONS, Action, Classification, SampleStatus
 from streams.evidence import (
+    EMPTY_DICT,
     EMPTY_LIST,
     GpuState,
     added,
@@ -49,7 +51,8 @@ from streams.evidence import (
     sustained_pin,
     workload_of,
 )
-from streams.hardware import REBOOT, RECORD, RESET
+from streams.degrade import degrading_now, fold_counters
+from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET
 from streams.incident import Incident
 from streams.policy import Policy, is_app_class
 from streams.render import alert, command, describe_xid, dt, hid
@@ -77,6 +80,7 @@ _CLOSING_KEPT = 4
 # A resolution is stamped when it held, at most this long before the sample that showed it; the
 # closing steps' TTL (command_ttl_s, 15 min by default) outlives it.
 RESOLVE_STAMP_SLACK_S = 300.0
+_DEGRADING = Classification.GPU_DEGRADING.value
 _OWN_CLOCK = frozenset({GpuSample, GpuProcesses, GpuInventory})
 _STATUS = {m: m.value for m in SampleStatus}
 
@@ -155,6 +159,8 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         state.memory_total_mib = record.memory_total_mib or state.memory_total_mib
     elif isinstance(record, RemediationResult):
         _on_result(state, record, ts, policy, outputs)
+    elif isinstance(record, GpuCounters):
+        _on_counters(state, record, ts, policy, outputs)
     after = state.material = _material(state)
     changed = bool(outputs) or after != before
     return state, outputs, changed
@@ -189,7 +195,7 @@ def _material(s: GpuState) -> tuple:
     inc = s.incident
     occ = s.occurrences
     return (
-        s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status,
+        s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status, s.trends_rev, s.fabric_domain,
         None if clock is None else int((clock + ph) // 60),
         unpinned is not None and int((unpinned + ph) // 60),
         s.healthy_since is None, len(runs), runs[-1][0] if runs else None, s.announced, len(s.pods),
@@ -264,6 +270,40 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
             state.healthy_since = ts
         if state.incident is not None:
             _check_resolved(state, ts, policy, outputs)
+
+
+def _on_counters(state: GpuState, c: GpuCounters, ts: float, policy: Policy, outputs: list) -> None:
+    """A counters reading: its trends folded (streams.degrade), GPU_DEGRADING for each new finding.
+    Stamped by the node like an Xid (not on the GPU's own clock: a reading a minute apart from the
+    samples must not move it)."""
+    if c.fabric_cluster_uuid:
+        domain = f"{c.fabric_cluster_uuid}/{c.fabric_clique_id if c.fabric_clique_id is not None else '-'}"
+        if domain != state.fabric_domain:
+            state.fabric_domain = domain
+    if state.trends is EMPTY_DICT:
+        state.trends = {}  # the shared empty default is never written to
+    before = state.trends_rev
+    where = f"GPU {state.gpu_index} ({state.gpu_uuid or state.pci_bus_id}) on {state.node}"
+    findings = fold_counters(state.trends, c, ts, policy, where)
+    state.trends_rev = before + 1
+    remedy = QUARANTINE if policy.degrade_quarantine else RECORD
+    for f in findings:
+        line = entry(ts, "counters", f.summary, **f.data)
+        inc = state.incident
+        if inc is not None and inc.classification == _DEGRADING:
+            # still rising a day later (degrade_realert_s), or another counter: the open incident's
+            # alert, updated with the new figures
+            inc.note(line, policy.evidence_limit)
+            outputs.append(("alert", alert(state, inc, ts, f.summary, "updated")))
+        elif inc is not None and RANK[Classification(inc.classification)] > RANK[Classification.GPU_DEGRADING]:
+            inc.note(line, policy.evidence_limit)  # evidence of the graver incident open: no alert of its own
+        else:
+            _raise(state, Verdict(Classification.GPU_DEGRADING, remedy, f.summary, [c.event_id],
+                                  recommendation="A trend, not a fault: plan a maintenance window for this GPU "
+                                                 "(reseat or replace the link, cable or board) before it fails; "
+                                                 "nothing was done to the node",
+                                  entry=line),
+                   ts, policy, outputs)
 
 
 def _hardware_signals(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs: list) -> None:
@@ -584,6 +624,8 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
     cls = Classification(inc.classification)
     if cls in (Classification.GPU_WEDGED, Classification.GPU_HARDWARE_FAULT) and not inc.remediated:
         return
+    if cls == Classification.GPU_DEGRADING and degrading_now(state.trends, ts, policy):
+        return  # healthy samples do not make a link stop recovering: open while the trend holds
     if state.remap_failure or state.recovery_action:
         return  # NVML still reports the fault (a failed row remap, a pending recovery action)
     closing = []

@@ -135,6 +135,13 @@ class GpuState:
     compute_floor: float | None = None  # the end of the newest compute run dropped from proc_runs
     recovery_action: int = 0  # NVML's GPU recovery action, last seen in a sample
     remap_failure: bool = False
+    # Per counter of `gpu.counters`, a fixed-size summary of its increments (streams.degrade); and
+    # the NVLink domain the GPU last reported ("<fabric cluster UUID>/<clique id>").
+    trends: dict = field(default_factory=_empty_dict)
+    fabric_domain: str | None = None
+    # Bumped at each counters reading folded: a reading changes `trends`, which `_material` does
+    # not copy (a row's summaries are 150 numbers). Not persisted.
+    trends_rev: int = field(default=0, repr=False, compare=False)
     # What must survive a restart as of the end of the last fold (streams.classify._material): the
     # next fold's "before", so each record computes it once, not twice. Not persisted.
     material: tuple | None = field(default=None, repr=False, compare=False)
@@ -176,7 +183,7 @@ class GpuState:
         return ts is not None and self.last_unpinned_ts is not None and self.last_unpinned_ts > ts
 
 
-_STATE_FIELDS = tuple(k for k in GpuState.__dataclass_fields__ if k != "material")
+_STATE_FIELDS = tuple(k for k in GpuState.__dataclass_fields__ if k not in ("material", "trends_rev"))
 _REQUIRED = object()
 _DEFAULTS = {f.name: f.default if f.default is not MISSING else f.default_factory()
              for f in fields(GpuState) if f.default is not MISSING or f.default_factory is not MISSING}

@@ -80,6 +80,27 @@ class Policy:
     max_clock_skew_s: float = 300.0
     evidence_limit: int = 60
     dry_run: bool = False
+    # Degradation before the fault (streams.degrade): a counter whose increments over the window
+    # reach its rate limit (per hour; 0 turns it off) AND rose in at least `degrade_min_intervals`
+    # of the window's 24 intervals raises GPU_DEGRADING, once per `degrade_realert_s`. The plan is
+    # RECORD; QUARANTINE_GPU only with `degrade_quarantine`; never a node-level action.
+    degrade_window_s: float = 86400.0
+    degrade_min_intervals: int = 4
+    degrade_realert_s: float = 86400.0
+    degrade_quarantine: bool = False
+    # marin-community/marin#9086: a GB200 link logged 505 lifetime recoveries, rising by about 100
+    # a day (4/h) in the five days before its Xid 149; a healthy link logs none between boots.
+    degrade_nvlink_recovery_per_h: float = 1.0
+    # NVIDIA publishes no rate for these; the limits sit well above what a healthy GPU shows
+    # (replays and CRC errors retried by the link now and then, a few corrected ECC errors a day)
+    # and are the policy's to tighten once a fleet's own baseline is known.
+    degrade_nvlink_replay_per_h: float = 60.0
+    degrade_nvlink_crc_per_h: float = 60.0
+    degrade_ecc_sbe_per_h: float = 10.0
+    degrade_pcie_replay_per_h: float = 60.0
+    # readings with a hardware slowdown bit: 6 an hour is a tenth of the readings at the default
+    # 60 s cadence, held over hours (a brief thermal event at full load sets it for a minute or two)
+    degrade_hw_slowdown_per_h: float = 6.0
 
     def __post_init__(self) -> None:
         # Every Policy object holds the guard, however it was made (a file, a mapping, code).
@@ -213,5 +234,16 @@ def _check(policy: Policy, where: str) -> None:
         raise ConfigError(f"{where}: evidence_limit must be >= 20")
     if not 0 < policy.fleet_fraction <= 1:
         raise ConfigError(f"{where}: fleet_fraction must be in (0, 1]")
+    if policy.degrade_window_s < 3600:
+        raise ConfigError(f"{where}: degrade_window_s must be >= 3600: a trend is hours to days of a counter, "
+                          "not minutes")
+    if not 2 <= policy.degrade_min_intervals <= 24:
+        raise ConfigError(f"{where}: degrade_min_intervals must be in [2, 24] (of the window's 24 intervals): with 1, "
+                          "a counter that jumped once would count as a trend")
+    if policy.degrade_realert_s < 0:
+        raise ConfigError(f"{where}: degrade_realert_s must be >= 0")
+    for f in fields(Policy):
+        if f.name.startswith("degrade_") and f.name.endswith("_per_h") and getattr(policy, f.name) < 0:
+            raise ConfigError(f"{where}: {f.name} must be >= 0 (0 turns the trend off)")
 
 

@@ -29,6 +29,7 @@ REASON_LIMIT = 500
 SEVERITY = {
     Classification.APP_FAULT: Severity.info,
     Classification.PHANTOM_LOAD: Severity.warning,
+    Classification.GPU_DEGRADING: Severity.warning,
     Classification.GPU_SUSPECT: Severity.warning,
     Classification.GPU_WEDGED: Severity.critical,
     Classification.GPU_HARDWARE_FAULT: Severity.critical,

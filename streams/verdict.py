@@ -41,6 +41,7 @@ __all__ = ["Verdict", "RANK", "PLANS", "pinned_verdicts", "suspect_verdict", "ea
 RANK = {
     Classification.APP_FAULT: 1,
     Classification.PHANTOM_LOAD: 2,
+    Classification.GPU_DEGRADING: 2,
     Classification.GPU_SUSPECT: 3,
     Classification.GPU_WEDGED: 4,
     Classification.GPU_HARDWARE_FAULT: 4,

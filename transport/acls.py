@@ -41,10 +41,9 @@ __all__ = ["INPUT_TOPICS", "COLLECTED_TOPICS", "ROLE_NAMES", "acl_bindings", "ap
            "NODE_EXECUTOR_GROUP_PREFIX", "executor_group", "EXPORT_GROUP_PREFIX", "EXPORT_READ_TOPICS", "EXPORT_TOPICS",
            "export_group"]
 
-INPUT_TOPICS = ("gpu.inventory", "gpu.samples", "gpu.processes", "gpu.xid", "gpu.workloads")
-# what a collector writes: the inputs, and the counters no rule reads yet (schemas.topics
-# COLLECTED_TOPICS, which a test compares)
-COLLECTED_TOPICS = (*INPUT_TOPICS, "gpu.counters")
+INPUT_TOPICS = ("gpu.inventory", "gpu.samples", "gpu.processes", "gpu.xid", "gpu.workloads", "gpu.counters")
+# what a collector writes: the inputs (schemas.topics COLLECTED_TOPICS, which a test compares)
+COLLECTED_TOPICS = INPUT_TOPICS
 ROLE_NAMES = ("collector", "processor", "executor", "cluster-executor", "exporter")
 # what `xidstream export` reads: the findings it maps to OCSF/ECS (the same tuple as
 # exporters.pipeline.FINDING_TOPICS, which a test compares: transport does not import exporters)
@@ -99,7 +98,7 @@ def acl_bindings(topic_prefix: str = "", *, app_id: str | None = None,
         allow("processor", T, p + t, (R, D))
     for t in ("gpu.alerts", "gpu.remediation", "xidstream.deadletter"):
         allow("processor", T, p + t, (W, D))
-    for t in ("gpu.remediation.approvals", "gpu.counters"):
+    for t in ("gpu.remediation.approvals",):
         allow("processor", T, p + t, (D,))  # its start-up check lists every contract topic
     allow("processor", T, p + "xidstream.identities", (R, D))  # whose MAC it believes (transport.identity)
     allow("processor", T, p + "xidstream.results-by-gpu", (AclOperation.ALL,))

@@ -480,13 +480,16 @@ def _wait_visible(client: AdminClient, wanted: dict[str, int], timeout: float) -
 
 
 def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], timeout: float = 30.0, *,
-                            compacted: dict[str, int] | None = None) -> None:
+                            compacted: dict[str, int] | None = None) -> set[str]:
     """Check the processor's inputs (they must exist, co-partitioned), then create its internal
     topics (`internal`, 7 days' retention) and its tables' changelogs (`compacted`: the latest row
     per key survives), or check the partition count of those that exist.
 
     Returns only when the broker's metadata shows all of them with their partition counts: a client
-    that starts next must not be told that a topic has 0 partitions (faust's PartitionsMismatch)."""
+    that starts next must not be told that a topic has 0 partitions (faust's PartitionsMismatch).
+    Returns the contract names of the inputs a release added (not `required`) that are missing or
+    that this user may not READ: the worker leaves them out of its subscription (a subscribed
+    topic it may not read fails the consumer, and with it every rule) until a restart finds them."""
     import time
 
     client = admin(settings)
@@ -494,20 +497,32 @@ def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], tim
     deadline = time.monotonic() + 10.0
     while True:  # topics created a moment ago may not be in the metadata yet
         existing = _describe(client, timeout)
-        missing = [reg.name(n) for n, s in TOPICS.items() if reg.name(n) not in existing and s.processed]
+        missing = [reg.name(n) for n, s in TOPICS.items() if reg.name(n) not in existing and s.processed and s.required]
         if not missing or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     if missing:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(missing)}; run `xidstream topics create` "
                          f"with the same --topic-prefix and --partitions")
-    # a topic the processor does not read (gpu.counters) is no reason to stop deciding: an upgrade
-    # that adds one runs the processor before anyone created it
+    # a topic a release added (gpu.counters) is no reason to stop deciding: an upgrade runs the
+    # processor before anyone created it. Subscribed all the same: the consumer's metadata refresh
+    # (10 s, streams.app) finds it once created, and the group rebalances onto it.
+    skip: set[str] = set()
     for n, spec in TOPICS.items():
-        if not spec.processed and reg.name(n) not in existing:
+        if spec.required:
+            continue
+        if reg.name(n) not in existing:
+            what = ("the rules that read it are off until the processor restarts after it is created and granted "
+                    "(READ and DESCRIBE)" if spec.processed else "the processor does not read it")
             logging.getLogger("xidstream.kafka").warning(
-                "topic %s is missing on %s; the processor does not read it (run `xidstream topics create` for the "
-                "collectors and the exporter)", reg.name(n), settings.bootstrap)
+                "topic %s is missing on %s: %s (run `xidstream topics create`; transport/acls.py)",
+                reg.name(n), settings.bootstrap, what)
+            skip.add(n)
+        elif spec.processed and not _may_read(client, reg.name(n), timeout):
+            logging.getLogger("xidstream.kafka").warning(
+                "topic %s: this processor's user may not READ it; the rules that read it are off until the processor "
+                "restarts after the grant (`xidstream acls apply`, transport/acls.py)", reg.name(n))
+            skip.add(n)
     check_copartitioning(settings, existing)
     compacted = dict(compacted or {})
     wanted = {**internal, **compacted}
@@ -536,6 +551,22 @@ def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], tim
         raise TopicError("the broker does not show the processor's topics with their partition counts after "
                          f"{timeout:g} s: " + ", ".join(f"{n} has {c}, needs {wanted[n]}" for n, c in sorted(wrong.items())))
     check_replication(settings, [reg.name(n) for n in TOPICS] + list(wanted), timeout=timeout)
+    return skip
+
+
+def _may_read(client: AdminClient, name: str, timeout: float) -> bool:
+    """Whether the broker says this user may READ topic `name` (its authorized operations); True
+    when it does not say (an older broker, no authorizer: nothing is refused there)."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    try:
+        desc = client.describe_topics(TopicCollection([name]), request_timeout=timeout,
+                                      include_authorized_operations=True)[name].result()
+    except Exception:  # noqa: BLE001 - the subscription's own errors say more than a guess here
+        return True
+    ops = desc.authorized_operations
+    return ops is None or AclOperation.READ in ops or AclOperation.ALL in ops
 
 
 def delete_run(settings: KafkaConfig, timeout: float = 30.0) -> dict[str, list[str]]:

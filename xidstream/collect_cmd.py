@@ -168,12 +168,12 @@ def _check_topics(settings: Settings, create: bool) -> set[str]:
     # Only what a collector writes: its least-privilege user may see no other topic (a user without
     # DESCRIBE on a topic does not see it either, hence the ACL in the messages).
     missing = [n for n in COLLECTED_TOPICS if settings.topics.name(n) not in md.topics]
-    needed = [settings.topics.name(n) for n in missing if TOPICS[n].processed]
+    needed = [settings.topics.name(n) for n in missing if TOPICS[n].required]
     if needed:
         raise TopicError(f"topics missing on {settings.bootstrap}: {', '.join(needed)}; "
                          f"run `xidstream topics create` (or pass --create-topics), and grant the collector's user "
                          f"WRITE and DESCRIBE on them (transport/acls.py)")
-    # An upgrade that added a topic the processor does not read must not stop collection
+    # An upgrade that added a topic (TopicSpec.required False) must not stop collection
     for n in missing:
         log.error("topic %s is missing on %s (or this user may not DESCRIBE it): %s is not published until the "
                   "collector restarts after `xidstream topics create` and a WRITE and DESCRIBE grant for it "

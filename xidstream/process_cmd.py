@@ -102,7 +102,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     from streams.app import create_app, internal_topics
     from transport.kafka import ensure_processor_topics
 
-    ensure_processor_topics(settings, internal_topics(settings))
+    skip_inputs = ensure_processor_topics(settings, internal_topics(settings))
     verifier = None
     if args.enroller_key:
         if signing_key is None:
@@ -126,7 +126,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     web_port = args.web_port if args.web_port is not None else conf.get("web_port")
     proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, web_bind=args.web_bind, store=store,
                       datadir=data_dir, fast_rebalance=args.fast_rebalance, signing_key=signing_key,
-                      approver_keys=approver_keys, verifier=verifier)
+                      approver_keys=approver_keys, verifier=verifier, skip_inputs=skip_inputs)
     import faust
 
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from schemas.errors import TopicError
 from schemas.topics import TOPICS
-from streams.app import internal_topics
+from streams.app import create_app, internal_topics
 from transport.kafka import create_topics, delete_topics, ensure_processor_topics
 from xidstream.collect_cmd import _check_topics
 from xidstream.settings import Settings
@@ -49,5 +49,19 @@ def test_a_collector_without_a_topic_the_processor_reads_still_refuses_to_start(
 
 def test_the_processor_starts_without_gpu_counters(without_counters, caplog):
     with caplog.at_level(logging.WARNING, logger="xidstream.kafka"):
-        ensure_processor_topics(without_counters, internal_topics(without_counters))
+        skip = ensure_processor_topics(without_counters, internal_topics(without_counters))
     assert f"topic {without_counters.topic_prefix}gpu.counters is missing" in caplog.text
+    # left out of the worker's subscription (streams.app create_app skip_inputs) until a restart
+    assert skip == {"gpu.counters"}
+    assert without_counters.topic_prefix + "gpu.counters" not in create_app(without_counters, skip_inputs=skip).names
+
+
+def test_the_processor_reads_gpu_counters_when_it_is_there(kafka_bootstrap):
+    settings = Settings(bootstrap=kafka_bootstrap, topic_prefix=f"w{uuid.uuid4().hex[:10]}.", partitions=8)
+    create_topics(settings)
+    try:
+        skip = ensure_processor_topics(settings, internal_topics(settings))
+        assert skip == set()
+        assert settings.topic_prefix + "gpu.counters" in create_app(settings, skip_inputs=skip).names
+    finally:
+        delete_topics(settings)

@@ -107,3 +107,14 @@ def wedge(start=120, pinned_until=300, step=5, gpu=GPU, node=NODE):
         recs += [sample(t, util=100, mem=0, power=110, gpu=gpu, node=node), procs(t, gpu=gpu, node=node)]
         t += step
     return recs
+
+
+def counters(t, recovery=None, links=4, gpu=GPU, node=NODE, **fields):
+    """A `gpu.counters` reading: `recovery` NVLink recoveries in all, on link 0 (the others none)."""
+    from schemas.models import GpuCounters, NvLinkCounters
+
+    nvlinks = None
+    if recovery is not None:
+        nvlinks = [NvLinkCounters(link=i, active=True, replay_errors=0, recovery_errors=recovery if i == 0 else 0,
+                                  crc_flit_errors=0, crc_data_errors=0) for i in range(links)]
+    return GpuCounters(ts=at(t), node=node, gpu_uuid=gpu, gpu_index=1, pci_bus_id=PCI, nvlinks=nvlinks, **fields)

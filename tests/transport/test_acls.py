@@ -50,6 +50,7 @@ def test_the_collector_writes_what_the_registry_says_it_collects_and_the_process
     writes = {g[1] for g in _grants("User:collector") if g[3] == "WRITE"}
     assert writes == {f"p.{t}" for t in COLLECTED_TOPICS}
     reads = {g[1] for g in _grants("User:processor") if g[0] == "TOPIC" and g[3] == "READ"}
-    assert "p.gpu.counters" not in reads and "p.gpu.samples" in reads
-    # its start-up check lists every contract topic, gpu.counters included
+    # the counters are trended (streams.degrade): read like the other inputs
+    assert "p.gpu.counters" in reads and "p.gpu.samples" in reads
+    assert reads == {f"p.{t}" for t in INPUT_TOPICS} | {"p.gpu.remediation.results", "p.xidstream.identities"}
     assert ("TOPIC", "p.gpu.counters", "LITERAL", "DESCRIBE") in _grants("User:processor")
