@@ -135,6 +135,11 @@ class GpuState:
     compute_floor: float | None = None  # the end of the newest compute run dropped from proc_runs
     recovery_action: int = 0  # NVML's GPU recovery action, last seen in a sample
     remap_failure: bool = False
+    # The blast-radius groups the fleet agent sees this GPU in (streams.storms): the node's rack and
+    # driver from its inventory, the job of the newest pod a workload event named. What the node says.
+    rack: str | None = None
+    driver_version: str | None = None
+    job: str | None = None
     # What must survive a restart as of the end of the last fold (streams.classify._material): the
     # next fold's "before", so each record computes it once, not twice. Not persisted.
     material: tuple | None = field(default=None, repr=False, compare=False)
