@@ -28,6 +28,7 @@ from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
 from collectors.spool import write_durably
 from schemas.limits import (
+    JOB_MAX,
     K8S_LABEL_MAX,
     KERNEL_MESSAGE_MAX,
     KERNEL_RAW_MAX,
@@ -68,7 +69,7 @@ INVENTORY_HEARTBEAT_S = 6 * 3600.0
 
 # A workload event's text fields and their caps (schemas.limits): the API server bounds the names, a
 # container runtime's reason is its own.
-_WORKLOAD_TEXT = {"namespace": K8S_LABEL_MAX, "pod": POD_NAME_MAX, "container": K8S_LABEL_MAX,
+_WORKLOAD_TEXT = {"namespace": K8S_LABEL_MAX, "pod": POD_NAME_MAX, "container": K8S_LABEL_MAX, "job": JOB_MAX,
                   "reason": SHORT_TEXT_MAX}
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "TEMPERATURE_C_MAX",
     "COUNTER_NAME_MAX",
     "COUNTER_NAMES_MAX",
+    "JOB_MAX",
     "clip",
 ]
 
@@ -84,6 +85,10 @@ KERNEL_TS_MAX = 64
 
 # NVIDIA's Xid catalog names: the longest mnemonic is 63 characters (schemas.xid_catalog).
 CATALOG_TEXT_MAX = 128
+
+# A job a pod belongs to, namespace-qualified (``ns/name``): a namespace (a DNS-1123 label, 63)
+# and an object name (a label value or an owner's name, at most a DNS-1123 subdomain, 253).
+JOB_MAX = K8S_LABEL_MAX + 1 + POD_NAME_MAX
 
 # A sentence: the collector's note or error around an NVML error string (nvmlErrorString gives a
 # few words), a kubelet's termination reason (one CamelCase word: OOMKilled, ContainerCannotRun).

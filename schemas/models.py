@@ -28,6 +28,7 @@ from schemas.limits import (
     ID_MAX,
     INT32_MAX,
     INT64_MAX,
+    JOB_MAX,
     K8S_LABEL_MAX,
     KERNEL_MESSAGE_MAX,
     KERNEL_RAW_MAX,
@@ -94,11 +95,13 @@ class GpuInventory(NodeRecord):
 
     v2: `status` (a GPU that was lost when the collector started is still published, from
     the inventory the collector kept, as ``lost``), `memory_info_version` and `notes`.
-    v3: strings and `notes` bounded (schemas.limits)."""
+    v3: strings and `notes` bounded (schemas.limits).
+    v4: `rack`, the node's rack as its Node label says (the collector's `--rack-label`), for the
+    fleet agent's storms by blast radius (streams.storms); null where unknown."""
 
-    SCHEMA = "xidstream.gpu_inventory/3"
-    LEGACY = ("xidstream.gpu_inventory/1", "xidstream.gpu_inventory/2")
-    schema_: Literal["xidstream.gpu_inventory/3"] = Field(SCHEMA, alias="schema")
+    SCHEMA = "xidstream.gpu_inventory/4"
+    LEGACY = ("xidstream.gpu_inventory/1", "xidstream.gpu_inventory/2", "xidstream.gpu_inventory/3")
+    schema_: Literal["xidstream.gpu_inventory/4"] = Field(SCHEMA, alias="schema")
     gpu_uuid: str = Field(max_length=GPU_UUID_MAX)
     gpu_index: int = Field(ge=0)
     pci_bus_id: str = Field(pattern=_PCI, description="Normalised dddd:bb:dd.")
@@ -115,6 +118,9 @@ class GpuInventory(NodeRecord):
         "1: the v1 call, whose 'used' includes the reserved memory; null: unknown.")
     notes: list[_Note] = Field(default_factory=list, max_length=NOTES_MAX,
                                description="What the collector could not read, in words.")
+    # A label value is at most 63 characters (Kubernetes' own limit on label values).
+    rack: str | None = Field(None, max_length=K8S_LABEL_MAX,
+                             description="The node's rack (a Node label, topology.kubernetes.io/rack by default).")
 
 
 class GpuSample(NodeRecord):
@@ -346,11 +352,13 @@ class XidEvent(NodeRecord):
 class WorkloadEvent(NodeRecord):
     """A pod on this node that holds a GPU started, failed, restarted or finished.
 
-    v2: strings bounded (schemas.limits)."""
+    v2: strings bounded (schemas.limits).
+    v3: `job`, the job the pod belongs to (``namespace/name``: a job label, else its controller),
+    for the fleet agent's storms by job (streams.storms); null where the pod has neither."""
 
-    SCHEMA = "xidstream.workload/2"
-    LEGACY = ("xidstream.workload/1",)
-    schema_: Literal["xidstream.workload/2"] = Field(SCHEMA, alias="schema")
+    SCHEMA = "xidstream.workload/3"
+    LEGACY = ("xidstream.workload/1", "xidstream.workload/2")
+    schema_: Literal["xidstream.workload/3"] = Field(SCHEMA, alias="schema")
     gpu_uuid: str = Field(max_length=GPU_UUID_MAX)
     pod_uid: str | None = Field(None, max_length=ID_MAX)
     namespace: str | None = Field(None, max_length=K8S_LABEL_MAX)
@@ -359,6 +367,7 @@ class WorkloadEvent(NodeRecord):
     event: WorkloadEventType
     reason: str | None = Field(None, max_length=SHORT_TEXT_MAX)
     exit_code: int | None = None
+    job: str | None = Field(None, max_length=JOB_MAX, description="namespace/name of the pod's job or controller.")
 
 
 class EvidenceEntry(_Part):

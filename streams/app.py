@@ -66,6 +66,7 @@ from schemas.vocab import Action
 from streams import faust_fast
 from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step
+from streams.storms import rebuild_node_groups
 from streams.handoff import Handoff, HandoffError
 from streams.metrics import LabelledCounts, metrics_text
 from transport.identity import CLUSTER_IDENTITY, AuthError
@@ -97,6 +98,7 @@ LIVENESS_STALL_S = 120.0
 NODE_EXECUTOR_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
 NODE_ROW = b"node:"  # fleet table rows of the known nodes (`FleetAgent.load`)
 WORKLOAD_ROW = b"workload:"  # fleet table rows of the pods with recent application faults
+GROUP_ROW = b"group:"  # fleet table rows of the blast-radius groups (streams.storms), "kind=value"
 
 
 def _exact(data: bytes) -> bytes:
@@ -870,6 +872,9 @@ class FleetAgent:
                     state.known_nodes[k[len(NODE_ROW):].decode()] = orjson.loads(v)
                 elif k.startswith(WORKLOAD_ROW):
                     pods[k[len(WORKLOAD_ROW):].decode()] = orjson.loads(v)
+                elif k.startswith(GROUP_ROW):
+                    state.groups[k[len(GROUP_ROW):].decode()] = orjson.loads(v)
+            rebuild_node_groups(state)
             ctx.fleet_cache["unsaved_nodes"] = [n for n in older if n not in state.known_nodes]
             state.known_nodes = {**older, **state.known_nodes}
             state.workload_gpus = {**older_pods, **pods}
@@ -907,7 +912,14 @@ class FleetAgent:
             else:
                 ctx.fleet_table.pop(WORKLOAD_ROW + pod.encode(), None)
         state.dirty_pods = set()
-        row = fleet_row({k: v for k, v in state.to_dict().items() if k not in ("known_nodes", "workload_gpus")},
+        for key in state.dirty_groups:
+            group = state.groups.get(key)
+            if group:
+                await put(GROUP_ROW + key.encode(), _exact(orjson.dumps(group)), f"group {key[:200]!r}")
+            else:
+                ctx.fleet_table.pop(GROUP_ROW + key.encode(), None)
+        state.dirty_groups = set()
+        row = fleet_row({k: v for k, v in state.to_dict().items() if k not in ("known_nodes", "workload_gpus", "groups")},
                         ctx.max_request)
         if row != ctx.fleet_cache.get("row"):
             ctx.fleet_cache["row"] = row

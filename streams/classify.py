@@ -155,8 +155,12 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
             _check_pinned(state, policy, outputs)
     elif isinstance(record, WorkloadEvent):
         _on_workload(state, record, ts, policy, outputs)
+        if record.job or record.event.value == "started":  # a new pod without a job clears it
+            state.job = record.job and sys.intern(record.job)
     elif isinstance(record, GpuInventory):
         state.memory_total_mib = record.memory_total_mib or state.memory_total_mib
+        state.rack = record.rack and sys.intern(record.rack)
+        state.driver_version = record.driver_version and sys.intern(record.driver_version)
     elif isinstance(record, RemediationResult):
         _on_result(state, record, ts, policy, outputs)
     elif isinstance(record, GpuCounters):
@@ -196,6 +200,7 @@ def _material(s: GpuState) -> tuple:
     occ = s.occurrences
     return (
         s.node, s.gpu_uuid, s.pci_bus_id, s.gpu_index, s.memory_total_mib, s.status, s.trends_rev, s.fabric_domain,
+        s.rack, s.driver_version, s.job,
         None if clock is None else int((clock + ph) // 60),
         unpinned is not None and int((unpinned + ph) // 60),
         s.healthy_since is None, len(runs), runs[-1][0] if runs else None, s.announced, len(s.pods),

@@ -135,6 +135,11 @@ class GpuState:
     compute_floor: float | None = None  # the end of the newest compute run dropped from proc_runs
     recovery_action: int = 0  # NVML's GPU recovery action, last seen in a sample
     remap_failure: bool = False
+    # The blast-radius groups the fleet agent sees this GPU in (streams.storms): the node's rack and
+    # driver from its inventory, the job of the newest pod a workload event named. What the node says.
+    rack: str | None = None
+    driver_version: str | None = None
+    job: str | None = None
     # Per counter of `gpu.counters`, a fixed-size summary of its increments (streams.degrade); and
     # the NVLink domain the GPU last reported ("<fabric cluster UUID>/<clique id>").
     trends: dict = field(default_factory=_empty_dict)

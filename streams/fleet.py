@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
 from schemas.vocab import BREAKER_ACTIONS, Classification, Severity
 from streams.policy import Policy
+from streams.storms import command_storms, group_attrs, job_fault, note_groups, rebuild_node_groups, reset_groups
 
 __all__ = ["FleetState", "fleet_step", "FLEET_NODE"]
 
@@ -52,13 +53,23 @@ class FleetState:
     resets_used: list = field(default_factory=list)  # approval ids of the last resets: each resets once
     trips: int = 0
     held: int = 0
+    # "kind=value" -> one blast-radius group (streams.storms): its members, starts, faults, storms.
+    # Persisted as one table row per group (streams.app), never inside the main row.
+    groups: dict = field(default_factory=dict)
+    dirty_groups: set = field(default_factory=set)  # groups whose row changed since the app wrote them
+    node_groups: dict = field(default_factory=dict)  # node -> {kind: value}: derived from `groups`
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "dirty_pods"}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in _NOT_PERSISTED}
 
     @classmethod
     def from_dict(cls, data: dict) -> "FleetState":
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "dirty_pods"})
+        state = cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k not in _NOT_PERSISTED})
+        rebuild_node_groups(state)
+        return state
+
+
+_NOT_PERSISTED = frozenset({"dirty_pods", "dirty_groups", "node_groups"})
 
 
 def breaker_time(ts: float, now: float | None, policy: Policy) -> float:
@@ -91,6 +102,8 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
     if kind == "inventory":
         seen = breaker_time(float(msg["ts"]), now, policy)
         state.known_nodes[msg["node"]] = max(seen, state.known_nodes.get(msg["node"], seen))
+        if policy.group_storms:
+            note_groups(state, msg["node"], group_attrs(msg), seen)
         return state, []
     if kind == "node_seen":
         # A GPU row's first record: the node is known from then, for fleet_node_ttl_s, unless its
@@ -98,6 +111,8 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
         # node itself can send records about it.
         seen = breaker_time(float(msg["ts"]), now, policy)
         state.known_nodes.setdefault(msg["node"], seen)
+        if policy.group_storms:
+            note_groups(state, msg["node"], group_attrs(msg), seen)
         return state, []
     if kind == "reset":
         used = msg.get("approval_id")
@@ -111,9 +126,15 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
         state.tripped = False
         state.tripped_at = None
         state.starts = []
+        reset_groups(state)
         return state, outputs
     if kind == "workload_fault":
         return state, _workload_fault(state, msg, policy, now)
+    if kind == "job_fault":  # an application fault of a GPU whose pod belongs to a job (streams.storms)
+        if not policy.group_storms:
+            return state, []
+        return state, [("alert", a) for a in job_fault(state, msg, breaker_time(float(msg.get("ts") or 0), now, policy),
+                                                      policy)]
     if kind != "command":
         return state, []
     cmd: RemediationCommand = msg["command"]
@@ -144,10 +165,21 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
             members = sorted({**_newest_incidents(state.starts), cmd.node: cmd.incident_id}.items())
             outputs.append(("alert", _storm_alert(state, cmd, sorted(nodes | {cmd.node}), known, policy, members)))
     state.starts.append([ts, cmd.node, cmd.incident_id])
+    # Storms by blast radius come after the fleet-wide count and only ever add a hold (streams.storms).
+    grouped: list[str] = []
+    if policy.group_storms:
+        attrs = group_attrs(msg)
+        note_groups(state, cmd.node, attrs, ts)
+        grouped, alerts = command_storms(state, cmd, attrs, ts, policy)
+        outputs.extend(("alert", a) for a in alerts)
     if state.tripped:
         state.held += 1
         cmd = cmd.model_copy(update={"requires_approval": True,
                                      "reason": f"{cmd.reason} [held: fleet circuit breaker tripped]"})
+    elif grouped:
+        state.held += 1
+        cmd = cmd.model_copy(update={"requires_approval": True,
+                                     "reason": f"{cmd.reason} [held: storm in {', '.join(grouped)}]"})
     outputs.append(("command", cmd))
     return state, outputs
 

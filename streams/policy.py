@@ -68,6 +68,15 @@ class Policy:
     # GPU inventory was seen within this span; collectors re-publish theirs every 6 h
     # (collectors.agent INVENTORY_HEARTBEAT_S), so a day survives three missed heartbeats.
     fleet_node_ttl_s: float = 86400.0
+    # Storms by blast radius (streams.storms): node-level plans on at least fleet_min_nodes nodes of
+    # one group (job, rack, NVLink domain, driver) and on more than group_fraction of its known
+    # nodes within fleet_window_s hold that group's further node-level commands for approval; one
+    # job's application faults on job_storm_min_nodes nodes within fleet_window_s are one incident.
+    # Half: NVL72 users ask for a rack-level decision once most of a domain is affected
+    # (NVSentinel#1275); a teardown of a 2-node job is ordinary, of 3 or more worth one line.
+    group_storms: bool = True
+    group_fraction: float = 0.5
+    job_storm_min_nodes: int = 3
     # Incidents
     alert_cooldown_s: float = 300.0
     resolve_after_s: float = 300.0
@@ -245,5 +254,10 @@ def _check(policy: Policy, where: str) -> None:
     for f in fields(Policy):
         if f.name.startswith("degrade_") and f.name.endswith("_per_h") and getattr(policy, f.name) < 0:
             raise ConfigError(f"{where}: {f.name} must be >= 0 (0 turns the trend off)")
+    if not 0 < policy.group_fraction < 1:
+        raise ConfigError(f"{where}: group_fraction must be in (0, 1): more than all of a group never happens")
+    if policy.job_storm_min_nodes < 2:
+        raise ConfigError(f"{where}: job_storm_min_nodes must be >= 2: one node's faults are its pods' "
+                          "(the per-pod grouping), not a job's")
 
 

@@ -16,10 +16,11 @@ Kafka-free `streams.engine.Engine` and the tests, so the three cannot drift apar
 from __future__ import annotations
 
 from schemas.base import Record
-from schemas.models import Alert, GpuInventory, RemediationResult
+from schemas.models import Alert, GpuInventory, RemediationResult, XidEvent
+from streams.policy import is_app_class
 from schemas.topics import TopicRegistry
 
-__all__ = ["state_key", "fan_out", "FLEET_KEY"]
+__all__ = ["state_key", "fan_out", "groups_of", "FLEET_KEY"]
 
 FLEET_KEY = b"fleet"
 _REGISTRY = TopicRegistry()
@@ -37,6 +38,15 @@ def state_key(record: Record) -> str | None:
     return _REGISTRY.for_record(record)[1].decode()
 
 
+def groups_of(state) -> dict[str, str]:
+    """The blast-radius groups of a GPU row (streams.storms), as its node says: rack and driver
+    from its inventory, job from its newest pod's workload event, NVLink domain from its counters
+    (`fabric_domain`, where the row has one)."""
+    found = {"job": getattr(state, "job", None), "rack": getattr(state, "rack", None),
+             "domain": getattr(state, "fabric_domain", None), "driver": getattr(state, "driver_version", None)}
+    return {k: v for k, v in found.items() if v}
+
+
 def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Alert]]:
     """(messages for the fleet breaker, alerts to publish) for one fold step's `outputs`.
 
@@ -44,19 +54,27 @@ def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Aler
     capacity away from a node without one are held, `streams.fleet`)."""
     fleet: list[dict] = []
     alerts: list[Alert] = []
+    groups = groups_of(state)
+    tag = {"groups": groups} if groups else {}  # left out when none: messages stay as they were
     if not state.announced:
         # The first record of each GPU row tells the breaker its node exists: topics are read in
         # parallel, so a node's first Xid can be folded before its inventory (a replay held every
         # command of a storm when only inventories counted).
         state.announced = True
-        fleet.append({"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp()})
+        fleet.append({"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp(), **tag})
     if isinstance(record, GpuInventory) and record.node:
-        fleet.append({"kind": "inventory", "node": record.node, "ts": record.ts.timestamp()})
+        fleet.append({"kind": "inventory", "node": record.node, "ts": record.ts.timestamp(), **tag})
+    if isinstance(record, XidEvent) and "job" in groups and is_app_class(record.xid):
+        # One job's application faults across nodes (Xid 45 included: a teardown logs it on every
+        # rank) are grouped by the fleet agent into one incident per job (streams.storms).
+        inc = state.incident.id if state.incident else None
+        fleet.append({"kind": "job_fault", "node": state.node, "gpu_uuid": state.gpu_uuid, "xid": record.xid,
+                      "ts": record.ts.timestamp(), "incident_id": inc, **tag})
     for kind, out in outputs:
         if kind == "command":
-            fleet.append({"kind": "command", "command": out})
+            fleet.append({"kind": "command", "command": out, **tag})
         elif kind == "workload_fault":  # a plain dict: which pod faulted which GPU
-            fleet.append({"kind": "workload_fault", **out})
+            fleet.append({"kind": "workload_fault", **out, **tag})
         elif kind == "alert":
             alerts.append(out)
         else:  # a fold step's output of no kind we route: a bug, never published as something else

@@ -171,7 +171,9 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
         create_topics(settings)
     rates = FaultRates(args.app_fault_rate, args.repeat_rate, args.wedge_rate, args.hardware_rate, args.phantom_rate)
     sim = Simulator(settings, args.nodes, args.gpus, rate=args.rate, duration=args.duration, rates=rates, seed=args.seed,
-                    crash_loops=args.crash_loops, xid45_teardowns=args.xid45_teardowns)
+                    crash_loops=args.crash_loops, xid45_teardowns=args.xid45_teardowns,
+                    teardown_nodes=args.teardown_nodes, rack_size=args.rack_size,
+                    nvlink_domain_faults=args.nvlink_domain_faults)
     faults: dict[str, int] = {}
     for g in sim.gpus:
         faults[g.fault] = faults.get(g.fault, 0) + 1
@@ -285,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N fault-free GPUs get a crash-looping pod: a new PID per restart, Xid 13 each time (truth: APP_FAULT only)")
     p.add_argument("--xid45-teardowns", type=int, default=0, metavar="N",
                    help="N jobs on up to 6 nodes x 2 GPUs end with Xid 45 on every rank at once (truth: APP_FAULT at most)")
+    p.add_argument("--teardown-nodes", type=int, default=0, metavar="N",
+                   help="nodes per Xid 45 teardown job (default 6; 77 like NVSentinel#1629)")
+    p.add_argument("--rack-size", type=int, default=0, metavar="N",
+                   help="nodes per rack (one NVLink domain each), published in their inventories (default: no racks)")
+    p.add_argument("--nvlink-domain-faults", type=int, default=0, metavar="N",
+                   help="N racks where more than half of the nodes get a hardware Xid within a minute (needs --rack-size)")
     _add_kafka_args(p)
     p.add_argument("--create-topics", action="store_true")
     p.set_defaults(handler=_simulate)

@@ -13,7 +13,13 @@ Two workload patterns can be added on top, by count, on GPUs that drew no fault 
   one pod UID in compute-apps and in the pod's workload events. Truth: APP_FAULT, nothing more;
 - Xid 45 teardowns (`xid45_teardowns`): one job on up to 6 nodes x 2 GPUs ends and every rank logs
   Xid 45 (preemptive cleanup) in the same second, then the GPUs idle. Truth: APP_FAULT at most.
-Neither changes how the default fault mix is drawn: the same seed gives the same default fleet.
+- NVLink-domain faults (`nvlink_domain_faults`, with racks): more than half of one rack's nodes
+  (an NVL72 rack is one NVLink domain) get a hardware Xid (79) on their first GPU within a minute.
+  Truth: GPU_HARDWARE_FAULT each, and one storm for the rack (streams.storms).
+Racks (`rack_size`, off by default): node n is in rack ``rack-<n // rack_size>``, published in its
+inventory. A teardown's job is ``sim/teardown-<k>`` on its pods' workload events (a "started" one
+at the run's start names it), over `teardown_nodes` nodes (6 by default; 77 like NVSentinel#1629).
+None of these changes how the default fault mix is drawn: the same seed gives the same default fleet.
 """
 
 from __future__ import annotations
@@ -103,7 +109,8 @@ def _xid_line(pci: str, code: int, pid: int | None, msg: str) -> str:
 class Simulator:
     def __init__(self, settings: Settings, nodes: int, gpus: int, *, rate: float = 1.0, duration: float = 600.0,
                  rates: FaultRates = FaultRates(), seed: int = 1, start: datetime | None = None,
-                 crash_loops: int = 0, xid45_teardowns: int = 0) -> None:
+                 crash_loops: int = 0, xid45_teardowns: int = 0, teardown_nodes: int = 0, rack_size: int = 0,
+                 nvlink_domain_faults: int = 0) -> None:
         self.settings = settings
         self.rate = rate
         self.duration = duration
@@ -130,8 +137,33 @@ class Simulator:
                         break
                 self.gpus.append(gpu)
         self.published = 0
-        # The added patterns draw from their own generator so that the default mix stays the same.
+        self.teardown_nodes = teardown_nodes or TEARDOWN_NODES
+        self.rack_size = rack_size
+        # The added patterns draw from their own generators so that the default mix stays the same.
+        # Domain faults first: they need a whole rack, a teardown only free nodes.
+        if nvlink_domain_faults:
+            self._place_domain_faults(random.Random(seed * 7919 + 29), nodes, nvlink_domain_faults)
         self._place_workload_patterns(random.Random(seed * 7919 + 17), nodes, crash_loops, xid45_teardowns)
+
+    def rack_of(self, node: str) -> str | None:
+        """The simulated node's rack (one NVL72 NVLink domain each), or None without racks."""
+        return f"rack-{int(node.rsplit('-', 1)[1]) // self.rack_size:03d}" if self.rack_size else None
+
+    def _place_domain_faults(self, rnd: random.Random, nodes: int, count: int) -> None:
+        if not self.rack_size:
+            raise ConfigError("nvlink_domain_faults needs racks (rack_size)")
+        d = self.duration
+        racks = [list(range(r, min(r + self.rack_size, nodes))) for r in range(0, nodes, self.rack_size)]
+        for k in range(count):
+            # a rack whose nodes' first GPUs are fault-free, and more than half of its nodes in it
+            free = [r for r in racks if len(r) >= 2 and all(self._node_gpus(n)[0].fault == "none" for n in r)]
+            if not free:
+                raise ConfigError(f"no fault-free rack left for NVLink-domain fault {k + 1} of {count}: use more nodes")
+            rack = rnd.choice(free)
+            onset = round(rnd.uniform(0.1 * d, max(0.1 * d + 1, d - 300)), 1)
+            for n in sorted(rnd.sample(rack, len(rack) // 2 + 1)):
+                g = self._node_gpus(n)[0]
+                g.fault, g.onset, g.detail = "hardware", round(onset + rnd.uniform(0, 60), 1), "79"
 
     def _place_workload_patterns(self, rnd: random.Random, nodes: int, crash_loops: int, teardowns: int) -> None:
         d = self.duration
@@ -142,7 +174,7 @@ class Simulator:
                 raise ConfigError(f"no fault-free nodes left for Xid 45 teardown {k + 1} of {teardowns}: use more nodes")
             onset = round(rnd.uniform(0.1 * d, max(0.1 * d + 1, d - 120)), 1)
             job = f"teardown-{k}"
-            for n in sorted(rnd.sample(free, min(TEARDOWN_NODES, len(free)))):
+            for n in sorted(rnd.sample(free, min(self.teardown_nodes, len(free)))):
                 for g in self._node_gpus(n)[:TEARDOWN_GPUS]:
                     g.fault, g.onset, g.detail = "xid45_teardown", onset, job
                     g.pid = rnd.randint(1000, 4_000_000)
@@ -252,6 +284,9 @@ class Simulator:
                    pod=f"{gpu.fault.replace('_', '-')}-{gpu.node[-4:]}-{gpu.index}", container="main")
         out = []
         if gpu.fault == "xid45_teardown":
+            pod["job"] = f"sim/{gpu.detail}"  # the pods' job label (batch.kubernetes.io/job-name)
+            if t == 0.0:  # the pod watch saw the job's pods start: the job is known before it ends
+                out.append(WorkloadEvent(ts=ts, event="started", **pod))
             if t <= gpu.onset + 1 < t + dt:
                 out.append(WorkloadEvent(ts=ts, event="failed", reason="Error", exit_code=137, **pod))
             return out
@@ -274,7 +309,7 @@ class Simulator:
         for gpu in self.gpus:
             sink.publish(GpuInventory(ts=self.start, node=gpu.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index,
                                       pci_bus_id=gpu.pci, name="NVIDIA H100 80GB HBM3", memory_total_mib=81559,
-                                      driver_version="590.44.01", cuda_version="13.1"))
+                                      driver_version="590.44.01", cuda_version="13.1", rack=self.rack_of(gpu.node)))
         last_report = 0.0
         for i in range(steps):
             t = i * dt

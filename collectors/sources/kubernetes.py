@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 __all__ = [
     "ContainerDevices", "decode_pod_resources", "PodResourcesClient", "pod_transitions",
-    "PodWatcher", "KubernetesWorkloads", "from_environment",
+    "PodWatcher", "KubernetesWorkloads", "from_environment", "job_of", "JOB_LABELS",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,10 +146,34 @@ def _state(cs: Mapping) -> tuple[str, dict]:
     return "unknown", {}
 
 
+# Labels that name a pod's job, in order of preference: a batch Job's own, the older unprefixed one,
+# Kubeflow training jobs, JobSet, LeaderWorkerSet. Whoever runs the pod sets them (untrusted): the
+# fleet agent only groups alerts and holds by them (streams.storms).
+JOB_LABELS = ("batch.kubernetes.io/job-name", "job-name", "training.kubeflow.org/job-name",
+              "jobset.sigs.k8s.io/jobset-name", "leaderworkerset.sigs.k8s.io/name")
+
+
+def job_of(meta: Mapping) -> str | None:
+    """``namespace/name`` of the job a pod belongs to: a job label, else its controller owner
+    (kind/name; a Deployment's pods name their ReplicaSet, which groups them as well), else None.
+    Namespace-qualified so that two tenants' jobs of one name stay apart."""
+    labels = meta.get("labels") or {}
+    ns = meta.get("namespace") or ""
+    for label in JOB_LABELS:
+        value = labels.get(label)
+        if isinstance(value, str) and value:
+            return f"{ns}/{value}"
+    for owner in meta.get("ownerReferences") or meta.get("owner_references") or []:
+        if owner.get("controller") and owner.get("name"):
+            return f"{ns}/{owner.get('kind') or '?'}/{owner['name']}"
+    return None
+
+
 def pod_transitions(old: Mapping | None, new: Mapping) -> list[dict]:
     """What changed for each container between two versions of a pod object."""
     meta = new.get("metadata") or {}
-    base = {"pod_uid": meta.get("uid"), "namespace": meta.get("namespace"), "pod": meta.get("name")}
+    base = {"pod_uid": meta.get("uid"), "namespace": meta.get("namespace"), "pod": meta.get("name"),
+            "job": job_of(meta)}
     before, after = _statuses(old), _statuses(new)
     events = []
     for name, cs in after.items():

@@ -17,6 +17,7 @@ from collectors.sources.kubernetes import (
     PodWatcher,
     decode_pod_resources,
     from_environment,
+    job_of,
     pod_transitions,
 )
 
@@ -190,3 +191,20 @@ def test_off_cleanly_when_not_on_kubernetes(tmp_path):
 def test_a_pod_copy_is_not_a_transition():
     p = _pod({"running": {}})
     assert pod_transitions(p, copy.deepcopy(p)) == []
+
+
+def test_job_of_a_pod_label_then_controller_namespace_qualified():
+    meta = {"namespace": "team-a", "labels": {"job-name": "old", "batch.kubernetes.io/job-name": "train"}}
+    assert job_of(meta) == "team-a/train"  # the first label of JOB_LABELS wins
+    assert job_of({"namespace": "team-b", "labels": {"jobset.sigs.k8s.io/jobset-name": "train"}}) == "team-b/train"
+    owned = {"namespace": "n", "ownerReferences": [{"kind": "ReplicaSet", "name": "web-5d4", "controller": False},
+                                                   {"kind": "StatefulSet", "name": "db", "controller": True}]}
+    assert job_of(owned) == "n/StatefulSet/db"
+    assert job_of({"namespace": "n", "labels": {"job-name": ""}}) is None and job_of({}) is None
+
+
+def test_pod_transitions_carry_the_job():
+    pod = {"metadata": {"uid": "u", "namespace": "n", "name": "p", "labels": {"job-name": "j"}},
+           "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}}]}}
+    (e,) = pod_transitions(None, pod)
+    assert (e["event"], e["job"]) == ("started", "n/j")

@@ -30,6 +30,7 @@ from schemas.limits import (
     DETAIL_MAX,
     GPU_UUID_MAX,
     ID_MAX,
+    JOB_MAX,
     K8S_LABEL_MAX,
     KERNEL_MESSAGE_MAX,
     KERNEL_RAW_MAX,
@@ -98,6 +99,8 @@ STRINGS = [
     (WorkloadEvent, "pod", POD_NAME_MAX),
     (WorkloadEvent, "container", K8S_LABEL_MAX),
     (WorkloadEvent, "reason", SHORT_TEXT_MAX),
+    (WorkloadEvent, "job", JOB_MAX),
+    (GpuInventory, "rack", K8S_LABEL_MAX),
     (GpuCounters, "gpu_uuid", GPU_UUID_MAX),
     (GpuCounters, "fabric_cluster_uuid", 36),
     (GpuCounters, "clock_event_reason_names.0", COUNTER_NAME_MAX),
@@ -192,11 +195,11 @@ def test_the_incident_record_is_refused_with_its_field_and_limit():
 # -- earlier versions --------------------------------------------------------------------------
 
 PREVIOUS = {
-    GpuInventory: "xidstream.gpu_inventory/2",
+    GpuInventory: "xidstream.gpu_inventory/3",
     GpuSample: "xidstream.gpu_sample/2",
     GpuProcesses: "xidstream.gpu_processes/2",
     XidEvent: "xidstream.xid/2",
-    WorkloadEvent: "xidstream.workload/1",
+    WorkloadEvent: "xidstream.workload/2",
     RemediationResult: "xidstream.remediation_result/2",
 }
 

@@ -64,15 +64,15 @@ def test_exact_vocabularies():
 
 
 CONTRACT_FIELDS = {
-    "xidstream.gpu_inventory/3": "gpu_uuid gpu_index pci_bus_id name serial memory_total_mib driver_version cuda_version "
-    "status memory_info_version notes",
+    "xidstream.gpu_inventory/4": "gpu_uuid gpu_index pci_bus_id name serial memory_total_mib driver_version cuda_version "
+    "status memory_info_version notes rack",
     "xidstream.gpu_sample/3": "gpu_uuid gpu_index pci_bus_id utilization_gpu_pct utilization_memory_pct "
     "memory_used_mib memory_total_mib power_w sm_clock_mhz mem_clock_mhz temperature_c status "
     "memory_reserved_mib recovery_action remapped_rows_correctable remapped_rows_uncorrectable "
     "remapped_rows_pending remapped_rows_failure ecc_dbe_volatile",
     "xidstream.gpu_processes/3": "gpu_uuid compute_apps pmon device_holders error",
     "xidstream.xid/3": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name ts_source backfilled",
-    "xidstream.workload/2": "gpu_uuid pod_uid namespace pod container event reason exit_code",
+    "xidstream.workload/3": "gpu_uuid pod_uid namespace pod container event reason exit_code job",
     "xidstream.gpu_counters/1": "gpu_uuid gpu_index pci_bus_id nvlinks pcie_replay_count pcie_link_gen_current "
     "pcie_link_gen_max pcie_link_width_current pcie_link_width_max ecc_corrected_volatile ecc_uncorrected_volatile "
     "ecc_corrected_aggregate ecc_uncorrected_aggregate retired_pages_single_bit retired_pages_double_bit "

@@ -1,0 +1,72 @@
+"""Storms by blast radius through the whole Kafka-free pipeline (streams.engine.Engine): a 77-node
+Xid 45 teardown is one incident with 77 members and no node-level command; more than half of an
+NVL72 rack's nodes with hardware faults is one storm for the rack."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from collectors.sink import MemorySink
+from schemas import Classification, Severity
+from schemas.vocab import BREAKER_ACTIONS
+from streams.engine import Engine
+from streams.routing import groups_of
+from xidstream.settings import Settings
+from xidstream.simulate import FaultRates, Simulator
+
+NONE = FaultRates(0, 0, 0, 0, 0)
+
+
+def run(**kw) -> tuple[Simulator, Engine]:
+    sim = Simulator(Settings(), kw.pop("nodes"), 2, rate=0.1, seed=5, rates=NONE, **kw)
+    sink = MemorySink()
+    sim.run(sink, progress=None)
+    return sim, Engine().run(list(sink.records))
+
+
+def fleet_alerts(engine: Engine) -> list:
+    return [a for a in engine.alerts if a.node == "fleet"]
+
+
+def test_a_77_node_teardown_is_one_incident_with_77_members_and_no_node_level_command():
+    sim, engine = run(nodes=80, duration=300, xid45_teardowns=1, teardown_nodes=77)
+    ranks = {g.node for g in sim.gpus if g.fault == "xid45_teardown"}
+    assert len(ranks) == 77
+    alerts = fleet_alerts(engine)
+    assert len({a.incident_id for a in alerts}) == 1
+    opened = [a for a in alerts if a.state == "open"]
+    assert len(opened) == 1 and len(alerts) == 77 - 3 + 1  # opened at the 3rd node, one update per later node
+    assert all((a.classification, a.severity) == (Classification.APP_FAULT, Severity.warning) for a in alerts)
+    last = alerts[-1].evidence.timeline[0].data
+    assert last["group"] == "sim/teardown-0" and last["node_count"] == 77
+    assert {m["node"] for m in last["members"]} == ranks
+    assert not any(c.action in BREAKER_ACTIONS for c in engine.commands)
+    assert engine.fleet.tripped is False
+
+
+def test_more_than_half_of_a_racks_nodes_faulting_is_one_storm_for_the_rack():
+    sim, engine = run(nodes=72, duration=600, rack_size=18, nvlink_domain_faults=1)
+    hit = sorted({g.node for g in sim.gpus if g.fault == "hardware"})
+    assert len(hit) == 10 and len({sim.rack_of(n) for n in hit}) == 1  # 10 of one rack's 18
+    rack = sim.rack_of(hit[0])
+    alerts = fleet_alerts(engine)
+    storms = [a for a in alerts if a.classification == Classification.FLEET_STORM]
+    assert len(storms) == 1 and storms[0].state == "open"
+    data = storms[0].evidence.timeline[0].data
+    assert (data["group_kind"], data["group"], data["known_nodes"]) == ("rack", rack, 18)
+    assert [m["node"] for m in data["members"]] == hit
+    node_level = [c for c in engine.commands if c.action in BREAKER_ACTIONS]
+    assert {c.node for c in node_level} == set(hit)
+    # the storm opened on the 10th node's first plan: from there on its commands wait for a person
+    first = {}
+    for c in node_level:
+        first.setdefault(c.node, c)
+    tenth = max(first.values(), key=lambda c: (c.ts, c.node)).node
+    assert all(c.requires_approval == (c.node == tenth) for c in node_level)
+    assert engine.fleet.tripped is False  # 10 of 72 nodes: under the fleet-wide 20% (14.4)
+
+
+def test_groups_of_reads_the_nvlink_domain_where_the_row_has_one():
+    row = SimpleNamespace(job="ns/j", rack=None, driver_version="590.44.01", fabric_domain="uuid/7")
+    assert groups_of(row) == {"job": "ns/j", "domain": "uuid/7", "driver": "590.44.01"}
+    assert groups_of(SimpleNamespace()) == {}
