@@ -40,8 +40,13 @@ _TELEMETRY = (GpuSample, GpuProcesses)
 # Errors that retrying cannot fix: the record is counted as dropped and logged.
 _PERMANENT = {
     KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError._MSG_TIMED_OUT,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
 }
+# A refused write is kept, not dropped: the grant may come (an upgrade that added a topic runs the
+# collectors before anyone granted it), and a broker that became the partition's leader a moment
+# ago may not have loaded the ACLs yet (the cluster tier: 100 Xids dropped after a leader's SIGKILL
+# on the secure cluster). Its records wait in the spool, tried again this often.
+_REFUSED = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED}
+AUTH_RETRY_S = 10.0
 
 
 class Sink(Protocol):
@@ -119,6 +124,7 @@ class _Lane:
         self.sent_through = self.spool.acked_through
         self.waiting: deque[tuple[int, AckCallback]] = deque()
         self.retry: list[int] = []
+        self.parked: list[int] = []  # refused by an authorization error: tried again after AUTH_RETRY_S
 
 
 class KafkaSink:
@@ -145,6 +151,8 @@ class KafkaSink:
         # a refused password, an untrusted CA, a missing ACL: retrying will not cure it; said once,
         # at error level, and kept for the metrics and the caller (`auth_error`)
         self.auth_error: str | None = None
+        self.refused = 0  # deliveries refused by an authorization error (kept and tried again)
+        self._parked_at: float | None = None
         overrides = {"message.timeout.ms": 0, "error_cb": self._on_error, **(producer_overrides or {})}
         self.producer = Producer(producer_config(settings, **overrides))
 
@@ -182,6 +190,20 @@ class KafkaSink:
                     self._broker_down_since = None
                 lane.spool.ack(seq)
                 self.published[topic] = self.published.get(topic, 0) + 1
+                if self.refused and self._parked_at is None and self.auth_error is not None \
+                        and not any(ln.parked for ln in self.lanes.values()):
+                    log.warning("Kafka accepts this collector's records again; the spool drains")
+                    self.auth_error = None
+            elif err.code() in _REFUSED:
+                self.refused += 1
+                if self._parked_at is None:
+                    why = f"{err.str()} writing {topic}"
+                    if why != self.auth_error:
+                        log.error("Kafka refuses this collector (%s); kept in the spool and tried again every %.0f s "
+                                  "until the ACL allows it (transport/acls.py)", why, AUTH_RETRY_S)
+                    self.auth_error = why
+                    self._parked_at = time.monotonic()
+                lane.parked.append(seq)
             elif err.code() in _PERMANENT or not err.retriable():
                 self.dropped_permanent += 1
                 log.error("dropping record seq %d for %s: %s (not retriable)", seq, topic, err.str())
@@ -192,6 +214,11 @@ class KafkaSink:
         return callback
 
     def _send(self) -> None:
+        if self._parked_at is not None and time.monotonic() - self._parked_at >= AUTH_RETRY_S:
+            self._parked_at = None
+            for lane in self.lanes.values():
+                lane.retry.extend(lane.parked)
+                lane.parked.clear()
         for lane in self.lanes.values():
             budget = self.max_inflight - self.inflight
             if budget <= 0:
@@ -271,4 +298,5 @@ class KafkaSink:
             "dropped": sum(lane.spool.dropped for lane in self.lanes.values()) + self.dropped_permanent,
             "inflight": self.inflight,
             "retries": self.failed,
+            "refused": self.refused,
         }

@@ -279,6 +279,36 @@ def test_a_permanent_error_drops_the_record_and_moves_on(make_sink, code, caplog
     assert messages(caplog, logging.ERROR) == ["dropping record seq 1 for t.gpu.xid: no (not retriable)"]
 
 
+@pytest.mark.parametrize("code", [KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED])
+def test_a_refused_write_is_kept_and_tried_again_until_the_acl_allows_it(make_sink, clock, code, caplog):
+    # It was dropped: after a leader's SIGKILL on the secure cluster, the new leader refused 100
+    # Xids for a moment (its ACLs not loaded yet) and the collector lost them for good.
+    sink = make_sink()
+    fired = []
+    sink.publish(XID, on_ack=lambda: fired.append(1))
+    sink.publish(XID, on_ack=lambda: fired.append(2))
+    sink.poll()
+    sink.producer.deliver(err=KafkaError(code, "Broker: Topic authorization failed", retriable=False))
+    sink.poll()
+    assert sink.dropped_permanent == 0 and sink.refused == 2 and fired == []
+    assert sink.lanes["critical"].spool.depth == 2 and sink.lanes["critical"].parked == [1, 2]
+    assert sink.auth_error == "Broker: Topic authorization failed writing t.gpu.xid"
+    assert [m for m in messages(caplog, logging.ERROR) if "refuses" in m] == [
+        "Kafka refuses this collector (Broker: Topic authorization failed writing t.gpu.xid); kept in the spool "
+        "and tried again every 10 s until the ACL allows it (transport/acls.py)"]
+    sent = len(sink.producer.sent)
+    clock.t += sink_mod.AUTH_RETRY_S - 0.5
+    sink.poll()
+    assert len(sink.producer.sent) == sent  # not before AUTH_RETRY_S
+    clock.t += 0.5
+    sink.poll()
+    assert len(sink.producer.sent) == sent + 2 and sink.lanes["critical"].parked == []
+    sink.producer.deliver()
+    sink.poll()
+    assert fired == [1, 2] and sink.lanes["critical"].spool.depth == 0
+    assert sink.auth_error is None and sink.stats()["dropped"] == 0 and sink.stats()["refused"] == 2
+
+
 def test_an_error_that_says_it_is_not_retriable_drops_the_record(make_sink):
     sink = make_sink()
     sink.publish(XID)
@@ -313,7 +343,7 @@ def test_published_counts_per_topic(make_sink):
     assert sink.published == {"t.gpu.xid": 2, "t.gpu.samples": 1}
     assert sink.stats() == {"published": {"t.gpu.xid": 2, "t.gpu.samples": 1},
                             "spool_depth": {"critical": 0, "telemetry": 0, "counters": 0}, "dropped": 0,
-                            "inflight": 0, "retries": 0}
+                            "inflight": 0, "retries": 0, "refused": 0}
 
 
 def test_stats_count_spool_drops_and_permanent_drops_together(make_sink):
