@@ -12,12 +12,15 @@ Degradations (each on `--per-kind` GPUs, a ramp of 2 to 6 days ending in the fau
 - nvlink: NVLink recoveries on one link rising from 0.5/h to 8/h, then Xid 149 (NVLink fatal
   error; marin-community/marin#9086: 505 recoveries, rising, five days before the Xid 149);
 - sbe: corrected ECC errors rising from 2/h to 40/h, then Xid 48 (double-bit error);
-- pcie: PCIe replays rising from 10/h to 200/h and the link dropping to x8, then Xid 79.
+- pcie: PCIe replays rising from 10/h to 200/h and the link dropping to x8, then Xid 79;
+- silence: the GPU's samples missing (its process lists still published) from 0.2 to 3 times an
+  hour, then Xid 79 (GWDG, arXiv 2603.28781: missing samples before fallen-off-bus incidents).
 Healthy noise on every other GPU: NVLink replays and CRC errors, PCIe replays and corrected ECC
 errors at random (Poisson) rates well under the limits; a one-off jump of a counter (a link
 retrained, 50 to 5,000 at once) on 20% of them; a driver reload (the counters restart at 0) on
 10%; idle spells (the PCIe generation drops, the idle clock reason) and thermal slowdowns at full
-load for 10 to 40 minutes.
+load for 10 to 40 minutes; a sample missing now and then (under 0.1/h) and a collector restart
+(samples and process lists both missing) about once a week.
 
 Scored: per kind, the share of degraded GPUs warned before their fault and the lead time
 (p10/p50/p90, hours); false warnings (GPU_DEGRADING incidents opened on healthy GPUs) per 1,000
@@ -40,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from collectors.parse.kernel import parse_line  # noqa: E402
 from collectors.agent import xid_fields  # noqa: E402
-from schemas.models import GpuCounters, GpuSample, NvLinkCounters, XidEvent  # noqa: E402
+from schemas.models import GpuCounters, GpuProcesses, GpuSample, NvLinkCounters, XidEvent  # noqa: E402
 from schemas.vocab import NODE_ACTIONS, Action, Classification  # noqa: E402
 from streams.engine import Engine  # noqa: E402
 from streams.policy import Policy  # noqa: E402
@@ -53,9 +56,11 @@ FAULT_LINES = {
     "nvlink": (149, "NETIR_LINK_EVT  Fatal XC0 i0 Link 00 (0x0041c000 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"),
     "sbe": (48, "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 1, subpartition 0."),
     "pcie": (79, "GPU has fallen off the bus."),
+    "silence": (79, "GPU has fallen off the bus."),
 }
 # the ramp of each kind: (the counter's rate at its start, at the fault), per hour
-RAMPS = {"nvlink": (0.5, 8.0), "sbe": (2.0, 40.0), "pcie": (10.0, 200.0)}
+RAMPS = {"nvlink": (0.5, 8.0), "sbe": (2.0, 40.0), "pcie": (10.0, 200.0), "silence": (0.2, 3.0)}
+KINDS = tuple(RAMPS)
 
 
 class Gpu:
@@ -70,7 +75,7 @@ class Gpu:
         self.ramp_from = None
         # healthy noise rates per hour (well under the limits: 60, 60, 10, 60)
         self.noise = {"replay": rnd.uniform(0, 2), "crc": rnd.uniform(0, 2), "sbe": rnd.uniform(0, 0.3),
-                      "pcie": rnd.uniform(0, 3)}
+                      "pcie": rnd.uniform(0, 3), "gaps": rnd.uniform(0, 0.1)}
         self.jump = (rnd.uniform(0, days * DAY), rnd.choice(["recovery", "sbe", "pcie"]), rnd.randint(50, 5000)) \
             if rnd.random() < 0.2 else None
         self.reload_at = rnd.uniform(0, days * DAY) if rnd.random() < 0.1 else None
@@ -80,8 +85,8 @@ class Gpu:
     def rate(self, what: str, t: float) -> float:
         """The counter's rate per hour at t (the ramp's, or the noise's)."""
         base = {"recovery": 0.0, "replay": self.noise["replay"], "crc": self.noise["crc"], "sbe": self.noise["sbe"],
-                "pcie": self.noise["pcie"]}[what]
-        ramped = {"nvlink": "recovery", "sbe": "sbe", "pcie": "pcie"}.get(self.kind)
+                "pcie": self.noise["pcie"], "gaps": self.noise["gaps"]}[what]
+        ramped = {"nvlink": "recovery", "sbe": "sbe", "pcie": "pcie", "silence": "gaps"}.get(self.kind)
         if ramped == what and self.ramp_from is not None and self.ramp_from <= t <= self.fault_at:
             lo, hi = RAMPS[self.kind]
             return base + lo + (hi - lo) * (t - self.ramp_from) / (self.fault_at - self.ramp_from)
@@ -92,8 +97,8 @@ def simulate(args: argparse.Namespace) -> tuple[list[Gpu], list]:
     rnd = random.Random(args.seed)
     days = args.days
     gpus = [Gpu(i, rnd, days) for i in range(args.gpus)]
-    degraded = rnd.sample(gpus, 3 * args.per_kind)
-    for k, kind in enumerate(("nvlink", "sbe", "pcie")):
+    degraded = rnd.sample(gpus, len(KINDS) * args.per_kind)
+    for k, kind in enumerate(KINDS):
         for g in degraded[k * args.per_kind:(k + 1) * args.per_kind]:
             g.kind = kind
             g.fault_at = rnd.uniform(7 * DAY, days * DAY - H)
@@ -113,11 +118,22 @@ def records(g: Gpu, args: argparse.Namespace, rnd: random.Random):
     next_sample = 0.0
     while t <= end:
         if t >= next_sample:
+            next_sample = t + 600
+            # the process list always; the sample missing now and then (NVML stalls on this GPU: the
+            # silence kind's gaps rise, a healthy GPU's are rare), or both missing (a collector
+            # restart, about one a week: not silence)
+            if rnd.random() < 600 / (7 * DAY):
+                t += dt
+                continue
+            yield t, GpuProcesses(ts=START + timedelta(seconds=t), node=g.node, gpu_uuid=g.uuid, gpu_index=g.index,
+                                  pci_bus_id=g.pci)
+            if rnd.random() < g.rate("gaps", t) * 600 / H:
+                t += dt
+                continue
             yield t, GpuSample(
                 ts=START + timedelta(seconds=t), node=g.node, gpu_uuid=g.uuid, gpu_index=g.index, pci_bus_id=g.pci,
                 utilization_gpu_pct=0.0 if t < idle_until else 80.0, memory_used_mib=30000.0, memory_total_mib=81559.0,
                 status="ok")
-            next_sample = t + 600
         if g.reload_at is not None and t >= g.reload_at:
             g.c = dict.fromkeys(g.c, 0)  # the driver reloaded: the volatile counters restart at 0
             g.reload_at = None
@@ -202,7 +218,7 @@ def evaluate(gpus: list[Gpu], args: argparse.Namespace, policy: Policy) -> dict:
             quarantines += 1
     report = {"records": n, "seconds": time.monotonic() - t0, "kinds": {}, "node_actions_before_fault": node_actions,
               "quarantines_before_fault": quarantines}
-    for kind in ("nvlink", "sbe", "pcie"):
+    for kind in KINDS:
         members = [g for g in gpus if g.kind == kind]
         leads = sorted((g.fault_at - first_warn[g.uuid]) / H for g in members
                        if g.uuid in first_warn and first_warn[g.uuid] < g.fault_at)
@@ -254,11 +270,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.days < 8:
         ap.error("--days must be >= 8: faults fall after day 7, after ramps of up to 6 days")
-    if 3 * args.per_kind > args.gpus // 2:
+    if len(KINDS) * args.per_kind > args.gpus // 2:
         ap.error("--per-kind too large for --gpus: at most a sixth of the GPUs degrade")
     gpus, _ = simulate(args)
     print(f"fleet: {args.gpus} GPUs, {args.days:g} days, counters every {args.interval:g} s; degraded: "
-          f"{args.per_kind} each of nvlink -> Xid 149, sbe -> Xid 48, pcie -> Xid 79", flush=True)
+          f"{args.per_kind} each of nvlink -> Xid 149, sbe -> Xid 48, pcie -> Xid 79, silence -> Xid 79", flush=True)
     show(evaluate(gpus, args, Policy()), "default policy (plan RECORD)")
     if args.quarantine:
         gpus, _ = simulate(args)

@@ -51,7 +51,7 @@ from streams.evidence import (
     sustained_pin,
     workload_of,
 )
-from streams.degrade import degrading_now, fold_counters
+from streams.degrade import degrading_now, fold_counters, note_gap
 from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET
 from streams.incident import Incident
 from streams.policy import Policy, is_app_class
@@ -144,6 +144,13 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
         if waiting:  # the clock moved: a fault no process list named may count now
             _check_suspect(state, policy, outputs)
     elif kind is GpuProcesses:
+        last = state.last_sample_ts
+        if last is not None and ts - last > policy.degrade_sample_gap_s:
+            # the collector publishes this GPU's process lists, not its samples: the first such list
+            # of this gap is kept (a later one may be of the reading whose sample ends the gap)
+            silent = state.silent_procs_ts
+            if silent is None or silent <= last:
+                state.silent_procs_ts = ts
         if (fold_processes(state, record, ts) or waiting) and state.occurrences:
             _check_suspect(state, policy, outputs)
         if state.pinned_since is not None:
@@ -235,6 +242,10 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
     last = state.last_sample_ts
     if last is None or ts >= last:  # as max(ts, last) did: the newer float object when equal
         state.last_sample_ts = ts
+        if last is not None and ts - last > policy.degrade_sample_gap_s:
+            silent = state.silent_procs_ts
+            if silent is not None and last < silent < ts:
+                _on_gap(state, ts, ts - last, s, policy, outputs)
     if s.memory_total_mib and s.memory_total_mib != state.memory_total_mib:
         state.memory_total_mib = s.memory_total_mib  # a new float only when it changed
     status = _STATUS[s.status]  # the enum's .value is a descriptor call: a dict look-up is cheaper
@@ -291,6 +302,11 @@ def _on_counters(state: GpuState, c: GpuCounters, ts: float, policy: Policy, out
     where = f"GPU {state.gpu_index} ({state.gpu_uuid or state.pci_bus_id}) on {state.node}"
     findings = fold_counters(state.trends, c, ts, policy, where)
     state.trends_rev = before + 1
+    _degrading(state, findings, c.event_id, ts, policy, outputs)
+
+
+def _degrading(state: GpuState, findings: list, event_id: str, ts: float, policy: Policy, outputs: list) -> None:
+    """GPU_DEGRADING for each finding (streams.degrade): an incident opened, or the open one told."""
     remedy = QUARANTINE if policy.degrade_quarantine else RECORD
     for f in findings:
         line = entry(ts, "counters", f.summary, **f.data)
@@ -303,12 +319,24 @@ def _on_counters(state: GpuState, c: GpuCounters, ts: float, policy: Policy, out
         elif inc is not None and RANK[Classification(inc.classification)] > RANK[Classification.GPU_DEGRADING]:
             inc.note(line, policy.evidence_limit)  # evidence of the graver incident open: no alert of its own
         else:
-            _raise(state, Verdict(Classification.GPU_DEGRADING, remedy, f.summary, [c.event_id],
+            _raise(state, Verdict(Classification.GPU_DEGRADING, remedy, f.summary, [event_id],
                                   recommendation="A trend, not a fault: plan a maintenance window for this GPU "
                                                  "(reseat or replace the link, cable or board) before it fails; "
                                                  "nothing was done to the node",
                                   entry=line),
                    ts, policy, outputs)
+
+
+def _on_gap(state: GpuState, ts: float, gap: float, s: GpuSample, policy: Policy, outputs: list) -> None:
+    """Samples came back after a gap during which the collector published this GPU's process
+    lists: telemetry silence, trended (streams.degrade.note_gap)."""
+    if state.trends is EMPTY_DICT:
+        state.trends = {}
+    state.trends_rev += 1
+    where = f"GPU {state.gpu_index} ({state.gpu_uuid or state.pci_bus_id}) on {state.node}"
+    f = note_gap(state.trends, ts, gap, policy, where)
+    if f is not None:
+        _degrading(state, [f], s.event_id, ts, policy, outputs)
 
 
 def _hardware_signals(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs: list) -> None:

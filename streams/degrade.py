@@ -86,6 +86,10 @@ TRENDS: dict[str, Trend] = {
     "pcie_replay": Trend("PCIe replays", "degrade_pcie_replay_per_h", _field("pcie_replay_count")),
     "hw_slowdown": Trend("readings with a hardware clock slowdown (HW slowdown, HW thermal, power brake)",
                          "degrade_hw_slowdown_per_h", lambda c: (None, None)),
+    # not a counter of gpu.counters: gaps in the GPU's samples while its collector kept publishing
+    # its process lists (`note_gap`)
+    "sample_gaps": Trend("gaps in the GPU's samples while its collector kept publishing (telemetry silence)",
+                         "degrade_sample_gaps_per_h", lambda c: (None, None)),
 }
 
 
@@ -161,6 +165,8 @@ def fold_counters(trends: dict, c: GpuCounters, ts: float, policy: Policy, where
     found: list[Finding] = []
     for name, spec in TRENDS.items():
         limit = getattr(policy, spec.limit)
+        if name == "sample_gaps":
+            continue
         if name == "hw_slowdown":
             if c.clock_event_reasons is None:
                 continue
@@ -176,32 +182,55 @@ def fold_counters(trends: dict, c: GpuCounters, ts: float, policy: Policy, where
                 continue
             t = _trend(trends, name, width)
             _fold(t, ts, value)
-        if limit <= 0:
-            continue
-        count, intervals, top = _window(t, ts)
-        hours = policy.degrade_window_s / 3600
-        rate = _rising(count, intervals, top, limit, policy)
-        if rate is None:
-            continue
-        if t["w"] is not None and ts - t["w"] < policy.degrade_realert_s:
-            continue
-        t["w"] = ts
-        data = {"counter": name, "count": count, "rate_per_h": round(rate, 3), "limit_per_h": limit,
-                "intervals": intervals, "of_intervals": INTERVALS, "largest_interval": top,
-                "window_s": policy.degrade_window_s,
-                "history": list(t["n"])}
-        now = ""
-        if value is not None:
-            data["value"] = value
-            now = f"; {value} since the driver loaded"
-        if link is not None:
-            data["link"] = link
-            now += f", the most on link {link}"
-        found.append(Finding(name, f"{spec.title} rising on {where}: {count} in the last {hours:g} h "
-                                   f"({rate:.2f}/h without its largest interval, limit {limit:g}/h), rising in {intervals} "
-                                   f"of {INTERVALS} intervals{now}", data))
+        f = _warn(t, name, spec, limit, ts, policy, where, value, link)
+        if f is not None:
+            found.append(f)
     found.extend(_steps(trends, c, ts, policy, where))
     return found
+
+
+def _warn(t: dict, name: str, spec: Trend, limit: float, ts: float, policy: Policy, where: str,
+          value: int | None = None, link: int | None = None) -> Finding | None:
+    """The finding of trend `t` at `ts`, when it is at or above its limit and was not said within
+    `degrade_realert_s`; None otherwise."""
+    if limit <= 0:
+        return None
+    count, intervals, top = _window(t, ts)
+    rate = _rising(count, intervals, top, limit, policy)
+    if rate is None or (t["w"] is not None and ts - t["w"] < policy.degrade_realert_s):
+        return None
+    t["w"] = ts
+    hours = policy.degrade_window_s / 3600
+    data = {"counter": name, "count": count, "rate_per_h": round(rate, 3), "limit_per_h": limit,
+            "intervals": intervals, "of_intervals": INTERVALS, "largest_interval": top,
+            "window_s": policy.degrade_window_s, "history": list(t["n"])}
+    now = ""
+    if value is not None:
+        data["value"] = value
+        now = f"; {value} since the driver loaded"
+    if link is not None:
+        data["link"] = link
+        now += f", the most on link {link}"
+    return Finding(name, f"{spec.title} rising on {where}: {count} in the last {hours:g} h "
+                         f"({rate:.2f}/h without its largest interval, limit {limit:g}/h), rising in {intervals} "
+                         f"of {INTERVALS} intervals{now}", data)
+
+
+def note_gap(trends: dict, ts: float, gap: float, policy: Policy, where: str) -> Finding | None:
+    """A sample at `ts` after `gap` s without one, while the GPU's process lists kept coming (the
+    caller checks): one more gap in the `sample_gaps` trend; the finding when it warns.
+
+    A collector down or restarting stops the process lists too and is not counted; a GPU whose
+    NVML reads stall or fail now and then is. Missing samples preceded fallen-off-bus incidents in
+    a published cluster study (GWDG, arXiv 2603.28781)."""
+    t = _trend(trends, "sample_gaps", policy.degrade_window_s / INTERVALS)
+    t["t"] = ts if t["t"] is None else max(t["t"], ts)
+    _add(t, ts, 1)
+    t["v"] = (t["v"] or 0) + 1
+    f = _warn(t, "sample_gaps", TRENDS["sample_gaps"], policy.degrade_sample_gaps_per_h, ts, policy, where)
+    if f is not None:
+        f.data["last_gap_s"] = round(gap, 1)
+    return f
 
 
 def _steps(trends: dict, c: GpuCounters, ts: float, policy: Policy, where: str) -> list[Finding]:

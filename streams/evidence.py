@@ -147,6 +147,7 @@ class GpuState:
     # Bumped at each counters reading folded: a reading changes `trends`, which `_material` does
     # not copy (a row's summaries are 150 numbers). Not persisted.
     trends_rev: int = field(default=0, repr=False, compare=False)
+    silent_procs_ts: float | None = None  # a process list read while the samples had stopped (classify._on_gap)
     # What must survive a restart as of the end of the last fold (streams.classify._material): the
     # next fold's "before", so each record computes it once, not twice. Not persisted.
     material: tuple | None = field(default=None, repr=False, compare=False)

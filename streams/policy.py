@@ -110,6 +110,12 @@ class Policy:
     # readings with a hardware slowdown bit: 6 an hour is a tenth of the readings at the default
     # 60 s cadence, held over hours (a brief thermal event at full load sets it for a minute or two)
     degrade_hw_slowdown_per_h: float = 6.0
+    # Telemetry silence: a gap of more than `degrade_sample_gap_s` in a GPU's samples (1 Hz) while
+    # its collector kept publishing its process lists, counted like a counter (GWDG, arXiv
+    # 2603.28781: missing samples preceded fallen-off-bus incidents). Half an hour's worth of gaps
+    # a day, 0.5/h, is far above a collector restart now and then (which stops both).
+    degrade_sample_gap_s: float = 30.0
+    degrade_sample_gaps_per_h: float = 0.5
 
     def __post_init__(self) -> None:
         # Every Policy object holds the guard, however it was made (a file, a mapping, code).
@@ -249,6 +255,9 @@ def _check(policy: Policy, where: str) -> None:
     if not 2 <= policy.degrade_min_intervals <= 24:
         raise ConfigError(f"{where}: degrade_min_intervals must be in [2, 24] (of the window's 24 intervals): with 1, "
                           "a counter that jumped once would count as a trend")
+    if policy.degrade_sample_gap_s < 5:
+        raise ConfigError(f"{where}: degrade_sample_gap_s must be >= 5: samples come once a second, and a shorter gap "
+                          "is a busy collector's jitter")
     if policy.degrade_realert_s < 0:
         raise ConfigError(f"{where}: degrade_realert_s must be >= 0")
     for f in fields(Policy):
