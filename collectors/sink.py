@@ -44,7 +44,9 @@ _PERMANENT = {
 # A refused write is kept, not dropped: the grant may come (an upgrade that added a topic runs the
 # collectors before anyone granted it), and a broker that became the partition's leader a moment
 # ago may not have loaded the ACLs yet (the cluster tier: 100 Xids dropped after a leader's SIGKILL
-# on the secure cluster). Its records wait in the spool, tried again this often.
+# on the secure cluster). Its records wait in the spool; this often one of them is sent again as a
+# probe, and all of them once a write goes through (not the whole backlog every time: a missing
+# grant would have every node resend its spool at full speed every 10 s).
 _REFUSED = {KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED}
 AUTH_RETRY_S = 10.0
 
@@ -190,19 +192,22 @@ class KafkaSink:
                     self._broker_down_since = None
                 lane.spool.ack(seq)
                 self.published[topic] = self.published.get(topic, 0) + 1
-                if self.refused and self._parked_at is None and self.auth_error is not None \
-                        and not any(ln.parked for ln in self.lanes.values()):
+                if self._parked_at is not None or any(ln.parked for ln in self.lanes.values()):
+                    # a write went through: what was refused is tried again, all of it
                     log.warning("Kafka accepts this collector's records again; the spool drains")
+                    self._parked_at = None
                     self.auth_error = None
+                    for ln in self.lanes.values():
+                        ln.retry.extend(ln.parked)
+                        ln.parked.clear()
             elif err.code() in _REFUSED:
                 self.refused += 1
-                if self._parked_at is None:
-                    why = f"{err.str()} writing {topic}"
-                    if why != self.auth_error:
-                        log.error("Kafka refuses this collector (%s); kept in the spool and tried again every %.0f s "
-                                  "until the ACL allows it (transport/acls.py)", why, AUTH_RETRY_S)
-                    self.auth_error = why
-                    self._parked_at = time.monotonic()
+                why = f"{err.str()} writing {topic}"
+                if why != self.auth_error:
+                    log.error("Kafka refuses this collector (%s); kept in the spool and tried again every %.0f s "
+                              "until the ACL allows it (transport/acls.py)", why, AUTH_RETRY_S)
+                self.auth_error = why
+                self._parked_at = time.monotonic()
                 lane.parked.append(seq)
             elif err.code() in _PERMANENT or not err.retriable():
                 self.dropped_permanent += 1
@@ -215,10 +220,12 @@ class KafkaSink:
 
     def _send(self) -> None:
         if self._parked_at is not None and time.monotonic() - self._parked_at >= AUTH_RETRY_S:
-            self._parked_at = None
+            # one probe per lane: its answer releases the rest (accepted) or parks it again
+            self._parked_at = time.monotonic()
             for lane in self.lanes.values():
-                lane.retry.extend(lane.parked)
-                lane.parked.clear()
+                if lane.parked:
+                    lane.parked.sort()
+                    lane.retry.append(lane.parked.pop(0))
         for lane in self.lanes.values():
             budget = self.max_inflight - self.inflight
             if budget <= 0:

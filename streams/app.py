@@ -746,7 +746,15 @@ class GpuAgent:
 
     async def write(self, key: bytes, event: Any, state: GpuState) -> None:
         ctx = self.ctx
-        row = _exact(orjson.dumps(state.to_dict()))
+        try:
+            row = _exact(orjson.dumps(state.to_dict()))
+        except (orjson.JSONEncodeError, TypeError, ValueError) as exc:
+            # A fact the row cannot hold (a number past 64 bits) is a bug of the fold, not a reason
+            # to stop: outside a guard it crashed the worker, which re-read the same batch and
+            # crashed again. The table keeps the last row that serialized, as for an oversized one.
+            await ctx.refused(event, f"the table row of GPU {key[:200]!r} cannot be serialized ({exc}): not "
+                              f"written (the table keeps its last row)", b"", exc)
+            return
         if not fits(key, row, ctx.max_request):
             # A row the producer would refuse is not written (faust sends table writes from its
             # buffer, where a refusal stops the worker): the changelog keeps this GPU's last row

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from schemas.limits import INT64_MAX
 from schemas.models import GpuCounters
 from streams.policy import Policy
 
@@ -50,7 +51,9 @@ def _links(field: str) -> Callable[[GpuCounters], tuple[int | None, int | None]]
         values = [(getattr(link, field), link.link) for link in c.nvlinks or () if getattr(link, field) is not None]
         if not values:
             return None, None
-        return sum(v for v, _ in values), max(values)[1]
+        # each value is bounded by the schema, their sum is not: kept within int64, or the row
+        # (JSON, then the changelog) fails to serialize and the worker crash-loops on it (review)
+        return min(INT64_MAX, sum(v for v, _ in values)), max(values)[1]
     return read
 
 
@@ -59,7 +62,7 @@ def _crc(c: GpuCounters) -> tuple[int | None, int | None]:
     data, link_d = _links("crc_data_errors")(c)
     if flit is None and data is None:
         return None, None
-    return (flit or 0) + (data or 0), link_f if link_f is not None else link_d
+    return min(INT64_MAX, (flit or 0) + (data or 0)), link_f if link_f is not None else link_d
 
 
 def _field(name: str) -> Callable[[GpuCounters], tuple[int | None, int | None]]:
@@ -121,7 +124,9 @@ def _add(t: dict, ts: float, inc: int) -> None:
         t["b"] = base = slot
     age = base - slot
     if inc and 0 <= age < INTERVALS:
-        n[INTERVALS - 1 - age] += inc
+        # bounded like the counters: readings that reset and jump to INT64_MAX again within an
+        # interval would add up past it
+        n[INTERVALS - 1 - age] = min(INT64_MAX, n[INTERVALS - 1 - age] + inc)
 
 
 def _window(t: dict, ts: float) -> tuple[int, int, int]:
@@ -226,7 +231,7 @@ def note_gap(trends: dict, ts: float, gap: float, policy: Policy, where: str) ->
     t = _trend(trends, "sample_gaps", policy.degrade_window_s / INTERVALS)
     t["t"] = ts if t["t"] is None else max(t["t"], ts)
     _add(t, ts, 1)
-    t["v"] = (t["v"] or 0) + 1
+    t["v"] = min(INT64_MAX, (t["v"] or 0) + 1)
     f = _warn(t, "sample_gaps", TRENDS["sample_gaps"], policy.degrade_sample_gaps_per_h, ts, policy, where)
     if f is not None:
         f.data["last_gap_s"] = round(gap, 1)
@@ -261,11 +266,14 @@ def _steps(trends: dict, c: GpuCounters, ts: float, policy: Policy, where: str) 
 def degrading_now(trends: dict, ts: float, policy: Policy) -> bool:
     """True while a trend is still at or above its limit (an open GPU_DEGRADING incident stays
     open while it is: healthy samples do not make a link stop recovering)."""
+    width = policy.degrade_window_s / INTERVALS
     for name, spec in TRENDS.items():
         t = trends.get(name)
         limit = getattr(policy, spec.limit)
         if t is None or limit <= 0:
             continue
+        if t["bw"] != width:
+            return True  # a policy with another window: open until the next reading starts the trend over
         if _rising(*_window(t, ts), limit, policy) is not None:
             return True
     s = trends.get("pcie_width")

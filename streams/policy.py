@@ -258,8 +258,8 @@ def _check(policy: Policy, where: str) -> None:
     if policy.degrade_sample_gap_s < 5:
         raise ConfigError(f"{where}: degrade_sample_gap_s must be >= 5: samples come once a second, and a shorter gap "
                           "is a busy collector's jitter")
-    if policy.degrade_realert_s < 0:
-        raise ConfigError(f"{where}: degrade_realert_s must be >= 0")
+    if policy.degrade_realert_s < 3600:
+        raise ConfigError(f"{where}: degrade_realert_s must be >= 3600: a trend said again at every reading is noise")
     for f in fields(Policy):
         if f.name.startswith("degrade_") and f.name.endswith("_per_h") and getattr(policy, f.name) < 0:
             raise ConfigError(f"{where}: {f.name} must be >= 0 (0 turns the trend off)")

@@ -302,11 +302,21 @@ def test_a_refused_write_is_kept_and_tried_again_until_the_acl_allows_it(make_si
     assert len(sink.producer.sent) == sent  # not before AUTH_RETRY_S
     clock.t += 0.5
     sink.poll()
-    assert len(sink.producer.sent) == sent + 2 and sink.lanes["critical"].parked == []
+    # one probe, not the backlog (a missing grant must not make every node resend its spool)
+    assert len(sink.producer.sent) == sent + 1 and sink.lanes["critical"].parked == [2]
+    sink.producer.deliver(err=KafkaError(code, "Broker: Topic authorization failed", retriable=False))
+    sink.poll()
+    assert sink.lanes["critical"].parked == [2, 1] and len(sink.producer.sent) == sent + 1
+    clock.t += sink_mod.AUTH_RETRY_S
+    sink.poll()
+    assert len(sink.producer.sent) == sent + 2 and sink.lanes["critical"].parked == [2]
+    sink.producer.deliver()  # the grant came: the probe goes through, and the rest follows
+    sink.poll()
+    assert sink.lanes["critical"].parked == [] and len(sink.producer.sent) == sent + 3
     sink.producer.deliver()
     sink.poll()
     assert fired == [1, 2] and sink.lanes["critical"].spool.depth == 0
-    assert sink.auth_error is None and sink.stats()["dropped"] == 0 and sink.stats()["refused"] == 2
+    assert sink.auth_error is None and sink.stats()["dropped"] == 0 and sink.stats()["refused"] == 3
 
 
 def test_an_error_that_says_it_is_not_retriable_drops_the_record(make_sink):

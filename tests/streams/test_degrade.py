@@ -222,7 +222,8 @@ def test_a_reading_marks_the_row_changed_and_names_the_gpus_nvlink_domain():
 
 
 @pytest.mark.parametrize("bad", [{"degrade_min_intervals": 1}, {"degrade_window_s": 600},
-                                 {"degrade_ecc_sbe_per_h": -1}, {"degrade_realert_s": -5}])
+                                 {"degrade_ecc_sbe_per_h": -1}, {"degrade_realert_s": 0},
+                                 {"degrade_sample_gap_s": 2}])
 def test_policies_that_would_make_noise_a_trend_are_refused(bad):
     from schemas.errors import ConfigError
     from streams.policy import load_policy
@@ -284,3 +285,37 @@ def test_a_missed_sample_counts_when_the_next_readings_process_list_is_folded_fi
             recs.append(sample(t))
     state, _ = run(recs)
     assert state.trends["sample_gaps"]["v"] == 19
+
+
+def test_hostile_counter_values_keep_the_row_serializable():
+    # 36 links at INT64_MAX each, and a counter that resets and jumps to INT64_MAX again and again
+    # within one hour: the sums stayed Python ints past 64 bits and the row's orjson.dumps failed,
+    # which crash-looped the worker on the same batch (review)
+    from schemas.limits import INT64_MAX, NVLINK_LINKS_MAX
+    from schemas.models import GpuCounters, NvLinkCounters
+    from tests.streams.builders import PCI, NODE
+
+    def many(t, v):
+        links = [NvLinkCounters(link=i, recovery_errors=v, replay_errors=v, crc_flit_errors=v, crc_data_errors=v)
+                 for i in range(NVLINK_LINKS_MAX)]
+        return GpuCounters(ts=at(t), node=NODE, gpu_uuid=GPU, gpu_index=1, pci_bus_id=PCI, nvlinks=links)
+
+    recs = [many(0, 0), many(60, INT64_MAX)]
+    for k in range(6):
+        recs.append(counters(120 + 120 * k, ecc_corrected_volatile=0))
+        recs.append(counters(180 + 120 * k, ecc_corrected_volatile=INT64_MAX))
+    state, _ = run(recs)
+    row = orjson.dumps(state.to_dict())  # raised "Integer exceeds 64-bit range"
+    assert max(state.trends["ecc_sbe"]["n"]) == INT64_MAX and state.trends["nvlink_crc"]["v"] == INT64_MAX
+    assert GpuState.from_dict(orjson.loads(row)).trends == state.trends
+
+
+def test_an_open_incident_stays_open_when_the_policy_window_changed_across_a_restart():
+    # buckets of the old width read with the new window said "not degrading", and the open
+    # incident resolved at the next sample (review)
+    from streams.degrade import degrading_now
+
+    state, _ = run(ramp(4, 12))
+    t = T(12 * H)
+    assert degrading_now(state.trends, t, P)
+    assert degrading_now(state.trends, t, Policy(degrade_window_s=7 * 86400))
