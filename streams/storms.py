@@ -76,7 +76,11 @@ def _new_group(state, kind: str, value: str, ts: float) -> dict:
     if len(same) >= GROUPS_KEPT:
         # the least recently touched goes, one without an open storm first (a storm's holds are the
         # safe direction and last until a reset; the breaker stays as the backstop if one goes)
-        drop = min(same, key=lambda k: (state.groups[k]["storm"] is not None, state.groups[k]["touched"], k))
+        # and one of at most one member before a real group of many (one node can make any number of
+        # one-member groups, e.g. a pod per job label; it cannot make many-member ones)
+        drop = min(same, key=lambda k: (state.groups[k]["storm"] is not None or state.groups[k]["fault_storm"] is not None,
+                                        len(state.groups[k]["members"]) + len(state.groups[k]["faults"]) > 1,
+                                        state.groups[k]["touched"], k))
         _forget(state, drop)
     g = {"kind": kind, "value": value, "members": {}, "starts": {}, "faults": {}, "storm": None,
          "fault_storm": None, "touched": ts}
@@ -110,8 +114,13 @@ def note_groups(state, node: str, attrs: dict[str, str], ts: float) -> None:
             mine = state.node_groups.setdefault(node, {})
             old = mine.get(kind)
             if old is not None and old != value and _key(kind, old) in state.groups:
-                state.groups[_key(kind, old)]["members"].pop(node, None)
+                left = state.groups[_key(kind, old)]
+                left["members"].pop(node, None)
                 state.dirty_groups.add(_key(kind, old))
+                if not left["members"] and not left["starts"] and left["storm"] is None:
+                    # a node naming one new rack after another left empty groups behind, which
+                    # pushed the real racks out of the bounded table (review): gone when empty
+                    _forget(state, _key(kind, old))
             mine[kind] = value
         g = state.groups.get(key) or _new_group(state, kind, value, ts)
         if g["members"].get(node, float("-inf")) < ts:
@@ -163,8 +172,14 @@ def command_storms(state, cmd: RemediationCommand, attrs: dict[str, str], ts: fl
     return held, alerts
 
 
+# members listed in one alert (the newest; the alert's count says how many): each update of a
+# job storm lists them, so the alerts of one storm grow linearly, not with the square of its size
+MEMBERS_LISTED = 128
+
+
 def _members(items: dict) -> list[dict]:
-    return [{"node": n, "incident_id": v[1]} for n, v in sorted(items.items())]
+    shown = sorted(items.items(), key=lambda kv: (kv[1][0], kv[0]))[-MEMBERS_LISTED:]
+    return [{"node": n, "incident_id": v[1]} for n, v in sorted(shown)]
 
 
 def _storm_alert(g: dict, cmd: RemediationCommand, starts: dict, state: str, policy: Policy) -> Alert:
@@ -177,7 +192,8 @@ def _storm_alert(g: dict, cmd: RemediationCommand, starts: dict, state: str, pol
     data = {"group_kind": g["kind"], "group": g["value"], "nodes": sorted(starts), "known_nodes": storm["size"],
             "trigger_command": cmd.command_id, "members": _members(starts)}
     return Alert(
-        ts=cmd.ts, node=_FLEET_NODE, alert_id=f"{inc}-{len(starts)}", incident_id=inc, gpu_uuid=None, pci_bus_id=None,
+        # numbered by the storm's own count of alerts: the window's count can fall and repeat an id
+        ts=cmd.ts, node=_FLEET_NODE, alert_id=f"{inc}-{storm['listed']}", incident_id=inc, gpu_uuid=None, pci_bus_id=None,
         classification=Classification.FLEET_STORM, severity=Severity.critical, state=state, summary=summary,
         evidence=Evidence(node=_FLEET_NODE, timeline=[EvidenceEntry(ts=cmd.ts, kind="note", summary=summary, data=data)]),
         recommended_steps=[f"Look for what the {g['kind']} shares (a power or cooling fault, an NVLink switch tray, a "
@@ -224,7 +240,7 @@ def job_fault(state, msg: dict, ts: float, policy: Policy) -> list:
     data = {"group_kind": "job", "group": job, "node_count": len(faults), "xid": msg.get("xid"),
             "members": _members(faults)}
     return [Alert(
-        ts=when, node=_FLEET_NODE, alert_id=f"{fs['id']}-{len(faults)}", incident_id=fs["id"], gpu_uuid=None,
+        ts=when, node=_FLEET_NODE, alert_id=f"{fs['id']}-{fs['listed']}", incident_id=fs["id"], gpu_uuid=None,
         pci_bus_id=None, classification=Classification.APP_FAULT, severity=Severity.warning, state=how,
         summary=summary,
         evidence=Evidence(node=_FLEET_NODE, timeline=[EvidenceEntry(ts=when, kind="workload", summary=summary, data=data)]),

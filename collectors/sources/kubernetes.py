@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from schemas.limits import JOB_MAX
+
 __all__ = [
     "ContainerDevices", "decode_pod_resources", "PodResourcesClient", "pod_transitions",
     "PodWatcher", "KubernetesWorkloads", "from_environment", "job_of", "JOB_LABELS",
@@ -159,14 +161,19 @@ def job_of(meta: Mapping) -> str | None:
     Namespace-qualified so that two tenants' jobs of one name stay apart."""
     labels = meta.get("labels") or {}
     ns = meta.get("namespace") or ""
+    job = None
     for label in JOB_LABELS:
         value = labels.get(label)
         if isinstance(value, str) and value:
-            return f"{ns}/{value}"
-    for owner in meta.get("ownerReferences") or meta.get("owner_references") or []:
-        if owner.get("controller") and owner.get("name"):
-            return f"{ns}/{owner.get('kind') or '?'}/{owner['name']}"
-    return None
+            job = f"{ns}/{value}"
+            break
+    else:
+        for owner in meta.get("ownerReferences") or meta.get("owner_references") or []:
+            if owner.get("controller") and owner.get("name"):
+                job = f"{ns}/{owner.get('kind') or '?'}/{owner['name']}"
+                break
+    # over the bound: no job rather than a cut one (two long names cut alike would merge two jobs)
+    return job if job is None or len(job) <= JOB_MAX else None
 
 
 def pod_transitions(old: Mapping | None, new: Mapping) -> list[dict]:

@@ -208,3 +208,15 @@ def test_pod_transitions_carry_the_job():
            "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}}]}}
     (e,) = pod_transitions(None, pod)
     assert (e["event"], e["job"]) == ("started", "n/j")
+
+
+def test_a_job_name_over_the_bound_is_no_job_rather_than_a_cut_one():
+    # cut to JOB_MAX, two long owner names that differ only at the end were one job (review)
+    from collectors.sources.kubernetes import job_of
+    from schemas.limits import JOB_MAX
+
+    ns = "n" * 63
+    long_a = {"namespace": ns, "ownerReferences": [{"controller": True, "kind": "JobSet", "name": "x" * 253}]}
+    assert len(f"{ns}/JobSet/{'x' * 253}") > JOB_MAX
+    assert job_of(long_a) is None
+    assert job_of({"namespace": "ml", "labels": {"job-name": "train"}}) == "ml/train"

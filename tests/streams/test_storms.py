@@ -224,3 +224,39 @@ def test_bad_knobs_are_refused(bad):
 def test_the_defaults():
     assert (P.group_storms, P.group_fraction, P.job_storm_min_nodes) == (True, 0.5, 3)
     assert load_policy({"group_fraction": 0.99, "job_storm_min_nodes": 2}).job_storm_min_nodes == 2
+
+
+# -- review: a node flooding the group tables, repeated alert ids ----------------------------------
+def test_a_node_naming_rack_after_rack_does_not_push_real_racks_out():
+    # one known node sent 512 inventories, each with a new rack: the empty racks it left stayed and
+    # the real rack r1 (6 nodes, 3 starts) was evicted; its 4th start then opened no storm
+    s = fleet(racks={"r1": 6})
+    for i in range(3):
+        s, _ = command(s, f"r1-{i}", "r1", at=i)
+    for k in range(GROUPS_KEPT + 5):
+        s, _ = fleet_step(s, {"kind": "inventory", "node": "other-0", "ts": TS + 10 + k, "groups": {"rack": f"x{k}"}}, P)
+    assert sum(1 for g in s.groups.values() if g["kind"] == "rack") <= 3  # r1, the newest lie, no empty ones
+    s, out = command(s, "r1-3", "r1", at=4)
+    (a,), (cmd,) = split(out)
+    assert a.classification == Classification.FLEET_STORM and cmd.requires_approval is True
+
+
+def test_one_member_groups_are_evicted_before_a_real_one():
+    # a tenant's pods each with a new job label make one-member job groups; a job on many nodes stays
+    s = fleet(n_other=10)
+    for i in range(4):
+        s, _ = fleet_step(s, {"kind": "node_seen", "node": f"other-{i}", "ts": TS,
+                              "groups": {"job": "ml/real"}}, P)
+    s, _ = fleet_step(s, {"kind": "inventory", "node": "other-9", "ts": TS}, P)
+    for k in range(GROUPS_KEPT + 5):
+        s, _ = fleet_step(s, {"kind": "node_seen", "node": "other-9", "ts": TS + 1 + k, "groups": {"job": f"t/j{k}"}}, P)
+    assert "job=ml/real" in s.groups
+
+
+def test_storm_alert_ids_do_not_repeat_when_old_starts_leave_the_window():
+    s = fleet(racks={"r1": 6})
+    ids = []
+    for i, at in enumerate((0, 300, 400, 500, 650)):  # the first start leaves the 600 s window at 650
+        s, out = command(s, f"r1-{i}", "r1", at=at)
+        ids += [a.alert_id for a in split(out)[0]]
+    assert len(ids) == len(set(ids)) and len(ids) >= 2
