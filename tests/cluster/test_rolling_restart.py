@@ -161,6 +161,16 @@ def test_rolling_restart_of_every_broker_under_a_1000_gpu_fleet(kafka_cluster, t
         driver = state["driver"]
         assert driver is not None
         assert driver.wait(240) == 0, driver_out.read_text()
+        # The last broker may return as the fleet's run ends (the restarts took up to 110 s of the
+        # 150 on a loaded machine): its recovery is read on after the run, not missed ("never").
+        last_back = max(at for e, _, at in _events(driver_out) if e == "started")
+        while time.time() < last_back + RECOVERY_BOUND:
+            sink.poll()
+            on_tick(DURATION)
+            lag = state["readings"][-1][1]
+            if lag is not None and lag <= RECOVERED and state["readings"][-1][0] >= last_back:
+                break
+            time.sleep(1.0)
         assert sink.flush(120), sink.stats()
         stats = sink.stats()
         sink.close()
