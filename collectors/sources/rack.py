@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping
 
 from schemas.limits import K8S_LABEL_MAX
 
-__all__ = ["RackSource", "FixedRack", "NodeLabelRack", "valid_rack", "from_environment", "DEFAULT_RACK_LABEL",
+__all__ = ["FixedRack", "NodeLabelRack", "valid_rack", "from_environment", "DEFAULT_RACK_LABEL",
            "RBAC_RULE"]
 
 log = logging.getLogger(__name__)
@@ -45,18 +45,13 @@ RBAC_RULE = "apiGroups: [\"\"], resources: [nodes], verbs: [get]"
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
-class RackSource(Protocol):
-    def read(self) -> str | None:
-        """The node's rack now, or None (unknown). Never raises."""
-        ...
-
-
 def valid_rack(value: Any) -> bool:
     """A rack the inventory may carry: a label value of at most K8S_LABEL_MAX characters (the field's
     bound, schemas.limits), not empty."""
     return isinstance(value, str) and len(value) <= K8S_LABEL_MAX and _LABEL_VALUE.fullmatch(value) is not None
 
 
+# Both sources are collectors.agent.RackSource: `read()` gives the rack or None, and never raises.
 class FixedRack:
     """`--rack VALUE`: the operator's word, checked once here (a ValueError says why)."""
 
