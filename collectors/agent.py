@@ -26,6 +26,7 @@ from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlReleas
 from collectors.parse.kernel import REFUSALS, KernelRecord, Parsed, parse_line_checked, sxid_continues
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
+from collectors.sources.rack import valid_rack
 from collectors.spool import write_durably
 from schemas.limits import (
     JOB_MAX,
@@ -57,8 +58,8 @@ from schemas.models import (
 from schemas.vocab import TsSource, XidSource
 from schemas.xid_catalog import XID_CATALOG, lookup
 
-__all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "xid_fields",
-           "line_time"]
+__all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "RackSource",
+           "xid_fields", "line_time"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,12 @@ class ProcessInfo(Protocol):
 
 class WorkloadSource(Protocol):
     def read(self) -> list[dict]: ...
+
+
+class RackSource(Protocol):
+    """The node's rack for its inventories (collectors.sources.rack): None when unknown; never raises."""
+
+    def read(self) -> str | None: ...
 
 
 def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | None, gpu_index: int | None,
@@ -367,6 +374,7 @@ class Collector:
         clock: Callable[[], float] = time.monotonic,
         state_dir: Path | None = None,
         nvml_release: NvmlRelease | None = None,
+        rack: RackSource | None = None,
     ) -> None:
         self.config = config
         self.sink = sink
@@ -374,6 +382,9 @@ class Collector:
         self.kernel = kernel
         self.procfs = procfs
         self.workloads = workloads
+        self.rack_source = rack
+        self.rack: str | None = None  # as last read; every inventory record carries it
+        self._rack_read_at: datetime | None = None
         self.metrics = metrics or CollectorMetrics()
         self.identity = IdentityMap()
         self.merger = XidMerger(config.xid_merge_window)
@@ -429,6 +440,7 @@ class Collector:
         if self.nvml is not None:
             self._merge_saved_inventory()
             self.identity.learn_nvml(self.gpus + self.lost)
+            self._read_rack(now)
             self._publish_inventory(now)
             self._last_inventory = self._clock()
             if self.nvml.register_xid_events() and self._use_thread:
@@ -772,7 +784,7 @@ class Collector:
         return GpuInventory(
             ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id,
             memory_total_mib=gpu.memory_total_mib, status=gpu.status, memory_info_version=gpu.memory_info_version,
-            notes=_notes(gpu.notes), **nvml_text,
+            notes=_notes(gpu.notes), rack=self.rack, **nvml_text,
         )
 
     def _publish_inventory(self, now: datetime) -> None:
@@ -785,7 +797,28 @@ class Collector:
                 self.sink.publish(rec)
                 self._inventory_sent[gpu.uuid] = rec
 
+    def _read_rack(self, now: datetime) -> None:
+        """Read the rack at start and again with each inventory heartbeat (a relabelled node is
+        picked up within INVENTORY_HEARTBEAT_S; a changed rack changes the records, which go out at
+        once). The source bounds its own wait; whatever it raises costs the rack, not the loop."""
+        if self.rack_source is None:
+            return
+        age = (now - self._rack_read_at).total_seconds() if self._rack_read_at is not None else None
+        if age is not None and 0 <= age < INVENTORY_HEARTBEAT_S:
+            return
+        self._rack_read_at = now
+        try:
+            rack = self.rack_source.read()
+        except Exception:  # noqa: BLE001 - the RackSource contract says it never raises; a bug must not stop collection
+            log.exception("reading the node's rack failed; inventories carry no rack")
+            rack = None
+        if rack is not None and not valid_rack(rack):  # the sources check; an inventory must never fail on it
+            log.warning("rack %.80r is not a label value of at most %d characters; not published", rack, K8S_LABEL_MAX)
+            rack = None
+        self.rack = rack
+
     def _refresh_inventory(self, now: datetime) -> None:
+        self._read_rack(now)
         try:
             gpus = self.nvml.refresh_inventory()
         except NvmlUnavailable as exc:

@@ -46,6 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", default=".xidstream/collector", help="spool and cursors (default .xidstream/collector)")
     p.add_argument("--no-nvml", action="store_true", help="kernel Xid records only")
     p.add_argument("--no-kubernetes", action="store_true", help="no pod watch / pod-resources (gpu.workloads)")
+    from collectors.sources.rack import DEFAULT_RACK_LABEL
+
+    p.add_argument("--rack-label", default=DEFAULT_RACK_LABEL, metavar="LABEL",
+                   help="the label of this node's Node object that names its rack, carried by every GPU inventory "
+                        "(read at start and every 6 h; needs `get` on nodes; default topology.kubernetes.io/rack; "
+                        "'': none)")
+    p.add_argument("--rack", metavar="VALUE",
+                   help="this node's rack, instead of a Node label (a node outside Kubernetes)")
     p.add_argument("--identity-dir", metavar="DIR",
                    help="this node's identity keys (made once; `xidstream identity request` enrolls them): every record "
                         "carries the node's MAC, and a processor with --enroller-key believes only such records")
@@ -277,6 +285,21 @@ def _backfill_since(value: str | None) -> datetime | None:
     return datetime.now(timezone.utc) - timedelta(days=days)
 
 
+def _rack_source(args: argparse.Namespace, node: str):  # -> collectors.agent.RackSource | None
+    """--rack VALUE (checked here: a bad one is refused at start), else the Node label --rack-label
+    when on Kubernetes, else None."""
+    import os
+
+    from collectors.sources import rack
+
+    if args.rack is not None:
+        try:
+            return rack.FixedRack(args.rack)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return rack.from_environment(os.environ, node, args.rack_label)
+
+
 def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.agent import Collector, CollectorConfig
     from collectors.nvml import NvmlReader
@@ -313,13 +336,14 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.sources.kubernetes import from_environment
 
     workloads = None if args.no_kubernetes else from_environment(os.environ, settings.node)
+    rack = _rack_source(args, settings.node)
     if not math.isfinite(args.counters_interval) or args.counters_interval < 0:
         raise ConfigError("--counters-interval must be a number of seconds >= 0 (0: the counters are not read)")
     config = CollectorConfig(node=settings.node, interval=args.interval, backfill_since=since,
                              counters_interval=args.counters_interval or None)
     collector = Collector(config, sink,
                           nvml=nvml, kernel=kernel, procfs=ProcFs(), workloads=workloads, metrics=metrics,
-                          state_dir=state)
+                          state_dir=state, rack=rack)
     for uuid in args.forget_gpu:
         if not collector.forget_gpu(uuid):
             log.warning("--forget-gpu %s: not in the saved inventory", uuid)

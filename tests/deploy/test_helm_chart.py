@@ -162,6 +162,22 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
         ("pods", ("get", "list", "watch")), ("nodes", ("get",))}
 
 
+@pytest.mark.parametrize("values, flag, nodes_get", [
+    ([], "topology.kubernetes.io/rack", True),
+    (["collector.rackLabel=example.com/rack"], "example.com/rack", True),
+    (["nodeExecutor.enabled=false"], "topology.kubernetes.io/rack", True),  # the collector's rack alone needs it
+    (["collector.rackLabel=", "nodeExecutor.enabled=false"], "", False),  # nobody reads a Node: no grant
+    (["collector.rackLabel="], "", True),  # the node executor still reads its Node
+])
+def test_the_rack_label_is_the_collectors_flag_and_grants_only_get_on_nodes(helm, values, flag, nodes_get):
+    kinds = by_kind(render(helm, *[a for v in values for a in ("--set", v)])[0])
+    args = containers(kinds["DaemonSet"]["xs-xidstream-node"])["collector"]["args"]
+    assert args[args.index("--rack-label") + 1] == flag
+    rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
+    node_rules = [r for r in rules if "nodes" in r["resources"]]
+    assert node_rules == ([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}] if nodes_get else [])
+
+
 @pytest.mark.parametrize("backend, extra", [
     ("label", set()), ("condition", set()),
     ("cluster-api", {("cluster.x-k8s.io", "machines", "get"), ("cluster.x-k8s.io", "machines", "patch")}),
