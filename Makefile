@@ -84,7 +84,7 @@ test: jars kube helm promtool chromium
 # The cluster tier (tests/cluster/, marker `cluster`; `make test` deselects it): a local KRaft cluster
 # of three brokers (`xidstream broker start --brokers 3`, .xidstream/cluster/) started once for the
 # run and stopped at the end; leaders SIGKILLed mid-incident, a rolling restart under a 1,000-GPU fleet.
-# Not yet steady enough for CI: one failure in five runs is still unexplained (docs/development.md
+# Not yet steady enough for CI: one failure in six runs is still unexplained (docs/development.md
 # "Still open"), so CI does not run it.
 test-cluster: jars
 	$(BIN)/pytest -q -m cluster tests/cluster
