@@ -8,7 +8,7 @@ than faust expects (runtime-notes section 2: 1 of 40 keys matched with librdkafk
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -360,11 +360,11 @@ def read_since(settings: KafkaConfig, topics: list[str], since_ms: int, *, timeo
             if tm is None or tm.error is not None:
                 raise TopicError(f"topic {t} does not exist on {settings.bootstrap} (xidstream topics create)")
             tps += [TopicPartition(t, p, since_ms) for p in sorted(tm.partitions)]
-        starts = consumer.offsets_for_times(tps, timeout=15)
+        starts = _retrying(lambda: consumer.offsets_for_times(tps, timeout=15))
         todo: dict[tuple[str, int], int] = {}
         assign = []
         for tp in starts:
-            end = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=15)[1]
+            end = _retrying(lambda: consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=15))[1]
             if 0 <= tp.offset < end:  # -1: nothing stamped since then
                 todo[(tp.topic, tp.partition)] = end
                 assign.append(TopicPartition(tp.topic, tp.partition, tp.offset))
@@ -389,6 +389,29 @@ def read_since(settings: KafkaConfig, topics: list[str], since_ms: int, *, timeo
                         del todo[key]
     finally:
         consumer.close()
+
+
+def _retrying(call: Callable[[], Any], within: float = 15.0) -> Any:
+    """`call()`, again while it fails with an error Kafka calls retriable (a leader moving or just
+    elected: NOT_LEADER_FOR_PARTITION on a topic a moment old failed `xidstream incidents` in CI),
+    for up to `within` s; then, or at any other error, the error."""
+    import time
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            from confluent_kafka import KafkaError
+
+            err = exc.args[0] if exc.args else None
+            code = err.code() if hasattr(err, "code") else None
+            # librdkafka does not mark a ListOffsets' NOT_LEADER as retriable: the codes are named
+            moving = code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                              KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT)
+            if not (moving or (hasattr(err, "retriable") and err.retriable())) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def murmur2_partition(key: bytes, partitions: int) -> int:
