@@ -58,6 +58,11 @@ class FleetState:
     groups: dict = field(default_factory=dict)
     dirty_groups: set = field(default_factory=set)  # groups whose row changed since the app wrote them
     node_groups: dict = field(default_factory=dict)  # node -> {kind: value}: derived from `groups`
+    # command_id -> None, the last RELEASED_KEPT commands passed on, oldest first: a fleet message
+    # read twice (the consumer reading a partition again from its commit, at-least-once) is not
+    # released, counted by the breaker or grouped again. In memory only: a restarted worker may
+    # still send a command again, with its id, which the executors keep once.
+    released: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in _NOT_PERSISTED}
@@ -69,7 +74,12 @@ class FleetState:
         return state
 
 
-_NOT_PERSISTED = frozenset({"dirty_pods", "dirty_groups", "node_groups"})
+_NOT_PERSISTED = frozenset({"dirty_pods", "dirty_groups", "node_groups", "released"})
+# A rolling restart of the three-broker tier re-read 2 s of the fleet topic after the group
+# coordinator moved and put a command on gpu.remediation twice; a re-read covers the records since
+# the last commit (a quarter second, or the few seconds a coordinator's move holds commits), far
+# fewer than this many commands even in a fleet-wide storm's first minute.
+RELEASED_KEPT = 4096
 
 
 def breaker_time(ts: float, now: float | None, policy: Policy) -> float:
@@ -138,6 +148,12 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
     if kind != "command":
         return state, []
     cmd: RemediationCommand = msg["command"]
+    released = state.released
+    if cmd.command_id in released:
+        return state, []  # this command read again: already passed on (and counted)
+    released[cmd.command_id] = None
+    if len(released) > RELEASED_KEPT:
+        del released[next(iter(released))]
     if cmd.action not in BREAKER_ACTIONS:
         return state, [("command", cmd)]
     ts = breaker_time(cmd.ts.timestamp(), now, policy)

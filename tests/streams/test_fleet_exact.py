@@ -438,3 +438,49 @@ def test_each_node_is_named_by_its_newest_start_the_first_of_equal_times():
     starts = [[10.0, "n1", "i-a"], [5.0, "n1", "i-b"], [10.0, "n1", "i-c"], [3.0, "n2", "i-d"], [7.0, "n2", "i-e"],
               [20.0, "n3"]]  # a start kept before incident ids: names nothing
     assert _newest_incidents(starts) == {"n1": "i-a", "n2": "i-e"}
+
+
+# -- a fleet message read twice ------------------------------------------------------------------
+def _inventory(state, node, ts):
+    return fleet_step(state, {"kind": "inventory", "node": node, "ts": ts}, P)[0]
+
+
+def test_a_command_read_twice_is_released_and_counted_once():
+    """The three-broker rolling restart: after the group coordinator moved, the consumer read the
+    fleet topic again from its last commit and the agent put a command on gpu.remediation twice,
+    and counted its node toward the breaker twice. The second reading passes nothing on."""
+    s = FleetState()
+    for i in range(10):
+        s = _inventory(s, f"n{i}", T0.timestamp())
+    cordon = _cmd("n1", "CORDON_NODE", T0)
+    record = _cmd("n1", "RECORD", T0)
+    s, out = fleet_step(s, {"kind": "command", "command": cordon}, P)
+    assert out == [("command", cordon)] and len(s.starts) == 1
+    s, out = fleet_step(s, {"kind": "command", "command": record}, P)
+    assert out == [("command", record)]
+    for c in (cordon, record):
+        s, out = fleet_step(s, {"kind": "command", "command": c}, P)
+        assert out == [] and len(s.starts) == 1
+    # not one of the rows the agent writes: a restarted worker starts without it
+    assert "released" not in s.to_dict()
+    assert FleetState.from_dict(s.to_dict()).released == {}
+
+
+def test_the_commands_remembered_are_the_newest_release_kept():
+    from streams.fleet import RELEASED_KEPT
+
+    s = FleetState()
+    first = _cmd("n1", "RECORD", T0)
+    s, _ = fleet_step(s, {"kind": "command", "command": first}, P)
+    ids = [first.command_id]
+    for i in range(RELEASED_KEPT - 1):
+        c = first.model_copy(update={"command_id": f"c-{i}"})
+        s, _ = fleet_step(s, {"kind": "command", "command": c}, P)
+        ids.append(c.command_id)
+    assert list(s.released) == ids  # RELEASED_KEPT of them, oldest first: the first still known
+    s, out = fleet_step(s, {"kind": "command", "command": first}, P)
+    assert out == []
+    s, _ = fleet_step(s, {"kind": "command", "command": first.model_copy(update={"command_id": "c-new"})}, P)
+    assert len(s.released) == RELEASED_KEPT and first.command_id not in s.released
+    s, out = fleet_step(s, {"kind": "command", "command": first}, P)
+    assert out == [("command", first)]  # forgotten: passed on again
