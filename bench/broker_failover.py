@@ -1,6 +1,7 @@
 """Broker failover benchmark on the local three-broker cluster: prints figures; not a test.
 
     .venv/bin/python bench/broker_failover.py [--kills 10] [--rate 200] [--latency-records 2000]
+        [--worker-runs 3] [--worker-gpus 2000] [--worker-seconds 20]
 
 Uses the cluster of `xidstream broker start --brokers 3` (started for the run and stopped after,
 unless one runs already). One topic of 3 partitions, replication 3, min.insync.replicas 2.
@@ -19,6 +20,12 @@ unless one runs already). One topic of 3 partitions, replication 3, min.insync.r
    must be 0) and duplicated (read back twice, by event id; idempotence makes it 0), and how many
    produce() calls never got an acknowledgement (must be 0 with delivery.timeout.ms at its
    default of 2 min).
+4. The worker's throughput with its producer (table changelogs, alerts, commands, the fleet
+   topic) at acks=all and at acks=1 (`XIDSTREAM_PROCESSOR_ACKS=1`, for this measurement only),
+   alternating, `--worker-runs` times each: the method of `bench/processor_bench.py` figure 1 (a
+   `--worker-gpus` x `--worker-seconds` simulated fleet loaded first, then one worker from the
+   start; records / time from its first commit to committed lag 0) on topics of 3 partitions,
+   replication 3 and min.insync.replicas 2. `--worker-runs 0` leaves it out.
 """
 
 from __future__ import annotations
@@ -180,11 +187,39 @@ def recovery(load: Load, parts: list[int], t0: float, timeout: float) -> tuple[f
     return None, None
 
 
+def worker_throughput(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Figure 4: `bench/processor_bench.py`'s throughput run on the cluster, acks=all and acks=1
+    alternating (the same machine load for both); the worker's rates by acks."""
+    import tempfile
+
+    from bench import processor_bench as pb
+
+    rates: dict[str, list[float]] = {"all": [], "1": []}
+    tmp = Path(tempfile.mkdtemp(prefix="xs-failover-bench-"))
+    b = pb.Bench(cluster.bootstrap, PARTITIONS, tmp, replication=3)
+    ns = argparse.Namespace(gpus=args.worker_gpus, seconds=args.worker_seconds)
+    try:
+        for i in range(1, args.worker_runs + 1):
+            for acks in ("all", "1"):
+                b.worker_env = {"XIDSTREAM_PROCESSOR_ACKS": acks}
+                say(f"worker throughput, run {i}/{args.worker_runs}, acks={acks}")
+                rates[acks].append(pb.throughput_run(b, ns, i)["rate"])
+    finally:
+        b.close()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rates
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=10, help="leader SIGKILLs (default 10)")
     ap.add_argument("--rate", type=float, default=200.0, help="records per second during the kills (default 200)")
     ap.add_argument("--latency-records", type=int, default=2000, help="records per acks setting (default 2000)")
+    ap.add_argument("--worker-runs", type=int, default=3, help="worker throughput runs per acks setting (default 3; 0: none)")
+    ap.add_argument("--worker-gpus", type=int, default=2000, help="worker throughput: simulated GPUs (default 2000)")
+    ap.add_argument("--worker-seconds", type=int, default=20, help="worker throughput: seconds of 1 Hz telemetry (default 20)")
     args = ap.parse_args()
 
     t_start = time.monotonic()
@@ -253,6 +288,11 @@ def main() -> int:
         print(f"  records lost {len(lost)}, duplicated {dup} (acknowledged {len(load.acked)})")
         print(f"  publish latency acks=all p50 {pct(lat['all'], .5):.2f} ms p99 {pct(lat['all'], .99):.2f} ms; "
               f"acks=1 p50 {pct(lat['1'], .5):.2f} ms p99 {pct(lat['1'], .99):.2f} ms")
+        if args.worker_runs > 0:
+            rates = worker_throughput(cluster, args)
+            print(f"  worker throughput ({args.worker_gpus:,} GPUs x {args.worker_seconds} s, median of {args.worker_runs}): "
+                  f"acks=all {statistics.median(rates['all']):,.0f}/s, acks=1 {statistics.median(rates['1']):,.0f}/s "
+                  f"(runs: all {', '.join(f'{r:,.0f}' for r in rates['all'])}; 1 {', '.join(f'{r:,.0f}' for r in rates['1'])})")
         print(f"  run took {time.monotonic() - t_start:.0f} s")
         return 0 if not lost and not dup and len(to_write) == args.kills else 1
     finally:

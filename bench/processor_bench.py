@@ -100,16 +100,23 @@ class Bench:
     tmp: Path
     runs: list[Settings] = field(default_factory=list)
     workers: list[WorkerProcess] = field(default_factory=list)
+    # bench/broker_failover.py: topics of 3 replicas (min ISR 2) on the three-broker cluster, and
+    # the workers' environment (XIDSTREAM_PROCESSOR_ACKS)
+    replication: int = 1
+    worker_env: dict = field(default_factory=dict)
 
     def fresh(self, what: str) -> Settings:
         s = Settings(bootstrap=self.bootstrap, topic_prefix=f"pbench-{what}-{uuid.uuid4().hex[:6]}.",
-                     partitions=self.partitions)
+                     partitions=self.partitions, replication_factor=self.replication,
+                     min_insync_replicas=min(2, self.replication))
         self.runs.append(s)
         create_topics(s)
         return s
 
     def worker(self, s: Settings, name: str) -> WorkerProcess:
-        w = WorkerProcess(s, self.tmp, name=name).start()
+        env = {**self.worker_env, "XIDSTREAM_REPLICATION": str(self.replication),
+               "XIDSTREAM_MIN_INSYNC_REPLICAS": str(min(2, self.replication))}
+        w = WorkerProcess(s, self.tmp, name=name, env=env).start()
         self.workers.append(w)
         return w
 

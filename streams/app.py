@@ -383,7 +383,7 @@ def _faust_app(settings: KafkaConfig, app_name: str, *, web_port: int | None, we
         web_tables_enabled=False,
         web_graph_enabled=False,
         web_stats_enabled=False,
-        producer_acks=-1,
+        producer_acks=1 if faust_fast.processor_acks() == "1" else -1,  # -1: all (see IdempotentProducer)
         **extra,
     )
 

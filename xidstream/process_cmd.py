@@ -85,6 +85,15 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions, node=args.node,
         replication_factor=args.replication_factor, min_insync_replicas=args.min_insync_replicas)
     settings.validate()
+    from streams.faust_fast import PROCESSOR_ACKS_ENV, processor_acks
+
+    try:
+        if processor_acks() == "1":
+            print(f"xidstream process: {PROCESSOR_ACKS_ENV}=1: commands and table rows are written with acks=1, "
+                  f"without idempotence; a leader's loss can lose what it acknowledged (for measurement only)",
+                  file=sys.stderr, flush=True)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     policy = load_policy(args.policy or conf.get("policy"))
     signing_key = None
     if args.signing_key or conf.get("signing_key"):

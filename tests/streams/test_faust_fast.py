@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
+import pytest
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from intervaltree import IntervalTree
@@ -920,6 +921,28 @@ def test_the_workers_producer_is_idempotent_with_acks_all():
     idempotent, extra = asyncio.run(made())
     assert idempotent, "aiokafka made no transaction manager: idempotence is off"
     assert extra == {"acks": "all", "enable_idempotence": True}
+
+
+def test_acks_1_only_when_the_measurement_asks_for_it_and_nothing_else_is_taken(monkeypatch):
+    """bench/broker_failover.py sets XIDSTREAM_PROCESSOR_ACKS=1 to measure what acks=all costs the
+    worker: then acks=1 and no idempotence (aiokafka refuses idempotence without acks=all). Any
+    other value is refused by name, not read as one of the two."""
+    from streams import faust_fast
+    from streams.app import create_app
+    from transport.config import KafkaConfig
+
+    def extra() -> tuple:
+        app = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app
+        return app.conf.producer_acks, app.producer._settings_extra()
+
+    monkeypatch.setenv("XIDSTREAM_PROCESSOR_ACKS", "1")
+    assert extra() == (1, {"acks": 1, "enable_idempotence": False})
+    monkeypatch.setenv("XIDSTREAM_PROCESSOR_ACKS", "ALL")
+    assert extra() == (-1, {"acks": "all", "enable_idempotence": True})
+    for bad in ("0", "-1", "one", ""):
+        monkeypatch.setenv("XIDSTREAM_PROCESSOR_ACKS", bad)
+        with pytest.raises(ValueError, match="XIDSTREAM_PROCESSOR_ACKS"):
+            faust_fast.processor_acks()
 
 
 # -- mend_aiokafka: aiokafka 0.14's consumer after leadership moves (three-broker tier) ----------
