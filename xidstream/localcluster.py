@@ -62,6 +62,85 @@ class ClusterNode(LocalBroker):
     def _passwords_file(self) -> Path:
         return self.cluster.state_dir / "passwords.json"
 
+    # Kafka 4.0.2's combined broker+controller finishes its controlled shutdown in 2-3 s here (its
+    # broker's then its controller's request handlers "shut down completely", the last lines it
+    # logs) and then does not exit: every stop waited out the 30 s grace for the SIGKILL, 90 s of
+    # each rolling restart. By then the broker's logs are closed (the node restarts with "Skipping
+    # recovery ... since clean shutdown file was found") and the controller serves no request; the
+    # quorum's log is written through on each append. So the node gets EXIT_AFTER_DONE_S more.
+    EXIT_AFTER_DONE_S = 5.0
+
+    def _shutdown_logged(self, since: int) -> bool:
+        """Both request handler pools of this node said "shut down completely" after `since` (an
+        offset of its log)."""
+        line = b"Request Handler on Broker %d], shut down completely" % self.node_id
+        try:
+            with self.log_file.open("rb") as fh:
+                fh.seek(since)
+                return fh.read().count(line) >= 2
+        except OSError:
+            return False
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_file.stat().st_size
+        except OSError:
+            return 0
+
+    def await_exit(self, pid: int, since: int, deadline: float) -> None:
+        """Wait for `pid` (this node, sent SIGTERM when its log was `since` long) to exit; SIGKILL
+        it at `deadline`, or EXIT_AFTER_DONE_S after its shutdown was logged, whichever is first."""
+        done_at = None
+        while True:
+            try:
+                os.kill(pid, 0)
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            except ProcessLookupError:
+                return
+            now = time.monotonic()
+            if done_at is None and self._shutdown_logged(since):
+                done_at = now
+            if done_at is not None and now - done_at >= self.EXIT_AFTER_DONE_S:
+                self._log(f"node {self.node_id} shut down but its JVM did not exit within "
+                          f"{self.EXIT_AFTER_DONE_S:.0f} s; killing it")
+                break
+            if now >= deadline:
+                # a node whose quorum is gone can wait long for a controlled shutdown
+                self._log(f"node {self.node_id} did not stop within its grace; killing it")
+                break
+            time.sleep(0.2)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        end = time.monotonic() + 10
+        while time.monotonic() < end:  # reaped when it is our child, so no zombie keeps its PID
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    return
+            except ChildProcessError:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return
+            time.sleep(0.05)
+
+    def stop(self, grace: float = 30.0) -> bool:
+        """SIGTERM (a controlled shutdown: leadership handed over first); True if it ran."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        since = self._log_size()
+        self._log(f"stopping node {self.node_id} (pid {pid})")
+        os.kill(pid, signal.SIGTERM)
+        self.await_exit(pid, since, time.monotonic() + grace)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
     def _passwords(self) -> dict[str, str]:
         if not self._passwords_file.exists():
             # formatted storage of any node without the file: its users' passwords are lost
@@ -344,28 +423,14 @@ class LocalCluster:
         """Stop every node (SIGTERM all first, so they shut down together; then wait)."""
         running = [(n, n.pid()) for n in self.nodes]
         running = [(n, p) for n, p in running if p is not None]
+        since = {}
         for n, pid in running:
+            since[n.node_id] = n._log_size()
             n._log(f"stopping node {n.node_id} (pid {pid})")
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
         for n, pid in running:
-            while time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                    try:
-                        os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:
-                        pass
-                except ProcessLookupError:
-                    break
-                time.sleep(0.2)
-            else:
-                # a node whose quorum is gone can wait long for a controlled shutdown
-                n._log(f"node {n.node_id} did not stop within 30 s; killing it")
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            n.await_exit(pid, since[n.node_id], deadline)
             n.pid_file.unlink(missing_ok=True)
         return bool(running)
 
