@@ -81,12 +81,18 @@ class _KillAfterXid43:
         return self.sink.stats()
 
 
-def _decoded(settings: Settings, names: list[str], expected: int | None = None) -> dict[str, list]:
+def _decoded(settings: Settings, names: list[str], expected: int | None = None,
+             appended: dict | None = None) -> dict[str, list]:
+    """The records of `names` by logical topic; `appended` (when given) gets each record's append
+    time (the producer's clock, ms) by id() of the decoded record, to tell which worker sent it."""
     reg = settings.topics
     out: dict[str, list] = {n: [] for n in names}
     topics = [reg.name(n) for n in names]
     for m in read_all(settings, topics, timeout=60, idle=3, expected=expected):
-        out[m.topic()[len(settings.topic_prefix):]].append(decode_any(m.value()))
+        rec = decode_any(m.value())
+        out[m.topic()[len(settings.topic_prefix):]].append(rec)
+        if appended is not None:
+            appended[id(rec)] = m.timestamp()[1]
     return out
 
 
@@ -111,6 +117,7 @@ def _run_incident(cluster, settings: Settings, tmp: Path, fault) -> dict:
 
         def at_xid43() -> None:
             assert state["worker"].wait_idle(watch, timeout=120), f"{state['worker'].idle_seen}\n{state['worker'].tail()}"
+            state["fault_at"] = time.time()
             state.update(fault(state["worker"]) or {})
 
         front = _KillAfterXid43(sink, at_xid43)
@@ -121,8 +128,9 @@ def _run_incident(cluster, settings: Settings, tmp: Path, fault) -> dict:
         sink.close()
         assert state["worker"].wait_idle(watch, timeout=180), f"{state['worker'].idle_seen}\n{state['worker'].tail()}"
         inputs = _decoded(settings, list(INPUT_TOPICS), expected=sum(stats["published"].values()))
-        outputs = _decoded(settings, ["gpu.alerts", "gpu.remediation", "xidstream.deadletter"])
-        return {"stats": stats, "inputs": inputs, "outputs": outputs, "scenario": scenario, **state}
+        appended: dict = {}
+        outputs = _decoded(settings, ["gpu.alerts", "gpu.remediation", "xidstream.deadletter"], appended=appended)
+        return {"stats": stats, "inputs": inputs, "outputs": outputs, "scenario": scenario, "appended": appended, **state}
     finally:
         state["worker"].stop()
 
@@ -193,7 +201,24 @@ def _check_incident(run: dict, settings: Settings, *, resent: bool = False) -> N
     got, want = _verdicts(alerts, commands), _verdicts(engine.alerts, engine.commands)
     assert got == want, "the worker's verdicts differ from the pure path's:\n" + "\n".join(
         f"{kind}: worker {g} / pure path {w}" for kind, gs, ws in (("alert", got[0], want[0]), ("command", got[1], want[1]))
-        for g, w in itertools.zip_longest(gs, ws) if g != w)
+        for g, w in itertools.zip_longest(gs, ws) if g != w) + "\n" + _who_sent(run, alerts + commands)
+
+
+def _who_sent(run: dict, records: list) -> str:
+    """Each output with its append time against the fault's (which worker sent it), and the
+    inputs of the wedged GPU in their topics' order: what a failure needs to be explained."""
+    at = run.get("fault_at")
+    lines = [f"fault at {at}"]
+    for r in records:
+        t = run["appended"].get(id(r))
+        rel = f"{(t / 1000 - at):+.2f}s" if t and at else "?"
+        lines.append(f"  {rel} {type(r).__name__} {getattr(r, 'action', getattr(r, 'classification', ''))} "
+                     f"{getattr(r, 'command_id', getattr(r, 'alert_id', ''))} step={getattr(r, 'step', '')} "
+                     f"state={getattr(r, 'state', '')} {getattr(r, 'summary', getattr(r, 'reason', ''))[:160]}")
+    lines += [f"  input {type(r).__name__} {r.ts.isoformat()} {getattr(r, 'xid', '')} {r.event_id}"
+              for recs in run["inputs"].values() for r in recs
+              if getattr(r, "gpu_uuid", None) == WEDGED_GPU and type(r).__name__ in ("XidEvent", "WorkloadEvent")]
+    return "\n".join(lines)
 
 
 def test_leader_killed_between_xid43_and_the_wedge_verdict(kafka_cluster, tmp_path):
