@@ -77,20 +77,21 @@ demo: jars
 demo-cluster: jars kube
 	$(XS) demo-cluster
 
-# The test session starts the broker and the API server once (tests/conftest.py) and stops them.
+# The test session starts the broker and the API server once (tests/conftest.py) and stops them;
+# the cluster tier (below) runs last, on its own three brokers.
 test: jars kube helm promtool chromium
 	$(BIN)/pytest -q
 
-# The cluster tier (tests/cluster/, marker `cluster`; `make test` deselects it): a local KRaft cluster
-# of three brokers (`xidstream broker start --brokers 3`, .xidstream/cluster/) started once for the
-# run and stopped at the end; leaders SIGKILLed mid-incident, a rolling restart under a 1,000-GPU fleet.
-# Not yet steady enough for CI: one failure in six runs is still unexplained (docs/development.md
-# "Still open"), so CI does not run it.
+# The cluster tier alone (tests/cluster/, marker `cluster`; `make test` runs it after everything
+# else): a local KRaft cluster of three brokers (`xidstream broker start --brokers 3`,
+# .xidstream/cluster/) started once for the run and stopped at the end; leaders SIGKILLed
+# mid-incident, a rolling restart under a 1,000-GPU fleet, the secure cluster (about 6 minutes).
 test-cluster: jars
 	$(BIN)/pytest -q -m cluster tests/cluster
 
 # Leader failover on that cluster: time to the first write and read after a SIGKILL, loss and
-# duplicates, acks=all vs acks=1 (docs/development.md). Not part of `make bench` (three JVMs).
+# duplicates, acks=all vs acks=1 on publish latency and on the worker's throughput
+# (docs/operations.md). Not part of `make bench` (three JVMs).
 bench-failover: jars
 	$(BIN)/python bench/broker_failover.py
 

@@ -28,7 +28,7 @@ from xidstream.settings import Settings
 
 # fixture -> the marker of the server it starts
 _SERVER_FIXTURES = {"kafka_bootstrap": "broker", "kafka_settings": "broker", "secure_kafka": "broker",
-                    "kube": "kube"}
+                    "kafka_cluster": "broker", "secure_kafka_cluster": "broker", "kube": "kube"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

@@ -1,9 +1,11 @@
 """The cluster tier: tests on a local three-broker KRaft cluster (`xidstream broker start
 --brokers 3`, `.xidstream/cluster/`, ports 19592-19597), started once per run by the session
-fixture `kafka_cluster` and stopped at the end; it never touches the single broker of `make test`.
+fixture `kafka_cluster` and stopped at the end; it never touches the single broker of the rest.
 
-Marked `cluster` and run only when asked for (`make test-cluster`, or `pytest -m cluster`): a plain
-`pytest` or `make test` deselects them, so the ordinary run never starts three more JVMs.
+Marked `cluster` (and `broker`, so the fast tier leaves them out). `make test` runs them after
+every other test, so the three JVMs never run beside the rest of the suite: on a 2-core machine
+they would slow every test that runs meanwhile. `pytest -m "not cluster"` leaves them out;
+`make test-cluster` (`pytest -m cluster tests/cluster`) runs only them.
 Set XIDSTREAM_CLUSTER_KEEP=1 to leave the cluster running after the run (a second run reuses it).
 """
 
@@ -15,14 +17,8 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-    if "cluster" in (config.getoption("-m") or ""):
-        return
-    keep, drop = [], []
-    for item in items:
-        (drop if item.get_closest_marker("cluster") else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    # tests/cluster sorts before tests/collectors: move the tier to the end of the run
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("cluster") is not None)
 
 
 # The clusters this run started, stopped before it starts another: on a 2-core machine one
