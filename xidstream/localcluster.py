@@ -116,17 +116,7 @@ class ClusterNode(LocalBroker):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        end = time.monotonic() + 10
-        while time.monotonic() < end:  # reaped when it is our child, so no zombie keeps its PID
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    return
-            except ChildProcessError:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    return
-            time.sleep(0.05)
+        _reap(pid, 10)
 
     def stop(self, grace: float = 30.0) -> bool:
         """SIGTERM (a controlled shutdown: leadership handed over first); True if it ran."""
@@ -246,19 +236,25 @@ class ClusterNode(LocalBroker):
             return False
         self._log(f"killing node {self.node_id} (pid {pid}) with SIGKILL")
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                    break
-            except ChildProcessError:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-            time.sleep(0.05)
+        _reap(pid, 10)
         self.pid_file.unlink(missing_ok=True)
         return True
+
+
+def _reap(pid: int, timeout: float) -> None:
+    """Wait up to `timeout` s for a SIGKILLed `pid` to be gone; reaped when it is our child, so no
+    zombie keeps its PID (and `os.kill(pid, 0)` stops answering)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+        time.sleep(0.05)
 
 
 def _passwords_of(node: ClusterNode) -> dict[str, str]:
