@@ -439,8 +439,11 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
     # application class: the lines of one fault within burst_seconds are one occurrence, per workload
     occ = None
     for o in reversed(state.occurrences):
-        # abs(): a line stamped ahead (within the skew bound) must not swallow the faults after it
-        if abs(ts - o["ts"]) <= policy.burst_seconds and (o["wl"] == wl or o["wl"] is None or wl is None):
+        # abs(): a line stamped ahead (within the skew bound) must not swallow the faults after it.
+        # One PID is one workload however it is named: a death read before the fault's lines names
+        # the first line's occurrence by pod (`name_by_deaths`) and not the next line's PID.
+        if abs(ts - o["ts"]) <= policy.burst_seconds and (o["wl"] == wl or o["wl"] is None or wl is None
+                                                           or (x.pid is not None and o["pid"] == x.pid)):
             occ = o
             break
     if occ is not None:

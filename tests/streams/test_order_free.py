@@ -32,7 +32,7 @@ from schemas import Classification, load_scenario
 from schemas.vocab import NODE_ACTIONS, Action
 from streams.engine import Engine
 from tests.streams.builders import GPU, at, inventory, procs, sample, xid, workload
-from schemas import ComputeApp, GpuProcesses, XidEvent
+from schemas import ComputeApp, GpuProcesses, WorkloadEvent, XidEvent
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Every library scenario the pure engine can run alone (the others answer commands through
@@ -135,6 +135,20 @@ def test_a_worker_that_keeps_up_gives_every_verdict_and_command_at_the_same_time
     published = decisions(fold(records), everything=True)
     read = decisions(fold(interleave(records, random.Random(seed), max_lag_s=60)), everything=True)
     assert read == published
+
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["motivating-incident", "crash-looping-pod", "xid31-three-pids"]),
+       seed=st.integers(0, 2**32 - 1), lag=st.sampled_from([None, 120, 240]))
+def test_any_read_order_records_each_application_fault_once(name, seed, lag):
+    """One RECORD per application fault whichever topic is read ahead: the pod's death, the process
+    lists or the Xid lines (16f55ff's CI run: the death read before the lines made one fault two)."""
+    def records(engine: Engine) -> list:
+        return sorted((c.gpu_uuid, c.ts) for c in engine.commands
+                      if c.action == Action.RECORD and "application fault" in c.reason)
+    recs = records_of(name)
+    assert records(fold(interleave(recs, random.Random(seed), max_lag_s=lag))) == records(fold(recs))
 
 
 # -- the issue's case: GPU 7 of 8 wedges while its neighbours run healthy jobs -------------------
@@ -292,3 +306,20 @@ def test_an_open_fault_read_late_counts_with_a_newer_closed_one():
     assert found is not None and found[0] == 1100.0
     state.occurrences[1]["closed"] = True  # both closed: never again
     assert earliest_suspect(state, Policy()) is None
+
+
+def test_the_lines_of_one_fault_read_after_the_pods_death_are_one_occurrence():
+    """The clean-clone CI run of 16f55ff failed on the three-broker incident test: the worker read
+    the motivating incident's pod death (+123 s) before its Xid 13 lines (+120 s) and before any
+    process list named PID 4242's pod. The first line's fault was named by the death (pod:...),
+    the second line's PID was not (pid:4242), so the one fault became two occurrences and two
+    RECORD commands. The lines of one PID within `burst_seconds` are one fault, however named."""
+    records = records_of("motivating-incident")
+    first = [r for r in records if isinstance(r, WorkloadEvent) and r.event.value == "failed"][:1]
+    death_first = first + [r for r in records if r not in first and type(r) is not GpuProcesses] + \
+        [r for r in records if type(r) is GpuProcesses]
+    for order in (records, death_first):
+        engine = fold(order)
+        assert [c.action for c in engine.commands if c.action == Action.RECORD] == [Action.RECORD]
+        apps = [a for a in engine.alerts if a.classification == Classification.APP_FAULT]
+        assert [str(getattr(a.state, "value", a.state)) for a in apps][:1] == ["open"]
