@@ -437,9 +437,10 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
                 del pods[k]
     settling = False
     for o in state.occurrences:
-        if learned and o["pid"] is not None and (o["wl"] or "").startswith("pid:"):
+        if learned and o["pid"] is not None and ((o["wl"] or "").startswith("pid:") or o.get("by_death")):
             pod = state.pods.get(str(o["pid"]))
-            if pod:  # the fault was read before the process list that names its pod
+            if pod:  # the fault was read before the process list that names its pod (a death
+                # read first may have named another pod's; the list says whose the PID was)
                 o["wl"], o["pod"], o["by_death"] = f"pod:{pod}", pod, False
         if (before is None or before < o["ts"]) and state.procs_ts >= o["ts"]:
             settling = True

@@ -323,3 +323,18 @@ def test_the_lines_of_one_fault_read_after_the_pods_death_are_one_occurrence():
         assert [c.action for c in engine.commands if c.action == Action.RECORD] == [Action.RECORD]
         apps = [a for a in engine.alerts if a.classification == Classification.APP_FAULT]
         assert [str(getattr(a.state, "value", a.state)) for a in apps][:1] == ["open"]
+
+
+def test_a_process_list_read_late_names_its_pid_over_another_pods_death():
+    """One pod's process faults twice; another pod on the GPU dies 2 s after the first fault. In
+    time order the process list names both faults' pod (one workload: no quarantine). With the
+    lists read last the death named the first fault, and the list that came after did not take it
+    back: two workloads, GPU_SUSPECT and a QUARANTINE_GPU of a GPU one tenant faulted."""
+    recs = [inventory(), *[sample(t) for t in range(0, 400, 10)], *[procs(t, 7) for t in range(0, 400, 10)],
+            xid(100, 13, pid=7), workload(102, pod="other"), xid(200, 13, pid=7)]
+    recs.sort(key=lambda r: r.ts)
+    lists_last = [r for r in recs if type(r) is not GpuProcesses] + [r for r in recs if type(r) is GpuProcesses]
+    for order in (recs, lists_last):
+        engine = fold(order)
+        assert [c.action for c in engine.commands] == [Action.RECORD, Action.RECORD]
+        assert {a.classification for a in engine.alerts} == {Classification.APP_FAULT}
