@@ -151,7 +151,7 @@ def step(state: GpuState | None, key: str, record: Record, policy: Policy) -> tu
             silent = state.silent_procs_ts
             if silent is None or silent <= last:
                 state.silent_procs_ts = ts
-        if (fold_processes(state, record, ts) or waiting) and state.occurrences:
+        if (fold_processes(state, record, ts, policy) or waiting) and state.occurrences:
             _check_suspect(state, policy, outputs)
         if state.pinned_since is not None:
             _check_pinned(state, policy, outputs)
@@ -440,8 +440,9 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
     occ = None
     for o in reversed(state.occurrences):
         # abs(): a line stamped ahead (within the skew bound) must not swallow the faults after it.
-        # One PID is one workload however it is named: a death read before the fault's lines names
-        # the first line's occurrence by pod (`name_by_deaths`) and not the next line's PID.
+        # Lines of one PID within burst_seconds are one workload however it was named: a death
+        # read before them names the first line's occurrence by pod (`name_by_deaths`), and not
+        # the next line's PID.
         if abs(ts - o["ts"]) <= policy.burst_seconds and (o["wl"] == wl or o["wl"] is None or wl is None
                                                            or (x.pid is not None and o["pid"] == x.pid)):
             occ = o

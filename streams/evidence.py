@@ -257,10 +257,16 @@ DEATH_AFTER_FAULT_S = 30.0
 # How long a fault no process list named waits, on the GPU's clock, before its workload counts:
 # the death that may name it (30 s), read up to a minute behind the samples (a worker that keeps up).
 NAME_WAIT_S = 90.0
+# How long after its fault a process list that first names the fault's PID still names its pod:
+# the collector lists every GPU's processes at each sample (1 s by default), so a faulting process
+# that was listed at all is listed within seconds; a PID first listed later may be a new process
+# that reused it (pid_max 32768 wraps on a busy node).
+LIST_AFTER_FAULT_S = 30.0
 
 
 def _named_by_lists(o: dict) -> bool:
-    """An occurrence whose pod a process list named (never taken back by a death)."""
+    """An occurrence whose pod a process list named: a death never takes that name back (a list
+    read after a death takes the death's name back, `fold_processes`)."""
     return (o["wl"] or "").startswith("pod:") and not o.get("by_death")
 
 
@@ -412,9 +418,10 @@ def _drop_runs(state: GpuState, runs: list, n: int) -> None:
     del runs[:max(n, 0)]
 
 
-def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
-    """Fold a process snapshot; True when it settled an application occurrence's workload (see
-    `settled`), so the suspect rule must look again."""
+def fold_processes(state: GpuState, p: GpuProcesses, ts: float, policy: Policy | None = None) -> bool:
+    """Fold a process snapshot; True when it settled or renamed an application occurrence's
+    workload (see `settled`), so the suspect rule must look again. With `policy`, a death whose
+    fault the list took back names again (`name_by_deaths`)."""
     before = state.procs_ts
     if before is None or ts > before:
         state.procs_ts = ts
@@ -435,15 +442,22 @@ def fold_processes(state: GpuState, p: GpuProcesses, ts: float) -> bool:
             excess = len(pods) - _PODS_KEPT
             for k in [k for k in pods if k not in live][:excess]:
                 del pods[k]
-    settling = False
+    settling = freed = False
     for o in state.occurrences:
-        if learned and o["pid"] is not None and ((o["wl"] or "").startswith("pid:") or o.get("by_death")):
+        # The fault was read before the process list that names its PID's pod. That list names
+        # it over a death read first (the death may be another pod's; the list says whose the PID
+        # was), but only a list of the fault's time: a PID listed later may be another process's.
+        if learned and o["pid"] is not None and ts - o["ts"] <= LIST_AFTER_FAULT_S \
+                and ((o["wl"] or "").startswith("pid:") or o.get("by_death")):
             pod = state.pods.get(str(o["pid"]))
-            if pod:  # the fault was read before the process list that names its pod (a death
-                # read first may have named another pod's; the list says whose the PID was)
+            if pod and (o["wl"] != f"pod:{pod}" or o.get("by_death")):
+                freed = freed or bool(o.get("by_death"))
                 o["wl"], o["pod"], o["by_death"] = f"pod:{pod}", pod, False
+                settling = True
         if (before is None or before < o["ts"]) and state.procs_ts >= o["ts"]:
             settling = True
+    if freed and policy is not None:
+        name_by_deaths(state, policy)  # the death the list took a fault from may name another
     kind = (COMPUTE if compute else NO_PROCESS) if compute is not None else snapshot_kind(p)
     runs = state.proc_runs
     if runs and runs[-1][0] == kind and ts >= runs[-1][2]:

@@ -31,7 +31,7 @@ from collectors.sink import MemorySink
 from schemas import Classification, load_scenario
 from schemas.vocab import NODE_ACTIONS, Action
 from streams.engine import Engine
-from tests.streams.builders import GPU, at, inventory, procs, sample, xid, workload
+from tests.streams.builders import GPU, NODE, PCI, at, inventory, procs, sample, xid, workload
 from schemas import ComputeApp, GpuProcesses, WorkloadEvent, XidEvent
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -338,3 +338,34 @@ def test_a_process_list_read_late_names_its_pid_over_another_pods_death():
         engine = fold(order)
         assert [c.action for c in engine.commands] == [Action.RECORD, Action.RECORD]
         assert {a.classification for a in engine.alerts} == {Classification.APP_FAULT}
+
+
+def _listing(t: float, *apps: tuple[int, str]) -> GpuProcesses:
+    return GpuProcesses(ts=at(t), node=NODE, gpu_uuid=GPU, gpu_index=1, pci_bus_id=PCI,
+                        compute_apps=[ComputeApp(pid=p, process_name="python3", pod_uid=u) for p, u in apps])
+
+
+def test_a_death_a_late_process_list_took_back_names_the_fault_it_names_in_time_order():
+    """Pod B's listed process (PID 7) and its unlisted child (PID 8) fault; then B dies. In time
+    order the list names PID 7's fault and the death names PID 8's: one workload, two RECORDs. With
+    the lists read last the death named PID 7's fault, the list took it back, and the death was
+    never used again: PID 8's fault stayed `pid:8`, two workloads, a QUARANTINE_GPU (found by a
+    review of the fix above)."""
+    recs = sorted([inventory(), *[sample(t) for t in range(0, 400, 10)], *[_listing(t, (7, "uid-B")) for t in range(0, 400, 10)],
+                   xid(100, 13, pid=8), xid(110, 13, pid=7), workload(112, pod="B")], key=lambda r: r.ts)
+    lists_last = [r for r in recs if type(r) is not GpuProcesses] + [r for r in recs if type(r) is GpuProcesses]
+    for order in (recs, lists_last):
+        assert [c.action for c in fold(order).commands] == [Action.RECORD, Action.RECORD]
+
+
+def test_a_pid_listed_long_after_its_fault_does_not_rename_it():
+    """Pod B dies after each of three faults (PIDs 8, 9, 10): one workload. PID 8 is reused minutes
+    later by pod C's process; the list that names it must not make the first fault pod C's (two
+    workloads, a quarantine of a GPU pod C never faulted)."""
+    recs = sorted([inventory(), *[sample(t) for t in range(0, 400, 10)],
+                   *[_listing(t) for t in range(0, 300, 10)], *[_listing(t, (8, "uid-C")) for t in range(300, 400, 10)],
+                   xid(100, 13, pid=8), workload(101, pod="B"), xid(200, 13, pid=9), workload(201, pod="B"),
+                   xid(350, 13, pid=10), workload(351, pod="B")], key=lambda r: r.ts)
+    engine = fold(recs)
+    assert [c.action for c in engine.commands] == [Action.RECORD] * 3
+    assert {a.classification for a in engine.alerts} == {Classification.APP_FAULT}
