@@ -56,3 +56,14 @@ def kafka_cluster():
 def secure_kafka_cluster():
     """The SASL_SSL variant (`--secure`): `client_config(role)` / `client_file(role)` per role."""
     yield from _cluster(secure=True)
+
+
+@pytest.fixture(autouse=True)
+def _balanced_cluster(request):
+    """Each test starts on a cluster whose leaderships will not move under it: a node an earlier
+    test restarted gets its preferred leaderships back now, not at the controller's next check
+    with this test's worker just joined (`LocalCluster.wait_balanced`)."""
+    for name in ("kafka_cluster", "secure_kafka_cluster"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).wait_balanced(120)
+
