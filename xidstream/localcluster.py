@@ -506,7 +506,9 @@ class LocalCluster:
         imbalance check (`leader.imbalance.check.interval.seconds`, 30 s here), and a group
         coordinator moving then, under a worker that has just joined, left it without a commit for
         two minutes (the cluster tier, 2026-12-04). So the election is asked for now and awaited."""
-        from confluent_kafka import ElectionType, TopicPartition
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        from confluent_kafka import ElectionType, KafkaException, TopicPartition
 
         deadline = time.monotonic() + timeout
         self.wait_in_sync(timeout)
@@ -522,9 +524,14 @@ class LocalCluster:
             if not off:
                 return
             moved = [f"{tp.topic}[{tp.partition}]" for tp in off]
-            try:  # each partition's own error (e.g. its preferred replica not in sync yet): try again
-                self._admin().elect_leaders(ElectionType.PREFERRED, off, request_timeout=10).result()
-            except Exception:  # noqa: BLE001
+            # No timeout keyword: confluent-kafka 2.16.1's elect_leaders raises SystemError ("more
+            # argument specifiers than keyword list entries") on request_timeout= or
+            # operation_timeout=, and a bare except here once hid it, so this wait did nothing but
+            # wait for the controller's check. Each partition's own error (its preferred replica
+            # not in sync yet) is in the result, not raised: the loop asks again.
+            try:
+                self._admin().elect_leaders(ElectionType.PREFERRED, off).result(10)
+            except (KafkaException, FutureTimeout):  # the request failed or hangs (the controller moving): again
                 pass
             time.sleep(0.5)
         raise BrokerError(f"{len(moved)} partition(s) not led by their preferred replica after {timeout:.0f}s: "
