@@ -8,6 +8,7 @@ than faust expects (runtime-notes section 2: 1 of 40 keys matched with librdkafk
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from confluent_kafka import KafkaException
@@ -641,15 +642,42 @@ class LagProbe:
     the consumer-group code an admin client does not have, and the process died of a segmentation
     fault (core dump of the three-broker test: rd_kafka_ListConsumerGroupOffsetsResponse_parse ->
     rd_kafka_handle_OffsetFetch -> rd_kafka_cgrp_op). A consumer has that code and re-finds the
-    coordinator."""
+    coordinator.
 
-    def __init__(self, settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0) -> None:
+    Mostly: once, on the three-broker cluster, a probe made while the group's coordinator was
+    about to move (its preferred node just restarted) read "nothing committed" for 75 s while the
+    worker committed every 0.25 s, to the old coordinator and then to the new one (its DEBUG log),
+    and a new consumer read the commits at once. That probe was the "worker made no commit for two
+    minutes" of the cluster tier (docs/development.md). So a reading that finds nothing committed,
+    or the same lag above zero for `renew_after` s, makes the next reading with a new consumer (at
+    most one new consumer per `renew_after` s)."""
+
+    def __init__(self, settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0,
+                 renew_after: float = 5.0) -> None:
+        self.settings, self.group, self.topics, self.timeout = settings, group, topics, timeout
+        self.renew_after = renew_after
+        self.admin = admin(settings)
+        self.probe = self._consumer()
+        self.renewed = 0  # consumers made anew (`renew_after`)
+        self._made = self._changed = time.monotonic()
+        self._last: int | None = None
+        self._tps: list | None = None
+
+    def _consumer(self) -> Any:
         from confluent_kafka import Consumer
 
-        self.settings, self.group, self.topics, self.timeout = settings, group, topics, timeout
-        self.admin = admin(settings)
-        self.probe = Consumer(consumer_config(settings, group))
-        self._tps: list | None = None
+        return Consumer(consumer_config(self.settings, self.group))
+
+    def _renew_if_stuck(self, lag: int | None) -> None:
+        now = time.monotonic()
+        if lag != self._last:
+            self._last, self._changed = lag, now
+        stuck = lag is None or (lag > 0 and now - self._changed >= self.renew_after)
+        if stuck and now - self._made >= self.renew_after:
+            self.probe.close()
+            self.probe = self._consumer()
+            self._made = now
+            self.renewed += 1
 
     def _partitions(self) -> list:
         from confluent_kafka import TopicPartition
@@ -664,6 +692,11 @@ class LagProbe:
 
     def lag(self) -> int | None:
         """None while the group has committed nothing (or a partition has no leader yet)."""
+        lag = self._lag()
+        self._renew_if_stuck(lag)
+        return lag
+
+    def _lag(self) -> int | None:
         tps = self._partitions()
         if not tps:
             return 0
