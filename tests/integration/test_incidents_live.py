@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import orjson
@@ -88,4 +89,10 @@ def test_incident_html_charts_the_gpus_own_samples_read_from_its_partition(kafka
     page = out.read_text()
     # the span: 10 min before the first record to 5 min after the last; this GPU's only, none of theirs
     assert 50 < len(charted) < len(ours)
-    assert f"&middot; {len(charted)} samples charted" in page and GPU in page
+    shown = re.search(r"&middot; (\d+) samples charted", page)
+    # on a mismatch, what the report read: once 193 expected and something else charted, in a whole
+    # run beside a three-broker cluster (2026-12-04); not seen in runs of this test alone
+    assert shown and int(shown.group(1)) == len(charted), (
+        f"charted {shown and shown.group(1)}, expected {len(charted)} (span {first - 600:.0f}..{last + 300:.0f}; "
+        f"ours {ours[0].ts}..{ours[-1].ts}; the report's text: {re.sub(r'<[^>]+>', ' ', page)[:1500]})")
+    assert GPU in page
