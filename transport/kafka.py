@@ -632,8 +632,8 @@ def delete_run(settings: KafkaConfig, timeout: float = 30.0) -> dict[str, list[s
 
 
 class LagProbe:
-    """Messages in `topics` that consumer group `group` has not committed; reuses its clients, so
-    it can be asked every second without loading a small machine.
+    """Messages in `topics` that consumer group `group` has not committed; reuses its clients
+    while their answers move, so it can be asked every second without loading a small machine.
 
     The committed offsets are read by a consumer of the group itself (`Consumer.committed`: an
     OffsetFetch; it never subscribes, so it never joins the group or takes a partition), not by
@@ -649,8 +649,9 @@ class LagProbe:
     worker committed every 0.25 s, to the old coordinator and then to the new one (its DEBUG log),
     and a new consumer read the commits at once. That probe was the "worker made no commit for two
     minutes" of the cluster tier (docs/development.md). So a reading that finds nothing committed,
-    or the same lag above zero for `renew_after` s, makes the next reading with a new consumer (at
-    most one new consumer per `renew_after` s)."""
+    or the same committed offsets for `renew_after` s while messages wait, makes the next reading
+    with a new consumer: at most one per `renew_after` s, counted from the last one made, so a
+    group that has not committed yet (a worker starting) costs a new consumer every 5 s."""
 
     def __init__(self, settings: KafkaConfig, group: str, topics: list[str], timeout: float = 10.0,
                  renew_after: float = 5.0) -> None:
@@ -660,7 +661,8 @@ class LagProbe:
         self.probe = self._consumer()
         self.renewed = 0  # consumers made anew (`renew_after`)
         self._made = self._changed = time.monotonic()
-        self._last: int | None = None
+        self._commits: tuple | None = None  # the committed offsets the last reading found
+        self._last: tuple | None = None
         self._tps: list | None = None
 
     def _consumer(self) -> Any:
@@ -669,13 +671,17 @@ class LagProbe:
         return Consumer(consumer_config(self.settings, self.group))
 
     def _renew_if_stuck(self, lag: int | None) -> None:
+        """A new consumer for the next reading when this one found nothing committed, or the same
+        committed offsets for `renew_after` s with messages waiting (by the offsets, not the lag:
+        a stuck answer under a flowing topic gives a lag that changes at every reading)."""
         now = time.monotonic()
-        if lag != self._last:
-            self._last, self._changed = lag, now
+        if self._commits != self._last:
+            self._last, self._changed = self._commits, now
         stuck = lag is None or (lag > 0 and now - self._changed >= self.renew_after)
         if stuck and now - self._made >= self.renew_after:
-            self.probe.close()
-            self.probe = self._consumer()
+            fresh = self._consumer()  # made before the old one is closed: a failure leaves that one
+            old, self.probe = self.probe, fresh
+            old.close()
             self._made = now
             self.renewed += 1
 
@@ -700,11 +706,13 @@ class LagProbe:
         tps = self._partitions()
         if not tps:
             return 0
+        self._commits = None
         try:
             got = self.probe.committed(tps, timeout=self.timeout)
         except KafkaException:
             return None
         committed = {(tp.topic, tp.partition): tp.offset for tp in got if tp.error is None}
+        self._commits = tuple(sorted(committed.items()))
         lag, seen = 0, False
         for tp in tps:
             try:
