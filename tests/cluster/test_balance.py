@@ -25,17 +25,27 @@ def test_wait_balanced_elects_the_preferred_leaders_itself(kafka_cluster):
     md = cluster._admin().list_topics(timeout=10)
     preferred = Counter(pm.replicas[0] for tm in md.topics.values() for pm in tm.partitions.values() if pm.replicas)
     node = max(preferred, key=preferred.get)  # the node whose absence unbalances the most
+    # KRaft's controller checks the balance `leader.imbalance.check.interval.seconds` (30 s here)
+    # after the imbalance appears, at the stop: a try counts only when the wait ends well before
+    # then, or the controller's own election could pass it
+    usable = 20.0
     off: list[str] = []
-    for _ in range(3):  # the controller's own check may rebalance between the restart and the look
+    for _ in range(3):
+        stopped = time.monotonic()
         assert cluster.stop_one(node)  # a controlled shutdown: its leaderships move to the others
         cluster.start_one(node)
         cluster.wait_in_sync(90)
         off = _off_preferred(cluster)
-        if off:
+        if off and time.monotonic() - stopped < usable - 8:
             break
-    assert off, "a restarted node led its preferred partitions again before it was asked"
+        cluster.wait_balanced(60)  # an unusable try (slow, or already balanced): the next from balance
+        off = []
+    if not off:
+        pytest.skip(f"three restarts of node {node} each took over {usable - 8:.0f}s before the wait: "
+                    "the controller's own election could not be told from the one asked for")
     t0 = time.monotonic()
-    cluster.wait_balanced(8)  # well inside the controller's 30 s check
+    cluster.wait_balanced(8)
     took = time.monotonic() - t0
     assert _off_preferred(cluster) == []
+    assert time.monotonic() - stopped < usable + 5  # before the controller's check (30 s after the stop)
     print(f"{len(off)} partitions back to node {node} in {took:.1f}s")
