@@ -7,9 +7,13 @@ in confluent-kafka 2.16.1 (a timeout keyword), a bare except hid it, and the wai
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 
 import pytest
+
+from transport.kafka import create_topics, delete_run
+from xidstream.settings import Settings
 
 pytestmark = pytest.mark.cluster
 
@@ -22,6 +26,17 @@ def _off_preferred(cluster) -> list[str]:
 
 def test_wait_balanced_elects_the_preferred_leaders_itself(kafka_cluster):
     cluster = kafka_cluster
+    # topics of its own, 3 partitions each: on a fresh cluster (this test runs first) there is none
+    settings = Settings(bootstrap=cluster.bootstrap, topic_prefix=f"b{uuid.uuid4().hex[:8]}.", partitions=3,
+                        node="cluster-test", replication_factor=3, min_insync_replicas=2)
+    create_topics(settings)
+    try:
+        _restart_and_balance(cluster)
+    finally:
+        delete_run(settings)
+
+
+def _restart_and_balance(cluster) -> None:
     md = cluster._admin().list_topics(timeout=10)
     preferred = Counter(pm.replicas[0] for tm in md.topics.values() for pm in tm.partitions.values() if pm.replicas)
     node = max(preferred, key=preferred.get)  # the node whose absence unbalances the most
