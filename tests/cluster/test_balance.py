@@ -31,14 +31,23 @@ def test_wait_balanced_elects_the_preferred_leaders_itself(kafka_cluster):
                         node="cluster-test", replication_factor=3, min_insync_replicas=2)
     create_topics(settings)
     try:
-        _restart_and_balance(cluster)
+        _restart_and_balance(cluster, settings.topic_prefix)
     finally:
         delete_run(settings)
 
 
-def _restart_and_balance(cluster) -> None:
-    md = cluster._admin().list_topics(timeout=10)
-    preferred = Counter(pm.replicas[0] for tm in md.topics.values() for pm in tm.partitions.values() if pm.replicas)
+def _restart_and_balance(cluster, prefix: str) -> None:
+    # the broker the cluster's admin client asks may not list topics created a moment ago through
+    # another (a fresh cluster's metadata: in CI it listed none)
+    preferred: Counter = Counter()
+    deadline = time.monotonic() + 30
+    while not preferred and time.monotonic() < deadline:
+        md = cluster._admin().list_topics(timeout=10)
+        preferred = Counter(pm.replicas[0] for t, tm in md.topics.items() if t.startswith(prefix)
+                            for pm in tm.partitions.values() if pm.replicas)
+        if not preferred:
+            time.sleep(0.5)
+    assert preferred, f"the cluster lists none of the topics {prefix}* created 30 s ago"
     node = max(preferred, key=preferred.get)  # the node whose absence unbalances the most
     # KRaft's controller checks the balance `leader.imbalance.check.interval.seconds` (30 s here)
     # after the imbalance appears, at the stop: a try counts only when the wait ends well before
