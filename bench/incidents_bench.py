@@ -59,7 +59,7 @@ def incident_records(tpl, t0: float, rng: random.Random, gpu: str, node: str):
             v["expires_at"] = iso(t + 900)
             out.append((topic, v, t))
             out.append(("gpu.remediation.results", {
-                "schema": "xidstream.remediation_result/3", "event_id": uuid.uuid4().hex, "ts": iso(t + rng.uniform(1, 30)),
+                "schema": "xidstream.remediation_result/4", "event_id": uuid.uuid4().hex, "ts": iso(t + rng.uniform(1, 30)),
                 "node": node, "gpu_uuid": gpu, "command_id": v["command_id"], "incident_id": iid, "action": v["action"],
                 "outcome": "succeeded", "detail": f"{v['action']} done on {node}"}, t + 5))
         else:

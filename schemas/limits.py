@@ -45,6 +45,8 @@ __all__ = [
     "COUNTER_NAME_MAX",
     "COUNTER_NAMES_MAX",
     "JOB_MAX",
+    "STEP_NAME_MAX",
+    "STEPS_MAX",
     "clip",
 ]
 
@@ -100,6 +102,10 @@ NOTES_MAX = 32
 # An executor's account of what it did: a drain lists the pods it evicted (a node runs at most
 # 110 pods by default: kubelet maxPods), a precondition failure every check that failed.
 DETAIL_MAX = 4096
+# An executor's steps for one command (RemediationResult.steps): a reset has about ten, a name is a
+# word of our own vocabulary.
+STEPS_MAX = 32
+STEP_NAME_MAX = 64
 
 # Processes per GPU in one snapshot (compute apps, pmon, /dev/nvidia* holders). A CUDA context takes
 # hundreds of MiB of GPU memory and MPS served 48 clients per GPU on Volta (NVIDIA's MPS guide), so

@@ -42,6 +42,8 @@ from schemas.limits import (
     PROCESSES_MAX,
     PROCESS_NAME_MAX,
     SHORT_TEXT_MAX,
+    STEP_NAME_MAX,
+    STEPS_MAX,
     TASK_COMM_MAX,
     TEMPERATURE_C_MAX,
     XID_SOURCES_MAX,
@@ -74,6 +76,7 @@ __all__ = [
     "Alert",
     "RemediationCommand",
     "RemediationResult",
+    "ResultStep",
     "Approval",
     "DeadLetter",
     "ALL_MODELS",
@@ -439,18 +442,33 @@ class RemediationCommand(Record):
     signature: str | None = Field(None, description="Base64 Ed25519 signature over the canonical encoding.")
 
 
+class ResultStep(_Part):
+    """One step an executor took for a command, in order: what it did, when it ended, whether it
+    held. A RESET_GPU reports e.g. ``holders_classified``, ``operands_paused``, ``operands_gone``,
+    ``persistence_off``, ``reset``, ``verified``, ``persistence_restored``, ``operands_restored``;
+    a REBOOT_NODE ``boot_id_recorded``, ``reboot_requested``, ``rebooted``, ``node_ready``,
+    ``gpu_back``. The incident's timeline and its time to repair per stage are read from them."""
+
+    step: str = Field(min_length=1, max_length=STEP_NAME_MAX, pattern=r"^[a-z][a-z0-9_]*$")
+    at: UtcDatetime
+    ok: bool = True
+    detail: str = Field("", max_length=SHORT_TEXT_MAX)
+
+
 class RemediationResult(NodeRecord):
     """What an executor reports back for a command.
 
     v2: `command_id` and `incident_id` are required (the processor acts only on a result
     that answers a command its incident emitted); `pci_bus_id` is echoed from the command so the
     result of a GPU without a resolved UUID reaches its incident (routing key ``node/pci``).
-    v3: strings bounded (schemas.limits); the executor cuts `detail`."""
+    v3: strings bounded (schemas.limits); the executor cuts `detail`.
+    v4: `steps` (what the executor did, each with its time) and `final` (a refusal that will not
+    go away by itself: the processor climbs the ladder rather than wait for a person)."""
 
-    SCHEMA = "xidstream.remediation_result/3"
-    # /1 decodes when it names its command and incident
-    LEGACY = ("xidstream.remediation_result/1", "xidstream.remediation_result/2")
-    schema_: Literal["xidstream.remediation_result/3"] = Field(SCHEMA, alias="schema")
+    SCHEMA = "xidstream.remediation_result/4"
+    # /1 decodes when it names its command and incident; /3 is /4 with no steps and final false
+    LEGACY = ("xidstream.remediation_result/1", "xidstream.remediation_result/2", "xidstream.remediation_result/3")
+    schema_: Literal["xidstream.remediation_result/4"] = Field(SCHEMA, alias="schema")
     command_id: str = Field(max_length=ID_MAX)
     incident_id: str = Field(max_length=ID_MAX)
     gpu_uuid: str | None = Field(None, max_length=GPU_UUID_MAX)
@@ -458,6 +476,12 @@ class RemediationResult(NodeRecord):
     action: Action
     outcome: Outcome
     detail: str = Field("", max_length=DETAIL_MAX)
+    steps: list[ResultStep] = Field(default_factory=list, max_length=STEPS_MAX,
+                                    description="The executor's steps for this command, in order, each with its time.")
+    final: bool = Field(False, description="A refusal (or failure) that will not go away by itself: the "
+                                           "reset is not supported here, the GPU is in MIG mode, a holder is "
+                                           "not ours, or it was still refused after the executor's bounded "
+                                           "wait. The processor climbs to the next rung.")
 
 
 class Approval(Record):

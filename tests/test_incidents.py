@@ -78,11 +78,11 @@ def test_a_held_command_is_listed_with_the_line_that_releases_it_until_answered_
     assert "held for approval" in book.render_summary(now) and h["approve"] in book.render_summary(now)
     assert book.held(held.expires_at.timestamp() + 1) == []  # expired: nothing left to approve
     # a result naming another node (or action) is not this command's answer: it stays held
-    book.add({"schema": "xidstream.remediation_result/3", "ts": "2026-11-28T03:06:00Z", "node": "evil",
+    book.add({"schema": "xidstream.remediation_result/4", "ts": "2026-11-28T03:06:00Z", "node": "evil",
               "command_id": drain.command_id, "incident_id": drain.incident_id, "action": "DRAIN_NODE",
               "outcome": "succeeded"})
     assert [c["command_id"] for c in book.held(now)] == [drain.command_id]
-    book.add({"schema": "xidstream.remediation_result/3", "ts": "2026-11-28T03:06:00Z", "node": NODE,
+    book.add({"schema": "xidstream.remediation_result/4", "ts": "2026-11-28T03:06:00Z", "node": NODE,
               "command_id": drain.command_id, "incident_id": drain.incident_id, "action": "DRAIN_NODE",
               "outcome": "succeeded"})
     assert book.held(now) == []
@@ -158,7 +158,7 @@ def test_records_read_as_published_cannot_crash_the_views_or_repaint_the_termina
     engine = _wedged_engine()
     book = _book([*engine.alerts, *engine.commands])
     cordon = next(c for c in engine.commands if c.action.value == "CORDON_NODE")
-    book.add({"schema": "xidstream.remediation_result/3", "ts": "9999-12-31T23:59:59-14:00", "node": NODE,
+    book.add({"schema": "xidstream.remediation_result/4", "ts": "9999-12-31T23:59:59-14:00", "node": NODE,
               "command_id": cordon.command_id, "incident_id": cordon.incident_id, "action": "CORDON_NODE",
               "outcome": "failed", "detail": "\x1b[2J\x1b[Hall fine\nxidstream approve x"})
     book.add({"schema": "xidstream.alert/1", "ts": 1e20, "node": NODE, "incident_id": "odd", "classification": "GPU_WEDGED",

@@ -98,7 +98,7 @@ def ocsf_uid(event_id: str) -> str:
 
 
 _TOPIC = {"xidstream.alert/1": "gpu.alerts", "xidstream.remediation_command/2": "gpu.remediation",
-          "xidstream.remediation_result/3": "gpu.remediation.results", "xidstream.approval/1": "gpu.remediation.approvals"}
+          "xidstream.remediation_result/4": "gpu.remediation.results", "xidstream.approval/1": "gpu.remediation.approvals"}
 
 
 def _meta(event_id, schema, correlation, profiles=None):
@@ -228,7 +228,7 @@ def test_a_remediation_result_in_full():
         "class_uid": 7001, "class_name": "Remediation Activity", "category_uid": 7, "category_name": "Remediation",
         "activity_id": 3, "activity_name": "Restore", "type_uid": 700103, "type_name": "Remediation Activity: Restore",
         "severity_id": 4, "severity": "High", "time": T0_MS + 5_000,
-        "metadata": _meta("e-res", "xidstream.remediation_result/3", "inc-1", ["host"]),
+        "metadata": _meta("e-res", "xidstream.remediation_result/4", "inc-1", ["host"]),
         "command_uid": "c1", "status_id": 99, "status": "Refused", "status_detail": "GPU busy",
         "message": "RESET_GPU on node-a: refused (GPU busy)",
         "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},

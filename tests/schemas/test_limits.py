@@ -200,7 +200,7 @@ PREVIOUS = {
     GpuProcesses: "xidstream.gpu_processes/2",
     XidEvent: "xidstream.xid/2",
     WorkloadEvent: "xidstream.workload/2",
-    RemediationResult: "xidstream.remediation_result/2",
+    RemediationResult: "xidstream.remediation_result/3",
 }
 
 

@@ -81,7 +81,7 @@ CONTRACT_FIELDS = {
     "xidstream.alert/1": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps",
     "xidstream.remediation_command/2": "command_id incident_id gpu_uuid pci_bus_id action step preconditions expires_at "
     "requires_approval dry_run evidence_ids key_id signature",
-    "xidstream.remediation_result/3": "command_id incident_id gpu_uuid pci_bus_id action outcome detail",
+    "xidstream.remediation_result/4": "command_id incident_id gpu_uuid pci_bus_id action outcome detail steps final",
     "xidstream.approval/1": "approval_id command_id approved_by reason expires_at key_id signature",
     "xidstream.deadletter/1": "original source_topic source_partition source_offset error",
     "xidstream.node_enrollment/1": "x25519_public ed25519_public csr_name csr_uid vouched revoked key_id signature",
