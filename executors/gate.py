@@ -43,8 +43,8 @@ from typing import Iterable, Literal
 import orjson
 
 from schemas.base import format_ts, new_event_id
-from schemas.limits import DETAIL_MAX, clip
-from schemas.models import Approval, RemediationCommand, RemediationResult
+from schemas.limits import DETAIL_MAX, STEPS_MAX, clip
+from schemas.models import Approval, RemediationCommand, RemediationResult, ResultStep
 from schemas.signing import SignatureError, VerifyKeys
 from schemas.vocab import Action, Outcome
 
@@ -90,13 +90,31 @@ def separate_trust(commands: VerifyKeys, approvals: VerifyKeys) -> None:
                           f"give the approvers keys of their own (xidstream keys generate)")
 
 
-def result_for(cmd: RemediationCommand, outcome: Outcome | str, detail: str, node: str | None = None) -> RemediationResult:
+@dataclass(frozen=True)
+class Answer:
+    """What an action answers: its outcome and detail, the steps it took (each with its time), and
+    whether a refusal is final (it will not go away by itself: the processor climbs). The outcome
+    `pending` means "no answer yet": the action answers later through its `due()` (a reboot,
+    confirmed once the node's boot id changed)."""
+
+    outcome: str
+    detail: str
+    steps: tuple[ResultStep, ...] = ()
+    final: bool = False
+
+
+PENDING = "pending"
+
+
+def result_for(cmd: RemediationCommand, outcome: Outcome | str, detail: str, node: str | None = None, *,
+               steps: Iterable[ResultStep] = (), final: bool = False) -> RemediationResult:
     """A result answering `cmd`: command_id, incident_id, gpu_uuid and pci_bus_id echoed. `detail` is
     cut to its cap (schemas.limits.DETAIL_MAX: a drain of many pods names them all), so the result
-    still reaches the processor."""
+    still reaches the processor; so are the steps (schemas.limits.STEPS_MAX, the last kept)."""
+    steps = list(steps)[-STEPS_MAX:]
     return RemediationResult(node=node or cmd.node, command_id=cmd.command_id, incident_id=cmd.incident_id,
                              gpu_uuid=cmd.gpu_uuid, pci_bus_id=cmd.pci_bus_id, action=cmd.action,
-                             outcome=Outcome(outcome), detail=clip(detail, DETAIL_MAX))
+                             outcome=Outcome(outcome), detail=clip(detail, DETAIL_MAX), steps=steps, final=final)
 
 
 def _stored_result(data: dict) -> RemediationResult:

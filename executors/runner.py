@@ -41,7 +41,7 @@ from typing import IO, Any, Callable
 import orjson
 
 from collectors.spool import write_durably
-from executors.gate import SCOPE_ACTIONS, Approvals, Journal, Limits, Scope, decide, result_for, separate_trust
+from executors.gate import PENDING, SCOPE_ACTIONS, Answer, Approvals, Journal, Limits, Scope, decide, result_for, separate_trust
 from schemas.base import format_ts
 from schemas.codec import decode_any, encode
 from schemas.errors import DecodeError
@@ -107,8 +107,15 @@ class Executor:
             log.warning("approval %s for command %s rejected: %s", approval.approval_id, approval.command_id, why)
         return why
 
+    def _pending(self, command_id: str) -> bool:
+        """An action still under way (a reboot waiting to be confirmed): answered by `due()`."""
+        pending = getattr(self.actions, "pending_ids", None)
+        return pending is not None and command_id in pending()
+
     def handle(self, cmd: RemediationCommand, *, hold: bool = False) -> RemediationResult | None:
         now = self.clock()
+        if self._pending(cmd.command_id):
+            return None  # read again (a restart before the cursor moved): its answer comes from due()
         d = decide(cmd, keys=self.keys, now=now, scope=self.scope, node=self.node, journal=self.journal,
                    approvals=self.approvals, limits=self.limits)
         if not d.proceed:
@@ -128,13 +135,22 @@ class Executor:
         if not dry:
             self.journal.started(cmd, now, node=self.node)  # before acting: a crash mid-way is never re-run
         try:
-            outcome, detail = self.actions.execute(cmd, dry)
+            got = self.actions.execute(cmd, dry)
+            answer = got if isinstance(got, Answer) else Answer(*got)
         except Exception as exc:  # noqa: BLE001 - an API or OS error is a failed result, not a dead executor
             log.exception("command %s (%s) raised", cmd.command_id, cmd.action.value)
-            outcome, detail = "failed", f"error while carrying it out: {type(exc).__name__}: {exc}"
+            answer = Answer("failed", f"error while carrying it out: {type(exc).__name__}: {exc}")
+        if answer.outcome == PENDING and not dry:
+            log.info("command %s (%s) under way: %s", cmd.command_id, cmd.action.value, answer.detail)
+            return None  # journaled as started; due() answers it once the action is confirmed or times out
+        return self._finish(cmd, answer, dry)
+
+    def _finish(self, cmd: RemediationCommand, answer: Answer, dry: bool = False) -> RemediationResult:
+        detail = answer.detail
         if dry and cmd.dry_run and self.apply:
             detail += " (the command itself is marked dry_run)"
-        result = result_for(cmd, Outcome(outcome), detail, node=self.node)
+        result = result_for(cmd, Outcome(answer.outcome), detail, node=self.node, steps=answer.steps,
+                            final=answer.final)
         if not dry:
             self.journal.done(result)
         self.journal.release(cmd.command_id)
@@ -144,6 +160,9 @@ class Executor:
         """Held commands that an approval released (carried out now) or that expired (refused)."""
         out = []
         now = self.clock()
+        confirm = getattr(self.actions, "due", None)
+        if confirm is not None:  # actions under way that have their answer now (a reboot seen, or not in time)
+            out.extend(self._finish(cmd, answer) for cmd, answer in confirm())
         for cid, cmd in list(self._held.items()):
             if self.approvals.valid_for(cid, now) is not None and cmd.expires_at > now:
                 del self._held[cid]

@@ -10,8 +10,9 @@ processor and both executors run as the real commands (subprocesses). The node `
 created on the API server with a Running/Ready vLLM pod (evicted by the drain) and the collector's
 DaemonSet pod (kept). The node executor finds no GPU here (no NVML), so RESET_GPU is refused on its
 precondition and says which (the reset never started); the processor reports it for an operator.
-Should the processor command REBOOT_NODE, the node executor carries it out by writing kured's
-sentinel (a file in the run's folder, not /var/run).
+Should the processor command REBOOT_NODE, the node executor (kured backend) refuses it for good:
+no kured pod runs on the demo's node, so its sentinel (a file in the run's folder, not /var/run)
+would never be read; the processor then climbs to REPLACE_NODE.
 
 Both executors start together, as they run in a cluster: CORDON_NODE, DRAIN_NODE and RESET_GPU
 leave the processor together, and the node executor waits (`--precondition-wait`) for the node to

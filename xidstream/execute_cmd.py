@@ -142,20 +142,30 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
                                  keep_namespaces=tuple(args.drain_keep_namespace),
                                  replace_backend=args.replace_backend, replace_client=replace_client)
     else:
+        from executors.gpureset import NvidiaSmi
         from executors.node import NodeActions, NvmlGpuOps
+        from executors.reboot import KuredReboot, LogindReboot
 
         try:
             import pynvml
 
-            gpu_ops = NvmlGpuOps(pynvml)
+            gpu_ops = NvmlGpuOps(pynvml, smi=NvidiaSmi(args.nvidia_smi))
         except ImportError:
             gpu_ops = None
         from collectors.nvml import NvmlRelease
 
+        backend = LogindReboot() if args.reboot_backend == "logind" else KuredReboot(args.reboot_sentinel)
         actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel,
                               collector_release=NvmlRelease(args.collector_state_dir),
                               release_timeout=args.release_timeout, precondition_wait=args.precondition_wait,
-                              keep_namespaces=tuple(args.drain_keep_namespace))
+                              keep_namespaces=tuple(args.drain_keep_namespace), state_dir=args.state_dir,
+                              operand_wait=args.operand_wait, reboot_backend=backend,
+                              reboot_confirm_s=args.reboot_confirm_timeout)
+        if args.apply:
+            left = actions.recover()  # a reset this executor died in: its operands and persistence mode back
+            if left:
+                print(f"xidstream execute: an earlier reset left these unrestored: {'; '.join(left)}",
+                      file=sys.stderr, flush=True)
     state = Path(args.state_dir)
     return Executor(scope=args.scope, keys=keys, actions=actions, state_dir=state, apply=args.apply,
                     node=args.node if args.scope == "node" else None, approval_keys=approval_keys)
@@ -318,6 +328,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "live (default: the same API server as the Nodes, a self-managed cluster)")
     p.add_argument("--drain-timeout", type=float, default=120.0, help="cluster scope: seconds a drain waits on blocking PodDisruptionBudgets (default 120)")
     p.add_argument("--reboot-sentinel", default="/var/run/reboot-required", help="node scope: kured's sentinel file (default /var/run/reboot-required)")
+    p.add_argument("--reboot-backend", choices=["kured", "logind"], default="kured",
+                   help="node scope: how REBOOT_NODE reboots: kured (write its sentinel; refused when no kured pod runs "
+                        "on the node; kured checks every --period, 1 h by default) or logind (the host's systemd-logind "
+                        "over its D-Bus socket, at once, after the cordon and drain); either is confirmed by the node's "
+                        "bootID changing (default kured)")
+    p.add_argument("--reboot-confirm-timeout", type=float, default=None, metavar="S",
+                   help="node scope: seconds a reboot may take to be seen (bootID changed, node Ready, GPU back) before "
+                        "REBOOT_NODE is answered failed (default 5400 with kured, 900 with logind)")
+    p.add_argument("--operand-wait", type=float, default=300.0, metavar="S",
+                   help="node scope: seconds RESET_GPU waits for the GPU Operator's paused operands to leave, or for "
+                        "another controller's pause to end (default 300, the Operator's own per-operand wait)")
+    p.add_argument("--nvidia-smi", default=None, metavar="PATH",
+                   help="node scope: the nvidia-smi to run (default: the one on the PATH)")
     p.add_argument("--collector-state-dir", default=".xidstream/collector",
                    help="node scope: the collector's --state-dir (shared in the node's pod); RESET_GPU asks the collector "
                         "there to release its NVML handles first (default .xidstream/collector)")

@@ -1,0 +1,158 @@
+"""The reset's pure parts: the platform's scope rules (nvidia-smi(1) "GPU reset"), who holds a GPU,
+nvidia-smi's answers read by their documented return codes, kured found on a node."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from collectors.sources.procfs import PodRef
+from executors.gpureset import AMPERE, HOPPER, NvidiaSmi, Platform, classify_holders, read_platform, reset_scope
+from executors.operands import PAUSABLE, LABEL_PREFIX, Operands, PAUSE_VALUE
+from executors.reboot import kured_on_node
+
+PAUSE = tuple(LABEL_PREFIX + p for p in PAUSABLE)
+
+
+@pytest.mark.parametrize("platform,words", [
+    (Platform(name="NVIDIA H100 80GB HBM3", arch=HOPPER, nvswitch=True, fabric_manager=False), None),
+    (Platform(name="NVIDIA A100-SXM4-80GB", arch=AMPERE, nvswitch=True, fabric_manager=True), None),
+    (Platform(name="NVIDIA GeForce RTX 5090 D", arch=10), None),
+    (Platform(), None),  # nothing known: the reset itself answers (exit 3 is then a final refusal)
+    (Platform(name="NVIDIA A100-SXM4-80GB", arch=AMPERE, nvswitch=True, fabric_manager=False), "Fabric Manager not running"),
+    (Platform(name="NVIDIA A100-SXM4-80GB", arch=AMPERE, nvswitch=True, fabric_manager=None), "cannot see whether Fabric"),
+    (Platform(name="Tesla V100-SXM2-32GB", arch=5, nvlink_peers=True), "before Ampere with NVLink peers"),
+    (Platform(name="Tesla V100-PCIE-32GB", arch=5, nvlink_peers=False), None),
+    (Platform(arch=HOPPER, mig=True), "MIG mode"),
+    (Platform(arch=HOPPER, virtualization=2), "vGPU guest"),
+    (Platform(name="NVIDIA GB200", arch=10), "NVL72"),
+])
+def test_reset_scope_follows_the_platform_rules(platform, words):
+    why = reset_scope(platform)
+    assert (why is None) if words is None else (words in why), why
+
+
+class FakeNvml:
+    NVML_NVLINK_MAX_LINKS = 4
+    NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+
+    def __init__(self, arch, mig=(0, 0), links=(1, 1, 0, 0), remote=2, virt=0):
+        self.arch, self.mig, self.links, self.remote, self.virt = arch, mig, links, remote, virt
+
+    def nvmlDeviceGetArchitecture(self, h):
+        return self.arch
+
+    def nvmlDeviceGetMigMode(self, h):
+        if self.mig is None:
+            raise RuntimeError("NotSupported")
+        return list(self.mig)
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        return self.links[link]
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
+        return self.remote
+
+    def nvmlDeviceGetVirtualizationMode(self, h):
+        return self.virt
+
+
+def test_read_platform_sees_nvswitch_links_mig_pending_and_tolerates_unsupported_calls():
+    p = read_platform(FakeNvml(AMPERE), object(), "NVIDIA A100-SXM4-80GB", False)
+    assert (p.arch, p.nvswitch, p.nvlink_peers, p.mig) == (AMPERE, True, True, False)
+    assert "Fabric Manager not running" in reset_scope(p)
+    assert read_platform(FakeNvml(HOPPER, mig=(0, 1)), object(), "H100", True).mig is True  # pending counts
+    p = read_platform(FakeNvml(AMPERE, mig=None, links=(0, 0, 0, 0)), object(), "A10", None)
+    assert p.mig is None and p.nvswitch is False and reset_scope(p) is None
+
+
+def _pod(ns, name, uid, selector=None):
+    return NS(metadata=NS(namespace=ns, name=name, uid=uid), spec=NS(nodeSelector=selector))
+
+
+class Proc:
+    def __init__(self, table):
+        self.table = table
+
+    def comm(self, pid):
+        return self.table[pid][0]
+
+    def pod_of(self, pid):
+        return PodRef(self.table[pid][1], None)
+
+
+def test_holders_are_classified_by_task_name_and_their_pods_selector():
+    pods = [_pod("gpu-operator", "nvidia-dcgm-exporter-x", "u1", {LABEL_PREFIX + "dcgm-exporter": "true"}),
+            _pod("gpu-operator", "nvidia-driver-daemonset-y", "u2", {LABEL_PREFIX + "driver": "true"}),
+            _pod("team-a", "trainer", "u3"),
+            _pod("monitoring", "vendor-agent", "u4", {LABEL_PREFIX + "client": "true"})]
+    proc = Proc({10: ("nvidia-persiste", "u2"), 11: ("nv-hostengine", "u1"), 12: ("python3", "u3"),
+                 13: ("nv-fabricmanage", None), 14: ("nvidia-driver", "u2"), 15: ("agent", "u4"), 16: ("mystery", None)})
+    got = {h.pid: h for h in classify_holders([10, 11, 12, 13, 14, 15, 16], proc, pods, PAUSE)}
+    assert got[10].kind == "persistenced" and not got[10].blocks  # persistence mode off, wherever it runs
+    assert got[11].kind == "operand" and got[11].labels == (LABEL_PREFIX + "dcgm-exporter",) and not got[11].blocks
+    assert got[12].kind == "workload" and got[12].blocks and "pod team-a/trainer" in got[12].what
+    assert got[13].kind == "fabricmanager" and not got[13].blocks and "never stopped" in got[13].what
+    assert got[14].blocks and "we never pause (driver)" in got[14].what  # the driver pod's own process
+    assert got[15].kind == "operand"  # a third-party client on the gpu.deploy.client contract
+    assert got[16].kind == "unknown" and got[16].blocks and "the host" in got[16].what
+
+
+def test_nvidia_smi_is_called_by_uuid_and_its_answers_read_by_return_code():
+    calls = []
+    answers = {"--query-gpu=persistence_mode": (0, "Enabled"), "-pm": (0, "ok"), "--gpu-reset": (3, "not available")}
+
+    def run(argv, timeout):
+        calls.append(argv[1:])
+        return answers[argv[1]]
+
+    smi = NvidiaSmi("/x/nvidia-smi", run=run)
+    assert smi.persistence("GPU-1") is True
+    answers["--query-gpu=persistence_mode"] = (0, "Disabled")
+    assert smi.persistence("GPU-1") is False
+    answers["--query-gpu=persistence_mode"] = (9, "NVML: GPU is lost")
+    assert smi.persistence("GPU-1") is None  # unknown, never "off"
+    a = smi.reset("GPU-1")
+    assert not a.ok and a.unsupported and not a.off_the_bus and "exit 3" in a.text
+    answers["--gpu-reset"] = (15, "GPU has fallen off the bus")
+    assert smi.reset("GPU-1").off_the_bus
+    assert smi.set_persistence("GPU-1", False).ok
+    assert calls[-1] == ["-pm", "0", "-i", "GPU-1"] and calls[-2] == ["--gpu-reset", "-i", "GPU-1"]
+    assert NvidiaSmi("/nonexistent/nvidia-smi").reset("GPU-1").code == 127  # not found: an answer, not a crash
+
+
+def test_conflicts_name_another_controllers_pause_an_upgrade_and_a_pending_mig_change(tmp_path):
+    ops = Operands(client=None, node="n", journal=tmp_path / "j.json")
+    labels = {LABEL_PREFIX + "device-plugin": "true", LABEL_PREFIX + "dcgm": "paused-for-mig-change",
+              LABEL_PREFIX + "gpu-feature-discovery": "true_paused-for-driver-upgrade",
+              "nvidia.com/gpu-driver-upgrade-state": "pod-restart-required", "nvidia.com/mig.config.state": "pending"}
+    why = " | ".join(ops.conflicts(labels))
+    for words in ("dcgm=paused-for-mig-change", "gpu-feature-discovery=true_paused-for-driver-upgrade",
+                  "a driver upgrade is in progress", "mig-manager is changing"):
+        assert words in why, why
+    assert ops.conflicts({LABEL_PREFIX + "dcgm": "true", "nvidia.com/gpu-driver-upgrade-state": "upgrade-done"}) == []
+    # our own value with no journal: the value before is unknown, so nothing is guessed
+    assert "no journal of ours" in ops.conflicts({LABEL_PREFIX + "dcgm": PAUSE_VALUE})[0]
+    # only "true" is paused; "false" and others' values are left alone; the driver never
+    assert ops.to_pause({LABEL_PREFIX + "dcgm": "false", LABEL_PREFIX + "device-plugin": "true",
+                         LABEL_PREFIX + "driver": "true"}) == [LABEL_PREFIX + "device-plugin"]
+
+
+def test_kured_is_found_on_the_node_by_its_label_or_image_with_its_period():
+    def pod(labels, image, args=()):
+        return NS(metadata=NS(labels=labels), status=NS(phase="Running"),
+                  spec=NS(containers=[NS(image=image, command=["/usr/bin/kured", *args], args=None)]))
+
+    class Client:
+        def __init__(self, pods):
+            self.pods = pods
+
+        def list(self, *a, **kw):
+            return self.pods
+
+    assert kured_on_node(Client([pod({"app": "x"}, "nginx")]), "n") == (None, "")
+    p, period = kured_on_node(Client([pod({"name": "kured"}, "ghcr.io/kubereboot/kured:1.17.1", ["--period=10m"])]), "n")
+    assert p is not None and period == "10m"
+    p, period = kured_on_node(Client([pod({}, "registry.example/mirror/kured@sha256:abc")]), "n")
+    assert p is not None and period.startswith("1h")
