@@ -13,7 +13,7 @@ backend's bound is answered `failed`, and the processor climbs to REPLACE_NODE.
   xidstream cordoned stays cordoned until the incident's closing UNCORDON_NODE. Time to repair:
   up to one period plus the reboot, which is why its bound is 90 minutes.
 - ``logind``: asks the host's systemd-logind to reboot now, over the host's D-Bus system socket
-  (``org.freedesktop.login1.Manager.Reboot``; dbus-send). Privilege: uid 0 and that one socket
+  (``org.freedesktop.login1.Manager.Reboot``; busctl, from the image's systemd package). Privilege: uid 0 and that one socket
   mounted (read-write) into the node pod; no privileged container, no hostPID, no capability. Safe
   because it runs only for an authentic, fresh REBOOT_NODE of this node, only once the node is
   cordoned and drained (checked on the API server at the moment of acting, as for a reset), and
@@ -50,8 +50,10 @@ DEFAULT_REBOOT_BACKEND = "kured"
 # is answered failed: kured's default --period (1 h) plus a reboot of a GPU node (BIOS, driver
 # load, up to ~15 min on 8-GPU boards) and margin; logind reboots at once.
 DEFAULT_CONFIRM_S = {"kured": 5400.0, "logind": 900.0}
-LOGIND_REBOOT = ["dbus-send", "--system", "--print-reply", "--dest=org.freedesktop.login1", "/org/freedesktop/login1",
-                 "org.freedesktop.login1.Manager.Reboot", "boolean:false"]
+# busctl comes with the image's systemd package (installed for journalctl); the system bus is the
+# host's socket mounted at its usual path (/run/dbus/system_bus_socket). Reboot(interactive=false).
+LOGIND_REBOOT = ["busctl", "--system", "call", "org.freedesktop.login1", "/org/freedesktop/login1",
+                 "org.freedesktop.login1.Manager", "Reboot", "b", "false"]
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 

@@ -78,8 +78,8 @@ EXPECTED_DEFAULT = {
     "PodDisruptionBudget": {"xs-xidstream-processor"},
     "Job": {"xs-xidstream-topics"},
     "NetworkPolicy": {"xs-xidstream-processor", "xs-xidstream-node", "xs-xidstream-cluster-executor"},
-    "ValidatingAdmissionPolicy": {"xs-xidstream-cluster-executor-managed-nodes"},
-    "ValidatingAdmissionPolicyBinding": {"xs-xidstream-cluster-executor-managed-nodes"},
+    "ValidatingAdmissionPolicy": {"xs-xidstream-cluster-executor-managed-nodes", "xs-xidstream-node-operand-labels"},
+    "ValidatingAdmissionPolicyBinding": {"xs-xidstream-cluster-executor-managed-nodes", "xs-xidstream-node-operand-labels"},
 }
 
 
@@ -158,8 +158,14 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
         assert rb["metadata"]["namespace"] == "default"
         assert rb["roleRef"]["name"] == "xs-xidstream-events"
     node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
+    # nodes patch: the node executor pauses its own node's GPU Operator labels for a reset (held to
+    # that by the admission policy node-operand-labels); without pauseOperands, get alone
     assert {(r["resources"][0], tuple(r["verbs"])) for r in node_rules} == {
+        ("pods", ("get", "list", "watch")), ("nodes", ("get", "patch"))}
+    kinds = by_kind(render(helm, "--set", "nodeExecutor.pauseOperands=false")[0])
+    assert {(r["resources"][0], tuple(r["verbs"])) for r in kinds["ClusterRole"]["xs-xidstream-node"]["rules"]} == {
         ("pods", ("get", "list", "watch")), ("nodes", ("get",))}
+    assert "xs-xidstream-node-operand-labels" not in kinds["ValidatingAdmissionPolicy"]
 
 
 @pytest.mark.parametrize("values, flag, nodes_get", [
@@ -169,7 +175,10 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
     (["collector.rackLabel=", "nodeExecutor.enabled=false"], "", False),  # nobody reads a Node: no grant
     (["collector.rackLabel="], "", True),  # the node executor still reads its Node
 ])
+# (pauseOperands off here: with it the node executor also patches its Node's operand labels,
+# test_cluster_executor_rbac_is_exactly_the_calls_it_makes)
 def test_the_rack_label_is_the_collectors_flag_and_grants_only_get_on_nodes(helm, values, flag, nodes_get):
+    values = [*values, "nodeExecutor.pauseOperands=false"]
     kinds = by_kind(render(helm, *[a for v in values for a in ("--set", v)])[0])
     args = containers(kinds["DaemonSet"]["xs-xidstream-node"])["collector"]["args"]
     assert args[args.index("--rack-label") + 1] == flag
@@ -297,9 +306,10 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
     shipped = set(all_versions())
     args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
     objs, _ = render(helm, *args)
-    # 17, the three NetworkPolicies, the admission policy and its binding, the dashboard's ConfigMap;
-    # secure: the node namespace
-    expected = 23 + (values == "secure")
+    # 17, the three NetworkPolicies, the two admission policies (the cluster executor's managed
+    # nodes, the node pods' operand labels) and their bindings, the dashboard's ConfigMap; secure:
+    # the node namespace
+    expected = 25 + (values == "secure")
     assert len(objs) == expected
     checked = 0
     for version in KUBE_VERSIONS:
@@ -428,7 +438,7 @@ def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
         for version in (KUBE_VERSIONS[0], KUBE_VERSIONS[-1]):
             out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
-            assert out.stdout.count("INFO") == 23 + (values == "secure"), out.stdout
+            assert out.stdout.count("INFO") == 25 + (values == "secure"), out.stdout
 
 
 @pytest.mark.parametrize("values", ["default", "secure"])
@@ -508,7 +518,7 @@ def test_the_admission_policy_confines_the_cluster_executor_to_managed_gpu_nodes
     sa = f"{release}-xidstream-cluster-executor"
     for kind, path in (("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
                        ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings")):
-        (obj,) = kinds[kind].values()
+        obj = kinds[kind][f"{release}-xidstream-cluster-executor-managed-nodes"]
         status, body = kube.request("POST", f"/apis/admissionregistration.k8s.io/v1/{path}", obj)
         assert status == 201, body
     assert kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
@@ -554,6 +564,76 @@ def test_the_admission_policy_confines_the_cluster_executor_to_managed_gpu_nodes
     # The admin is not confined: the policy names only the executor's service account.
     assert kube.request("PATCH", f"/api/v1/nodes/vap-{RUN}-plain", {"spec": {"unschedulable": True}},
                         content_type="application/merge-patch+json")[0] == 200
+
+
+def test_the_node_pods_may_patch_only_their_own_nodes_gpu_deploy_labels(kube, helm):
+    """RESET_GPU pauses the GPU Operator's operands through their node labels, so the node pods may
+    patch nodes; the chart's admission policy holds that grant to the pod's own node (named by its
+    bound token) and to nvidia.com/gpu.deploy.* labels, on the real API server."""
+    import time as _time
+
+    ns, release = f"xs-vapn-{RUN}", f"xn{RUN}"
+    kube.ensure_namespace(ns)
+    objs, _ = render(helm, namespace=ns, release=release)
+    kinds = by_kind(objs)
+    sa = f"{release}-xidstream-node"
+    assert "patch" in kinds["ClusterRole"][sa]["rules"][1]["verbs"]
+    for kind, path in (("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+                       ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings")):
+        status, body = kube.request("POST", f"/apis/admissionregistration.k8s.io/v1/{path}",
+                                    kinds[kind][f"{release}-xidstream-node-operand-labels"])
+        assert status == 201, body
+    assert kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
+                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})[0] == 201
+    role = f"xs-vapn-{RUN}"
+    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]})[0] == 201
+    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})[0] == 201
+    mine, other = f"vapn-{RUN}-a", f"vapn-{RUN}-b"
+    for n in (mine, other):
+        assert kube.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": n, "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.dcgm-exporter": "true"}}})[0] == 201
+    # the node pod on `mine`, and a token bound to it: the API server adds the pod's node to it
+    status, pod = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "node-pod"},
+        "spec": {"nodeName": mine, "serviceAccountName": sa,
+                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}})
+    assert status == 201, pod
+    status, tr = kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+            "expirationSeconds": 600, "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "node-pod",
+                                                        "uid": pod["metadata"]["uid"]}}})
+    assert status == 201, tr
+    token = tr["status"]["token"]
+
+    def patch(node, body):
+        return kube.request("PATCH", f"/api/v1/nodes/{node}", body, token=token,
+                            content_type="application/merge-patch+json")
+
+    pause = {"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm-exporter": "paused-for-gpu-reset"}}}
+    deadline = _time.monotonic() + 30
+    while _time.monotonic() < deadline and patch(other, pause)[0] == 200:  # the policy takes a moment
+        kube.request("PATCH", f"/api/v1/nodes/{other}", {"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm-exporter": "true"}}},
+                     content_type="application/merge-patch+json")
+        _time.sleep(1)
+    status, body = patch(other, pause)
+    assert status in (403, 422) and "only their own Node" in str(body), (status, body)
+    for denied in ({"metadata": {"labels": {"nvidia.com/gpu.present": "false"}}},
+                   {"metadata": {"labels": {"feature.node.kubernetes.io/x": "y"}}},
+                   {"metadata": {"annotations": {"a": "b"}}},
+                   {"spec": {"unschedulable": True}},
+                   {"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "false", "other": "x"}}}):
+        status, body = patch(mine, denied)
+        assert status in (403, 422) and "gpu.deploy" in str(body), (denied, status, body)
+    status, body = patch(mine, pause)
+    assert status == 200, body
+    assert body["metadata"]["labels"]["nvidia.com/gpu.deploy.dcgm-exporter"] == "paused-for-gpu-reset"
+    status, body = patch(mine, {"metadata": {"labels": {"nvidia.com/gpu.deploy.dcgm-exporter": "true"}}})
+    assert status == 200, body
 
 
 def test_node_namespace_moves_the_node_pods_and_lets_the_release_namespace_be_restricted(helm):

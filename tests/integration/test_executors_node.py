@@ -555,7 +555,7 @@ def test_a_reboot_not_seen_within_its_bound_fails_so_the_ladder_climbs(kube, ns,
     rig.ex.actions = rig.actions
     assert rig.actions.reboot_confirm_s == 900.0
     assert rig.ex.handle(rig.key.sign(command(node, "REBOOT_NODE"))) is None
-    assert asked and asked[0][-2:] == ["org.freedesktop.login1.Manager.Reboot", "boolean:false"]
+    assert asked and asked[0][-4:] == ["org.freedesktop.login1.Manager", "Reboot", "b", "false"]
     clock[0] += 899
     assert rig.ex.due() == []
     clock[0] += 11
