@@ -146,12 +146,19 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
         from executors.node import NodeActions, NvmlGpuOps
         from executors.reboot import KuredReboot, LogindReboot
 
-        try:
-            import pynvml
+        if args.fake_nvml:
+            from collectors.fakes import FilePynvml
 
-            gpu_ops = NvmlGpuOps(pynvml, smi=NvidiaSmi(args.nvidia_smi))
-        except ImportError:
-            gpu_ops = None
+            print(f"xidstream execute: --fake-nvml {args.fake_nvml}: GPUs are what that file says, not NVML; for "
+                  f"end-to-end tests only", file=sys.stderr, flush=True)
+            gpu_ops = NvmlGpuOps(FilePynvml(args.fake_nvml), smi=NvidiaSmi(args.nvidia_smi))
+        else:
+            try:
+                import pynvml
+
+                gpu_ops = NvmlGpuOps(pynvml, smi=NvidiaSmi(args.nvidia_smi))
+            except ImportError:
+                gpu_ops = None
         from collectors.nvml import NvmlRelease
 
         backend = LogindReboot() if args.reboot_backend == "logind" else KuredReboot(args.reboot_sentinel)
@@ -341,6 +348,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "another controller's pause to end (default 300, the Operator's own per-operand wait)")
     p.add_argument("--nvidia-smi", default=None, metavar="PATH",
                    help="node scope: the nvidia-smi to run (default: the one on the PATH)")
+    p.add_argument("--fake-nvml", metavar="FILE",
+                   help="END-TO-END TESTS ONLY: node scope, GPUs from a JSON file re-read when it changes "
+                        "(collectors.fakes.FilePynvml), as the collector's --fake-nvml")
     p.add_argument("--collector-state-dir", default=".xidstream/collector",
                    help="node scope: the collector's --state-dir (shared in the node's pod); RESET_GPU asks the collector "
                         "there to release its NVML handles first (default .xidstream/collector)")

@@ -55,6 +55,12 @@ GPU0 = {"index": 0, "uuid": "GPU-3f1a9c2e-7b44-4d1e-9e0a-5c2b8d7f6a10", "pci_bus
         "name": "NVIDIA GeForce RTX 5090 D", "memory_total_mib": 32607}
 GPU1 = {"index": 1, "uuid": "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81", "pci_bus_id": "00000000:02:00.0",
         "name": "NVIDIA GeForce RTX 5090 D", "memory_total_mib": 32607}
+# Two more GPUs for the reset runs on a node shaped like the GPU Operator's (reset_runs): each
+# wedges once, so each run has an incident of its own.
+GPU2 = {"index": 2, "uuid": "GPU-5c0e2f11-9a3d-4e6b-8f27-1d4c6b8e2a93", "pci_bus_id": "00000000:03:00.0",
+        "name": "NVIDIA GeForce RTX 5090 D", "memory_total_mib": 32607}
+GPU3 = {"index": 3, "uuid": "GPU-7e4a1b22-3c5d-4f8e-9a01-2b6d8f0c4e57", "pci_bus_id": "00000000:04:00.0",
+        "name": "NVIDIA GeForce RTX 5090 D", "memory_total_mib": 32607}
 BUSY = {"utilization_gpu_pct": 92, "utilization_memory_pct": 55, "memory_used_mib": 21004, "power_w": 420}
 IDLE = {"utilization_gpu_pct": 0, "utilization_memory_pct": 0, "memory_used_mib": 0, "power_w": 30, "processes": []}
 # The motivating incident's kernel lines (scenarios/motivating-incident.yaml), as the driver prints them.
@@ -79,10 +85,16 @@ class FakeNvml:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.gpus = {0: dict(GPU0, **BUSY, processes=[{"pid": 3101, "name": "python3", "used_memory_mib": 14000}]),
-                     1: dict(GPU1, **BUSY, processes=[{"pid": 4242, "name": "python3", "used_memory_mib": 20480}])}
+                     1: dict(GPU1, **BUSY, processes=[{"pid": 4242, "name": "python3", "used_memory_mib": 20480}]),
+                     2: dict(GPU2, **IDLE), 3: dict(GPU3, **IDLE)}
         self.write()
 
     def set(self, index: int, **values: Any) -> None:
+        # the fake nvidia-smi rewrites the file on a reset: start from what is there now
+        try:
+            self.gpus = {g["index"]: g for g in json.loads(self.path.read_text())["gpus"]}
+        except (OSError, ValueError, KeyError):
+            pass
         self.gpus[index].update(values)
         self.write()
 
@@ -162,7 +174,12 @@ def _values(node: LocalNode, workdir: Path) -> Path:
                       "extraArgs": ["--accept-injected-kmsg", "--fake-nvml", "/var/lib/xidstream/fake-nvml.json"],
                       "stateHostPath": str(host / "var-lib-xidstream"), "podResourcesPath": str(node.pod_resources)},
         # privileged: false as in values-secure.yaml (no GPU here to reset)
-        "nodeExecutor": {"apply": True, "privileged": False, "preconditionWait": 30, "rebootSentinelHostDir": str(host / "var-run-xidstream")},
+        # GPUs from the same fake file as the collector's, and a recorded nvidia-smi (FAKE_SMI) on the
+        # state volume; the operands' wait short (the e2e's operands leave in a second or two)
+        "nodeExecutor": {"apply": True, "privileged": False, "preconditionWait": 30,
+                         "rebootSentinelHostDir": str(host / "var-run-xidstream"), "operandWait": OPERAND_WAIT,
+                         "nvidiaSmi": "/var/lib/xidstream/fake-nvidia-smi",
+                         "extraArgs": ["--fake-nvml", "/var/lib/xidstream/fake-nvml.json"]},
         "nodeNamespace": {"name": NODE_NAMESPACE},
         # resolve_after_s 150 (default 300): the quarantine's release within the run. Not below the
         # 90 s the suspect rule waits to name a fault's workload (streams.evidence.NAME_WAIT_S): the
@@ -174,6 +191,9 @@ def _values(node: LocalNode, workdir: Path) -> Path:
         "metrics": {"serviceMonitor": {"enabled": False}},
     }
     (host / "var-lib-xidstream").mkdir(parents=True, exist_ok=True)
+    smi = host / "var-lib-xidstream" / "fake-nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
     path = workdir / "values-e2e.yaml"
     path.write_text(json.dumps(values, indent=2))  # JSON is YAML
     return path
