@@ -344,7 +344,7 @@ def test_an_event_set_that_cannot_be_rebuilt_backs_off_and_is_retried_not_spun_o
     rebuild until the driver accepts it again."""
     import time as _time
 
-    from collectors.fakes import _NVMLError
+    import pynvml
 
     sink = MemorySink()
     fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0")])
@@ -362,7 +362,7 @@ def test_an_event_set_that_cannot_be_rebuilt_backs_off_and_is_retried_not_spun_o
 
     def refuse():
         fake.calls["nvmlEventSetCreate"] += 1
-        raise _NVMLError(999)  # NVML_ERROR_UNKNOWN: the driver refuses new event sets
+        raise pynvml.NVMLError_Unknown(pynvml.NVML_ERROR_UNKNOWN)  # NVML_ERROR_UNKNOWN: the driver refuses new event sets
 
     c.start(T0)
     try:

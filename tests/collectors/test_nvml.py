@@ -94,10 +94,22 @@ def test_no_driver_is_a_clear_error():
         NvmlReader(FakePynvml([], available=False)).init()
 
 
-def test_fake_errors_behave_like_pynvml():
+def test_fake_errors_are_pynvml_errors():
+    """The fake raises pynvml's own classes: what an `except` written for the real module catches."""
+    import pynvml
+
     fake = _fake()
+    assert fake.NVMLError is pynvml.NVMLError and fake.NVMLError_GpuIsLost is pynvml.NVMLError_GpuIsLost
     err = fake.NVMLError(15)
-    assert isinstance(err, fake.NVMLError_GpuIsLost) and isinstance(err, fake.NVMLError) and err.value == 15
+    assert isinstance(err, pynvml.NVMLError_GpuIsLost) and isinstance(err, pynvml.NVMLError) and err.value == 15
+    fake.nvmlInit()
+    fake.gpu(1).status = "reset_required"
+    with pytest.raises(pynvml.NVMLError_ResetRequired) as raised:
+        fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(1))
+    assert (raised.value.value, str(raised.value)) == (pynvml.NVML_ERROR_RESET_REQUIRED, "GPU requires restart")
+    fake.gpu(1).status = "lost"
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        fake.nvmlDeviceGetHandleByIndex(1)  # real NVML refuses the handle of a GPU off the bus
 
 
 # -- NVML and kernel-log defects ------------------------------------------------------------
