@@ -192,6 +192,23 @@ def test_recovery_action_event_is_read_beside_xid_events():
     assert reader.sample(gpu).values["recovery_action"] == 2
 
 
+def test_a_recovery_action_event_does_not_outlive_a_reinitialisation():
+    """The event's action stands in for an unreadable NVML_FI_DEV_GET_GPU_RECOVERY_ACTION only
+    within the NVML session that delivered it: after nvmlShutdown and nvmlInit (the collector's
+    release for a GPU reset) a stale "reset required" must not keep the repaired GPU looking sick."""
+    fake = _fake(recovery_action=None)  # the field is not readable, the event is
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    assert reader.register_xid_events()
+    fake.inject_recovery_action(0, 1)  # NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    assert reader.wait_xid(100).recovery_action == 1
+    reader.refresh_inventory()  # the same session: the event still stands
+    assert reader.sample(gpu).values["recovery_action"] == 1
+    reader.shutdown()
+    gpu = reader.init()[0]
+    assert reader.sample(gpu).values["recovery_action"] is None  # unknown, never the old session's 1
+
+
 def test_a_gpu_that_refuses_a_handle_is_reported_as_refused():
     """Defect 2 (reader side): real NVML refuses a handle for a GPU that fell off the bus."""
     fake = _fake()

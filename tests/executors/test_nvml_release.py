@@ -67,6 +67,34 @@ def test_collector_releases_nvml_for_a_reset_and_takes_it_up_again(tmp_path):
     c.stop()
 
 
+def test_a_recovery_action_event_is_forgotten_across_the_reset(tmp_path):
+    """A GPU whose recovery-action field is unreadable gets the event's action (Xid 154's "GPU
+    reset required") in its samples; the reset repairs it, and the samples after the collector
+    takes NVML up again must not still say "reset required" (a verification would read it as now)."""
+    clock = Clock()
+    fake = FakePynvml([FakeGpu(0, UUID0, "00000000:01:00.0"), FakeGpu(1, UUID1, "00000000:02:00.0", recovery_action=None)])
+    sink = MemorySink()
+    c = Collector(CollectorConfig(node="n"), sink, nvml=NvmlReader(fake), nvml_events_thread=False,
+                  state_dir=tmp_path / "collector", nvml_release=NvmlRelease(tmp_path / "collector", clock=clock))
+    c.start(datetime.now(timezone.utc))
+    executor = NvmlRelease(tmp_path / "collector", clock=clock)
+    fake.inject_recovery_action(1, 1)  # NVML_GPU_RECOVERY_ACTION_GPU_RESET, by event only
+    c.tick(datetime.now(timezone.utc))
+
+    def action(since: int) -> int | None:
+        return [r for r in sink.records[since:] if isinstance(r, GpuSample) and r.gpu_uuid == UUID1][-1].recovery_action
+
+    assert action(0) == 1
+    executor.request(UUID1, command_id="cmd-1", hold_s=60)
+    c.tick(datetime.now(timezone.utc))
+    assert executor.wait_released(UUID1, 0) is not None
+    executor.done(UUID1)  # reset and verified by the executor
+    n = len(sink.records)
+    c.tick(datetime.now(timezone.utc))
+    assert fake.initialized and action(n) is None
+    c.stop()
+
+
 def test_an_abandoned_request_expires_and_the_collector_resumes(tmp_path):
     clock = Clock()
     fake, sink, c = rig(tmp_path, clock)
