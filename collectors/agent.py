@@ -68,6 +68,13 @@ log = logging.getLogger(__name__)
 # within a day (streams.policy fleet_node_ttl_s), so a quiet node stays known.
 INVENTORY_HEARTBEAT_S = 6 * 3600.0
 
+# The event thread's wait in NVML (nvmlEventSetWait_v2's timeout): it holds the NVML lock meanwhile,
+# so a release for a GPU reset waits at most this long for it (`Collector._check_release`).
+EVENT_WAIT_MS = 500
+# How long a tick waits for the event thread to leave NVML before trying again at the next tick
+# (twice its wait: a driver slow to time the wait out costs the release a tick, never the loop).
+RELEASE_LOCK_WAIT_S = 2 * EVENT_WAIT_MS / 1000
+
 # A workload event's text fields and their caps (schemas.limits): the API server bounds the names, a
 # container runtime's reason is its own.
 _WORKLOAD_TEXT = {"namespace": K8S_LABEL_MAX, "pod": POD_NAME_MAX, "container": K8S_LABEL_MAX, "job": JOB_MAX,
@@ -423,6 +430,11 @@ class Collector:
         self._acked_without_nvml: set[str] = set()  # requests answered by a collector without NVML
         self._before_release: dict[str, str] = {}  # GPU UUID -> its status when NVML was released
         self._nvml_lock = threading.Lock()
+        # Set while a tick waits for the NVML lock to release NVML: the event thread does not take
+        # the lock again meanwhile. A plain Lock is not fair: the thread, taking it back the moment
+        # it let go after each wait, kept a waiting tick out for seconds (up to 9.5 s in a test on a
+        # busy machine; the node executor waits 10 s for the acknowledgement, then refuses the reset).
+        self._release_wanted = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, now: datetime) -> None:
@@ -451,19 +463,19 @@ class Collector:
         lo, hi = self.config.event_backoff
         delay = 0.0
         while not self._stop.is_set():
-            if self.released_for:  # NVML is shut down for a GPU reset
+            if self.released_for or self._release_wanted.is_set():  # NVML is (being) shut down for a GPU reset
                 self._stop.wait(0.2)
                 continue
             failure: Exception | None = None
             notice = None
             with self._nvml_lock:
-                if self.released_for:
+                if self.released_for or self._release_wanted.is_set():
                     continue
                 if self._events_stale and self.nvml is not None:
                     self._events_stale = False
                     self.nvml.register_xid_events()
                 try:
-                    notice = self.nvml.wait_xid(500) if self.nvml else None
+                    notice = self.nvml.wait_xid(EVENT_WAIT_MS) if self.nvml else None
                 except Exception as exc:  # noqa: BLE001 - handled below, outside the lock
                     failure = exc
             try:
@@ -858,10 +870,22 @@ class Collector:
         refuses a GPU that any process holds, this collector included."""
         wanted = set(self.release.pending())
         new = wanted - self.released_for
+        if not wanted:
+            self._release_wanted.clear()  # a request withdrawn before NVML could be released
         if wanted and not self.released_for:
-            with self._nvml_lock:  # the event thread is not inside NVML now
+            # Keep the event thread from taking the lock back, then wait for its current wait in
+            # NVML to end (at most EVENT_WAIT_MS): answered within this tick.
+            self._release_wanted.set()
+            if not self._nvml_lock.acquire(timeout=RELEASE_LOCK_WAIT_S):
+                log.warning("NVML release for the reset of GPU(s) %s: the event thread is still inside NVML "
+                            "after %.1f s; trying again next tick", ", ".join(sorted(wanted)), RELEASE_LOCK_WAIT_S)
+                return
+            try:  # the event thread is not inside NVML now
                 self.released_for = wanted
                 self.nvml.shutdown()
+            finally:
+                self._nvml_lock.release()
+                self._release_wanted.clear()  # `released_for` keeps the thread out from here
             log.warning("NVML released for the reset of GPU(s) %s; samples are `unavailable` until it is done",
                         ", ".join(sorted(wanted)))
         if wanted:
