@@ -641,6 +641,18 @@ def test_a_gpu_nvml_refuses_on_a_first_start_is_published_as_lost_and_counted(tm
     c.stop()
 
 
+def test_the_key_of_a_gpu_known_only_by_its_index_fits_the_contract_on_any_node():
+    from collectors.agent import unidentified_key, unidentified_pci
+    from schemas.limits import GPU_UUID_MAX
+
+    assert (unidentified_pci(1), unidentified_pci(300)) == ("ffff:00:01", "ffff:01:2c")
+    assert unidentified_key("gpu-node-7", 1) == "gpu-node-7/ffff:00:01"
+    a, b = "n" * 200 + "-a", "n" * 200 + "-b"  # node names up to 253 characters; GPU_UUID_MAX is 96
+    ka, kb = unidentified_key(a, 3), unidentified_key(b, 3)
+    assert len(ka) <= GPU_UUID_MAX and len(kb) <= GPU_UUID_MAX and ka != kb and ka.endswith("/ffff:00:03")
+    GpuSample(ts=T0, node=a, gpu_uuid=ka, gpu_index=3, pci_bus_id=unidentified_pci(3), status="lost")
+
+
 def test_a_gpu_refused_at_start_and_known_from_the_saved_inventory_is_published_once(tmp_path):
     """Saved from an earlier run: published under its UUID as before, not a second time by index."""
     from prometheus_client import generate_latest
