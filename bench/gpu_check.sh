@@ -2,7 +2,8 @@
 # Real-NVML check of the collector. Run on a machine with an NVIDIA GPU and driver:
 #     bash bench/gpu_check.sh [OUT_DIR]
 # 1. `xidstream gpu-check`: every field per GPU through the real pynvml (memory v2 and reserved,
-#    recovery action, remapped rows, volatile DBE, event registration), exit code 0 / 3.
+#    recovery action, remapped rows, volatile DBE, event registration), then NVML shut down and
+#    initialised again as the collector's release for a GPU reset does (same GPUs), exit code 0 / 3.
 # 2. The collector's NvmlReader on the real module: the issue-9 fields are present, the NVML error
 #    counter stays at 0 on healthy GPUs (NotSupported/NoData are not errors), 30 samples per GPU
 #    timed, and the event set re-registers without error.
@@ -26,7 +27,8 @@ cat "$OUT/gpu-check.txt"
 echo "gpu-check exit code: $code (0 all read, 3 faults found)"
 for f in memory_reserved_mib recovery_action remapped_rows_pending remapped_rows_failure ecc_dbe_volatile memory_info_version \
          "counters (first read" nvlinks pcie_replay_count pcie_link_width_max ecc_corrected_aggregate \
-         retired_pages_pending clock_event_reason_names fabric_clique_id unsupported; do
+         retired_pages_pending clock_event_reason_names fabric_clique_id unsupported \
+         "re-initialisation (the collector's release for a reset)"; do
   grep -q "$f" "$OUT/gpu-check.txt" || { echo "MISSING in gpu-check output: $f"; rc=1; }
 done
 echo "== NvmlReader on the real pynvml"

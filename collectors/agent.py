@@ -8,6 +8,7 @@ The clock is passed in, so a scenario can run the same loop in accelerated scena
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -29,6 +30,7 @@ from collectors.sources.kernel import KernelSource
 from collectors.sources.rack import valid_rack
 from collectors.spool import write_durably
 from schemas.limits import (
+    GPU_UUID_MAX,
     JOB_MAX,
     K8S_LABEL_MAX,
     KERNEL_MESSAGE_MAX,
@@ -55,11 +57,11 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.vocab import TsSource, XidSource
+from schemas.vocab import SampleStatus, TsSource, XidSource
 from schemas.xid_catalog import XID_CATALOG, lookup
 
 __all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "RackSource",
-           "xid_fields", "line_time"]
+           "xid_fields", "line_time", "unidentified_key", "unidentified_pci"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,13 @@ log = logging.getLogger(__name__)
 # (the fleet breaker's size; capacity taken without approval) while it saw the node's inventory
 # within a day (streams.policy fleet_node_ttl_s), so a quiet node stays known.
 INVENTORY_HEARTBEAT_S = 6 * 3600.0
+
+# The event thread's wait in NVML (nvmlEventSetWait_v2's timeout): it holds the NVML lock meanwhile,
+# so a release for a GPU reset waits at most this long for it (`Collector._check_release`).
+EVENT_WAIT_MS = 500
+# How long a tick waits for the event thread to leave NVML before trying again at the next tick
+# (twice its wait: a driver slow to time the wait out costs the release a tick, never the loop).
+RELEASE_LOCK_WAIT_S = 2 * EVENT_WAIT_MS / 1000
 
 # A workload event's text fields and their caps (schemas.limits): the API server bounds the names, a
 # container runtime's reason is its own.
@@ -109,6 +118,29 @@ def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | No
         info = lookup(rec.xid)
         fields.update(xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution)
     return fields
+
+
+def unidentified_pci(index: int) -> str:
+    """The stand-in PCI id of a GPU NVML counts at `index` but refuses, with nothing saved to name
+    it: NVML gives no PCI id without a handle, and the records need one. ``ffff:<hi>:<lo>`` (the
+    index's two bytes) is in PCI domain ffff, which no GPU has, and differs per index; the
+    inventory's notes say the real one is unknown."""
+    return f"ffff:{(index >> 8) & 0xFF:02x}:{index & 0xFF:02x}"
+
+
+def unidentified_key(node: str, index: int) -> str:
+    """The key (`gpu_uuid`) such a GPU is published under: ``<node>/<unidentified_pci(index)>``,
+    the topics' key of a GPU with no UUID (schemas.topics: an unresolved Xid's ``node/pci``). The
+    processor takes it as unresolved (a '/' no UUID has: nothing to aim a GPU reset at) and routes
+    the results of its commands, which carry no UUID but this PCI id, back to the same row. A node
+    name too long for GPU_UUID_MAX is cut and tagged with a digest of the whole, so two nodes never
+    share a key (its commands' results then fold apart from it)."""
+    suffix = "/" + unidentified_pci(index)
+    key = node + suffix
+    if len(key) <= GPU_UUID_MAX:
+        return key
+    digest = hashlib.sha256(node.encode()).hexdigest()[:12]
+    return f"{node[:GPU_UUID_MAX - len(suffix) - len(digest) - 1]}~{digest}{suffix}"
 
 
 def _local(naive: datetime, tz: tzinfo | None) -> datetime:
@@ -413,6 +445,9 @@ class Collector:
         self._saved: dict[str, GpuIdentity] = self._load_inventory()
         self.lost: list[GpuIdentity] = []
         self._lost_why: dict[str, str] = {}
+        # Keys (`unidentified_key`) of the GPUs in `lost` that NVML refuses with nothing saved to
+        # name them: known by their NVML index only, never saved, never taught to the identity map.
+        self._unidentified: set[str] = set()
         self._events_stale = False  # set when a GPU returns: the event set must be re-created
         self._event_delay = 0.0
         self._event_retry_at = 0.0
@@ -423,6 +458,11 @@ class Collector:
         self._acked_without_nvml: set[str] = set()  # requests answered by a collector without NVML
         self._before_release: dict[str, str] = {}  # GPU UUID -> its status when NVML was released
         self._nvml_lock = threading.Lock()
+        # Set while a tick waits for the NVML lock to release NVML: the event thread does not take
+        # the lock again meanwhile. A plain Lock is not fair: the thread, taking it back the moment
+        # it let go after each wait, kept a waiting tick out for seconds (up to 9.5 s in a test on a
+        # busy machine; the node executor waits 10 s for the acknowledgement, then refuses the reset).
+        self._release_wanted = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, now: datetime) -> None:
@@ -439,7 +479,7 @@ class Collector:
             self.metrics.set_source("kernel_log", True)
         if self.nvml is not None:
             self._merge_saved_inventory()
-            self.identity.learn_nvml(self.gpus + self.lost)
+            self._learn_identities()
             self._read_rack(now)
             self._publish_inventory(now)
             self._last_inventory = self._clock()
@@ -451,19 +491,19 @@ class Collector:
         lo, hi = self.config.event_backoff
         delay = 0.0
         while not self._stop.is_set():
-            if self.released_for:  # NVML is shut down for a GPU reset
+            if self.released_for or self._release_wanted.is_set():  # NVML is (being) shut down for a GPU reset
                 self._stop.wait(0.2)
                 continue
             failure: Exception | None = None
             notice = None
             with self._nvml_lock:
-                if self.released_for:
+                if self.released_for or self._release_wanted.is_set():
                     continue
                 if self._events_stale and self.nvml is not None:
                     self._events_stale = False
                     self.nvml.register_xid_events()
                 try:
-                    notice = self.nvml.wait_xid(500) if self.nvml else None
+                    notice = self.nvml.wait_xid(EVENT_WAIT_MS) if self.nvml else None
                 except Exception as exc:  # noqa: BLE001 - handled below, outside the lock
                     failure = exc
             try:
@@ -734,7 +774,9 @@ class Collector:
         """Live GPUs replace their saved entries; a saved GPU that NVML no longer gives a handle for
         stays, as lost (after Xid 79 and a collector restart, real NVML refuses
         the GPU's handle, and the GPU would vanish from every topic). A different GPU at the same
-        PCI address means it was replaced: the old entry goes."""
+        PCI address means it was replaced: the old entry goes. A GPU NVML refuses at an index that
+        nothing saved names is lost too, under `unidentified_key`; both are counted in
+        xidstream_collector_lost_gpus."""
         live = {g.uuid for g in self.gpus}
         live_pci = {g.pci_bus_id for g in self.gpus}
         refused = self.nvml.refused if self.nvml is not None else {}
@@ -748,15 +790,47 @@ class Collector:
                 continue
             lost.append(GpuIdentity(**{**g.__dict__, "status": "lost"}))
             why[uuid] = refused.get(g.index) or "not listed by NVML"
-        returned = {g.uuid for g in self.lost} - {g.uuid for g in lost}
+        # A GPU NVML counts and refuses that nothing saved names (a first start after it fell off
+        # the bus, or a state dir lost with its pod): NVML gives no UUID or PCI id without a handle,
+        # but it does count the GPU, so it is published as lost under its index rather than left
+        # out of every topic, where a node with a dead GPU would look like a node with one fewer.
+        covered = {g.index for g in self.gpus} | {g.index for g in lost}
+        unidentified: set[str] = set()
+        for index, refusal in sorted(refused.items()):
+            if index in covered:
+                continue
+            key = unidentified_key(self.config.node, index)
+            note = (f"NVML counts a GPU at index {index} and refuses it ({refusal}); no inventory saved by an earlier "
+                    f"run names it: its UUID and PCI id are unknown ({unidentified_pci(index)} stands in)")
+            lost.append(GpuIdentity(index=index, uuid=key, pci_bus_id=unidentified_pci(index), name=None, serial=None,
+                                    memory_total_mib=None, driver_version=None, cuda_version=None, notes=(note,),
+                                    status="lost"))
+            why[key] = refusal
+            unidentified.add(key)
+        before_lost = {x.uuid for x in self.lost}
+        returned = before_lost - {g.uuid for g in lost}
         for g in lost:
-            if g.uuid not in {x.uuid for x in self.lost}:
+            if g.uuid in before_lost:
+                continue
+            if g.uuid in unidentified:
+                log.error("GPU %d: NVML counts it and refuses it (%s), and no inventory saved by an earlier run names "
+                          "it; published as lost as %s until NVML gives its UUID", g.index, why[g.uuid], g.uuid)
+            else:
                 log.error("GPU %d (%s, %s) from the saved inventory: NVML refuses it (%s); published as lost until "
                           "it returns or `--forget-gpu %s`", g.index, g.uuid, g.pci_bus_id, why[g.uuid], g.uuid)
+        gone = returned & self._unidentified  # NVML answers at that index again, under the GPU's own UUID
+        for uuid in sorted(gone):
+            log.warning("%s: NVML no longer refuses the GPU at that index; published under its UUID from now on", uuid)
+            self._status.pop(uuid, None)
+            for status in SampleStatus:  # its series would say lost (or unavailable) for good
+                self.metrics.gpu_status.remove(uuid, status.value)
+        if returned - gone:
+            log.warning("GPU(s) %s are back", ", ".join(sorted(returned - gone)))
         if returned:
-            log.warning("GPU(s) %s are back", ", ".join(sorted(returned)))
             self._events_stale = True
-        self.lost, self._lost_why = lost, why
+        self.lost, self._lost_why, self._unidentified = lost, why, unidentified
+        self.metrics.lost_gpus.labels("saved").set(len(lost) - len(unidentified))
+        self.metrics.lost_gpus.labels("index").set(len(unidentified))
         before = dict(self._saved)
         merged = []
         for g in self.gpus:
@@ -776,6 +850,11 @@ class Collector:
         self.gpus = merged
         if before != self._saved or not (self._inventory_file and self._inventory_file.exists()):
             self._save_inventory()
+
+    def _learn_identities(self) -> None:
+        """Teach the identity map every GPU NVML or the saved inventory names; a GPU known only by
+        its index has no PCI id to resolve a kernel line by (`unidentified_pci` is a stand-in)."""
+        self.identity.learn_nvml([g for g in self.gpus + self.lost if g.uuid not in self._unidentified])
 
     def _inventory_record(self, gpu: GpuIdentity, now: datetime) -> GpuInventory:
         # NVML's strings fit their caps (its buffers set them); cut anyway, so an odd driver costs
@@ -828,7 +907,7 @@ class Collector:
             self._events_stale = True  # a GPU appeared or came back: register it for events
         self.gpus = gpus
         self._merge_saved_inventory()
-        self.identity.learn_nvml(self.gpus + self.lost)
+        self._learn_identities()
         self._publish_inventory(now)
 
     def _set_status(self, gpu: GpuIdentity, status: str, error: str | None) -> None:
@@ -858,10 +937,22 @@ class Collector:
         refuses a GPU that any process holds, this collector included."""
         wanted = set(self.release.pending())
         new = wanted - self.released_for
+        if not wanted:
+            self._release_wanted.clear()  # a request withdrawn before NVML could be released
         if wanted and not self.released_for:
-            with self._nvml_lock:  # the event thread is not inside NVML now
+            # Keep the event thread from taking the lock back, then wait for its current wait in
+            # NVML to end (at most EVENT_WAIT_MS): answered within this tick.
+            self._release_wanted.set()
+            if not self._nvml_lock.acquire(timeout=RELEASE_LOCK_WAIT_S):
+                log.warning("NVML release for the reset of GPU(s) %s: the event thread is still inside NVML "
+                            "after %.1f s; trying again next tick", ", ".join(sorted(wanted)), RELEASE_LOCK_WAIT_S)
+                return
+            try:  # the event thread is not inside NVML now
                 self.released_for = wanted
                 self.nvml.shutdown()
+            finally:
+                self._nvml_lock.release()
+                self._release_wanted.clear()  # `released_for` keeps the thread out from here
             log.warning("NVML released for the reset of GPU(s) %s; samples are `unavailable` until it is done",
                         ", ".join(sorted(wanted)))
         if wanted:
@@ -880,7 +971,7 @@ class Collector:
                 self.release.clear_released(uuid)
             log.warning("NVML taken up again after the reset of GPU(s) %s", ", ".join(sorted(self.released_for)))
             self.released_for = set()
-            self.identity.learn_nvml(self.gpus + self.lost)
+            self._learn_identities()
             self._events_stale = True  # the event set was freed with the handles
             self._last_inventory = float("-inf")  # re-read and publish what changed at once
 
@@ -919,11 +1010,12 @@ class Collector:
                            error: str | None, pmon: list[tuple[int, Any, Any]]) -> None:
         """One gpu.processes record. `apps`: NVML's compute processes as (pid, used MiB), None when
         unreadable; `pmon`: its (pid, sm %, mem %) rows. A list past PROCESSES_MAX is cut and
-        `error` says so, so the record still fits its contract (schemas.limits) and goes out."""
+        `error` says so, so the record still fits its contract (schemas.limits) and goes out.
+        A GPU known only by its NVML index has no known device minor: its holders are unknown."""
         cut: list[str] = []
         apps = _capped("compute_apps", apps, cut)
         pmon = _capped("pmon", pmon, cut)
-        holders = self._holders_of(gpu, cut)
+        holders = self._holders_of(gpu, cut) if gpu.uuid not in self._unidentified else None
         compute = None
         if apps is not None:
             compute = []
@@ -941,9 +1033,14 @@ class Collector:
         ))
 
     def _sample_lost(self, gpu: GpuIdentity, now: datetime) -> None:
-        """A GPU of the saved inventory that NVML refuses: lost, with nothing else known."""
-        error = clip(f"NVML refuses this GPU ({self._lost_why.get(gpu.uuid, 'no handle')}); from the saved inventory",
-                     SHORT_TEXT_MAX)
+        """A GPU of the saved inventory that NVML refuses, or one it refuses at an index nothing
+        saved names: lost, with nothing else known."""
+        why = self._lost_why.get(gpu.uuid, "no handle")
+        if gpu.uuid in self._unidentified:
+            error = f"NVML refuses the GPU at index {gpu.index} ({why}); no saved inventory names it"
+        else:
+            error = f"NVML refuses this GPU ({why}); from the saved inventory"
+        error = clip(error, SHORT_TEXT_MAX)
         self._set_status(gpu, "lost", error)
         common = dict(ts=now, node=self.config.node, gpu_uuid=gpu.uuid, gpu_index=gpu.index, pci_bus_id=gpu.pci_bus_id)
         self.sink.publish(GpuSample(**common, status="lost", error=error))

@@ -1,8 +1,9 @@
 """In-memory twins of the collector's I/O, driven by the scenario format.
 
 `FakePynvml` mimics the surface of NVIDIA's `pynvml` module that `collectors.nvml.NvmlReader` uses:
-the same function names and arguments, return objects with the same attributes, and `NVMLError`
-with per-code subclasses (`NVMLError_GpuIsLost`, ...) whose `.value` is the NVML return code. A GPU
+the same function names and arguments, return objects with the same attributes, and pynvml's own
+`NVMLError` with its per-code subclasses (`pynvml.NVMLError_GpuIsLost`, ...; `.value` is the NVML
+return code): the fake raises the very classes the real module raises. A GPU
 whose status is `lost` or `reset_required` raises those from every per-device read, as a real
 one does; a `lost` GPU also refuses a handle (`nvmlDeviceGetHandleByIndex`), as real NVML does for
 a GPU that fell off the bus. Xid and recovery-action events are queued for `nvmlEventSetWait_v2`;
@@ -53,39 +54,18 @@ from pynvml import NVMLLibraryMismatchError  # a plain Exception in nvidia-ml-py
 __all__ = ["FakePynvml", "FakeGpu", "FakeProcess", "FakeNvLink", "FakeFabric", "FilePynvml"]
 
 
-class _NVMLError(Exception):
-    _by_value: dict[int, type] = {}
-
-    def __new__(cls, value: int):
-        if cls is _NVMLError:
-            cls = _NVMLError._by_value.get(value, cls)
-        obj = Exception.__new__(cls)
-        obj.value = value
-        return obj
-
-    def __init__(self, value: int) -> None:
-        super().__init__(value)
-        self.value = value
-
-    def __str__(self) -> str:
-        return _NAMES.get(self.value, f"NVML error {self.value}")
+def _nvml_error(value: int) -> pynvml.NVMLError:
+    """The error pynvml raises for NVML return code `value`: pynvml's own `NVMLError`, which maps
+    the code to its subclass (`NVMLError_GpuIsLost` for 15, ...), with its `.value` and its text.
+    The fake raises these very classes, so an `except pynvml.NVMLError_GpuIsLost` written for the
+    real module catches the fake's errors too, and the reader's real path is the one tested."""
+    return pynvml.NVMLError(value)
 
 
-_NAMES = {
-    0: "Success", 1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
-    10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found", 15: "GPU is lost",
-    16: "GPU requires restart", 21: "No data", 25: "Argument version mismatch", 999: "Unknown Error",
-}
-_CLASS_NAMES = {
-    1: "Uninitialized", 2: "InvalidArgument", 3: "NotSupported", 4: "NoPermission", 6: "NotFound", 10: "Timeout",
-    12: "LibraryNotFound", 13: "FunctionNotFound", 15: "GpuIsLost", 16: "ResetRequired", 21: "NoData",
-    25: "ArgumentVersionMismatch", 999: "Unknown",
-}
-_ERROR_CLASSES = {}
-for _code, _name in _CLASS_NAMES.items():
-    _cls = type(f"NVMLError_{_name}", (_NVMLError,), {})
-    _NVMLError._by_value[_code] = _cls
-    _ERROR_CLASSES[f"NVMLError_{_name}"] = _cls
+# Every NVMLError_* subclass pynvml defines (one per NVML_ERROR_* code), offered on the fake as on the module.
+_ERROR_CLASSES = {name: getattr(pynvml, name) for name in dir(pynvml)
+                  if name.startswith("NVMLError_") and isinstance(getattr(pynvml, name), type)
+                  and issubclass(getattr(pynvml, name), pynvml.NVMLError)}
 
 
 @dataclass
@@ -170,7 +150,7 @@ class _FakeEventSet:
 class FakePynvml:
     """A pynvml look-alike over `FakeGpu`s. `clock_us()` gives per-process sample timestamps."""
 
-    NVMLError = _NVMLError
+    NVMLError = pynvml.NVMLError
     NVMLLibraryMismatchError = NVMLLibraryMismatchError
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_NOT_FOUND = 6
@@ -249,9 +229,9 @@ class FakePynvml:
     def _check(self, fn: str, gpu: FakeGpu | None = None) -> None:
         self.calls[fn] += 1
         if not self.available:
-            raise _NVMLError(12)
+            raise _nvml_error(12)
         if not self.initialized:
-            raise _NVMLError(1)
+            raise _nvml_error(1)
         if gpu is not None:
             if gpu.lose_on_call is not None and gpu.lose_on_call[0] == fn:
                 left = gpu.lose_on_call[1] - 1
@@ -259,21 +239,21 @@ class FakePynvml:
                 if left <= 0:
                     gpu.status, gpu.lose_on_call = "lost", None
             if fn in gpu.errors:
-                raise _NVMLError(gpu.errors[fn])
+                raise _nvml_error(gpu.errors[fn])
             if fn in gpu.still_answers:
                 return
             if gpu.status == "lost":
-                raise _NVMLError(15)
+                raise _nvml_error(15)
             if gpu.status == "reset_required":
-                raise _NVMLError(16)
+                raise _nvml_error(16)
             if fn in gpu.unsupported:
-                raise _NVMLError(3)
+                raise _nvml_error(3)
 
     # -- pynvml surface --------------------------------------------------------------------
     def nvmlInit(self) -> None:
         self.calls["nvmlInit"] += 1
         if not self.available:
-            raise _NVMLError(12)
+            raise _nvml_error(12)
         self.initialized = True
 
     def nvmlShutdown(self) -> None:
@@ -293,7 +273,7 @@ class FakePynvml:
             for p in g.processes:
                 if p.pid == pid:
                     return p.name
-        raise _NVMLError(6)
+        raise _nvml_error(6)
 
     def nvmlDeviceGetCount(self) -> int:
         self._check("nvmlDeviceGetCount")
@@ -302,7 +282,7 @@ class FakePynvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         self._check("nvmlDeviceGetHandleByIndex")
         if self.gpus[index].status == "lost":
-            raise _NVMLError(15)  # real NVML refuses a handle for a GPU that fell off the bus
+            raise _nvml_error(15)  # real NVML refuses a handle for a GPU that fell off the bus
         return self.gpus[index]
 
     def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
@@ -325,7 +305,7 @@ class FakePynvml:
     def nvmlDeviceGetSerial(self, h: FakeGpu) -> str:
         self._check("nvmlDeviceGetSerial", h)
         if h.serial is None:
-            raise _NVMLError(3)  # GeForce boards have no serial in NVML
+            raise _nvml_error(3)  # GeForce boards have no serial in NVML
         return h.serial
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> Any:
@@ -334,7 +314,7 @@ class FakePynvml:
         if version:  # pynvml calls nvmlDeviceGetMemoryInfo_v2, which an old driver does not have
             self._check("nvmlDeviceGetMemoryInfo_v2", h)
             if not h.memory_v2:
-                raise _NVMLError(13)
+                raise _nvml_error(13)
             return SimpleNamespace(version=version, total=total, reserved=reserved, used=used,
                                    free=total - used - reserved)
         self._check("nvmlDeviceGetMemoryInfo", h)
@@ -353,13 +333,13 @@ class FakePynvml:
     def nvmlDeviceGetRemappedRows(self, h: FakeGpu) -> tuple:
         self._check("nvmlDeviceGetRemappedRows", h)
         if h.remapped_rows is None:
-            raise _NVMLError(3)
+            raise _nvml_error(3)
         return tuple(h.remapped_rows)
 
     def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, error_type: int, counter_type: int) -> int:
         self._check("nvmlDeviceGetTotalEccErrors", h)
         if h.ecc_dbe_volatile is None:
-            raise _NVMLError(3)
+            raise _nvml_error(3)
         # (NVML_MEMORY_ERROR_TYPE_*, NVML_*_ECC): corrected 0 / uncorrected 1, volatile 0 / aggregate 1
         return {(0, 0): h.ecc_sbe_volatile, (1, 0): h.ecc_dbe_volatile, (0, 1): h.ecc_sbe_aggregate,
                 (1, 1): h.ecc_dbe_aggregate}[(error_type, counter_type)]
@@ -367,9 +347,9 @@ class FakePynvml:
     # -- counters ----------------------------------------------------------------------------
     def _nvlink(self, h: FakeGpu, link: int) -> FakeNvLink:
         if h.nvlinks is None:
-            raise _NVMLError(3)  # no NVLink on this board
+            raise _nvml_error(3)  # no NVLink on this board
         if not 0 <= link < len(h.nvlinks):
-            raise _NVMLError(2)  # NVML: InvalidArgument for a link the GPU does not have
+            raise _nvml_error(2)  # NVML: InvalidArgument for a link the GPU does not have
         entry = h.nvlinks[link]
         return FakeNvLink(**entry) if isinstance(entry, dict) else entry  # FilePynvml's JSON gives dicts
 
@@ -381,7 +361,7 @@ class FakePynvml:
         self._check("nvmlDeviceGetNvLinkErrorCounter", h)
         entry = self._nvlink(h, link)
         if counter in h.nvlink_counter_errors:
-            raise _NVMLError(h.nvlink_counter_errors[counter])
+            raise _nvml_error(h.nvlink_counter_errors[counter])
         return (entry.replay, entry.recovery, entry.crc_flit, entry.crc_data)[counter]
 
     def nvmlDeviceGetPcieReplayCounter(self, h: FakeGpu) -> int:
@@ -407,19 +387,19 @@ class FakePynvml:
     def nvmlDeviceGetRetiredPages(self, h: FakeGpu, cause: int) -> list:
         self._check("nvmlDeviceGetRetiredPages", h)
         if h.retired_pages is None:
-            raise _NVMLError(3)
+            raise _nvml_error(3)
         return [0x1000 * (i + 1) for i in range(h.retired_pages[cause])]  # pynvml returns the addresses
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, h: FakeGpu) -> int:
         self._check("nvmlDeviceGetRetiredPagesPendingStatus", h)
         if h.retired_pages is None:
-            raise _NVMLError(3)
+            raise _nvml_error(3)
         return 1 if h.retired_pages_pending else 0
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
         if not h.clocks_event_api:
             self.calls["nvmlDeviceGetCurrentClocksEventReasons"] += 1
-            raise _NVMLError(13)  # pynvml's _nvmlGetFunctionPointer: a driver before R535 lacks the symbol
+            raise _nvml_error(13)  # pynvml's _nvmlGetFunctionPointer: a driver before R535 lacks the symbol
         self._check("nvmlDeviceGetCurrentClocksEventReasons", h)
         return h.clock_event_reasons
 
@@ -430,7 +410,7 @@ class FakePynvml:
     def _fabric_info(self, h: FakeGpu, ref: Any, fn: str) -> int:
         self._check(fn, h)
         if h.fabric is None:
-            raise _NVMLError(3)
+            raise _nvml_error(3)
         info = ref._obj  # ctypes.byref(struct), as pynvml passes it on to the C call
         info.clusterUuid[:] = list(uuidlib.UUID(h.fabric.cluster_uuid).bytes)
         info.cliqueId, info.state, info.status = h.fabric.clique_id, h.fabric.state, h.fabric.status
@@ -441,9 +421,9 @@ class FakePynvml:
     def nvmlDeviceGetGpuFabricInfoV(self, h: FakeGpu, ref: Any) -> int:
         if not h.fabric_v:
             self.calls["nvmlDeviceGetGpuFabricInfoV"] += 1
-            raise _NVMLError(13)
+            raise _nvml_error(13)
         if ref._obj.version != self.nvmlGpuFabricInfo_v2:
-            raise _NVMLError(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+            raise _nvml_error(25)  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
         return self._fabric_info(h, ref, "nvmlDeviceGetGpuFabricInfoV")
 
     def nvmlDeviceGetGpuFabricInfo(self, h: FakeGpu, ref: Any) -> int:
@@ -468,7 +448,7 @@ class FakePynvml:
     def _compute_processes(self, h: FakeGpu, version: int) -> list:
         self._check(f"nvmlDeviceGetComputeRunningProcesses_v{version}")  # library loaded and initialised
         if version not in self.compute_versions:
-            raise _NVMLError(13)  # pynvml's _nvmlGetFunctionPointer: the library lacks the symbol
+            raise _nvml_error(13)  # pynvml's _nvmlGetFunctionPointer: the library lacks the symbol
         self._check("nvmlDeviceGetComputeRunningProcesses", h)
         mib = 1024 * 1024
         return [SimpleNamespace(pid=p.pid, usedGpuMemory=int(p.used_memory_mib * mib) if p.used_memory_mib is not None else None,
@@ -486,7 +466,7 @@ class FakePynvml:
         # missing symbol into NVMLLibraryMismatchError (not an NVMLError).
         try:
             return self._compute_processes(handle, 3)
-        except _ERROR_CLASSES["NVMLError_FunctionNotFound"]:
+        except pynvml.NVMLError_FunctionNotFound:
             raise NVMLLibraryMismatchError(
                 "Unversioned function called and the pyNVML version does not match the NVML lib version. "
                 "Either use matching pyNVML and NVML lib versions or use a versioned function such as "
@@ -500,7 +480,7 @@ class FakePynvml:
                    for p in h.processes if p.sm_util_pct is not None]
         samples = [s for s in samples if s.timeStamp > last_seen_us]
         if not samples:
-            raise _NVMLError(self.pmon_no_sample)  # nothing newer than the cursor (NotFound, or Success)
+            raise _nvml_error(self.pmon_no_sample)  # nothing newer than the cursor (NotFound, or Success)
         return samples
 
     def nvmlEventSetCreate(self) -> _FakeEventSet:
@@ -510,21 +490,21 @@ class FakePynvml:
     def nvmlDeviceRegisterEvents(self, h: FakeGpu, types: int, event_set: _FakeEventSet) -> None:
         self._check("nvmlDeviceRegisterEvents", h)
         if types & 0x8000 and not self.recovery_events:
-            raise _NVMLError(3)  # a driver without recovery-action events refuses the whole mask
+            raise _nvml_error(3)  # a driver without recovery-action events refuses the whole mask
         event_set.gpus[id(h)] = h
 
     def nvmlEventSetWait_v2(self, event_set: _FakeEventSet, timeout_ms: int) -> Any:
         self._check("nvmlEventSetWait_v2")
         if event_set.broken:
-            raise _NVMLError(999)
+            raise _nvml_error(999)
         if any(g.status == "lost" for g in event_set.gpus.values()):
             event_set.broken = True
-            raise _NVMLError(15)  # answered at once, whatever the timeout
+            raise _nvml_error(15)  # answered at once, whatever the timeout
         with self._cv:
             if not self._events:
                 self._cv.wait(timeout_ms / 1000.0)
             if not self._events:
-                raise _NVMLError(10)
+                raise _nvml_error(10)
             gpu, kind, data = self._events.popleft()
         return SimpleNamespace(device=gpu, eventType=kind, eventData=data,
                                gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)

@@ -7,7 +7,10 @@ remapped rows, volatile DBE included), compute apps, pmon samples and whether Xi
 recovery-action events can be registered, and every event already pending; then every counter of
 gpu.counters (NVLink per link, PCIe, ECC, retired pages, clock event reasons, temperature, fabric),
 which counters the board does not support, and the time of a first read (it probes the NVLinks)
-and of a second one (what every `--counters-interval` costs). A GPU that NVML
+and of a second one (what every `--counters-interval` costs). Last, NVML shut down and initialised
+again in the same process, as the collector does for the node executor's GPU reset
+(`collectors.nvml.NvmlRelease`): how long it takes, whether the same GPUs come back, and each
+GPU's recovery action after it (an action an event delivered before is not carried over). A GPU that NVML
 refuses a handle for, or that is lost during the check, is printed as lost, never as a traceback.
 A driver without a call (nvmlDeviceGetComputeRunningProcesses_v3 before R510)
 is read through the older one, or printed as "not supported".
@@ -108,9 +111,35 @@ def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -
         if failed is not None:
             say(f"event wait failed: {failed}")
             faults += 1
+    faults += _say_reinit(reader, gpus, say)
     say(f"NVML errors other than NotSupported/NotFound/NoData: {reader.error_count}")
     reader.shutdown()
     return 3 if faults or reader.error_count else 0
+
+
+def _say_reinit(reader: Any, gpus: list, say: Any) -> int:
+    """nvmlShutdown then nvmlInit in this process (the collector's release and resume around a GPU
+    reset, on this driver and pynvml); 1 when NVML does not come back with the same GPUs."""
+    from collectors.nvml import NvmlUnavailable
+
+    t0 = time.perf_counter()
+    reader.shutdown()
+    try:
+        again = reader.init()
+    except NvmlUnavailable as exc:
+        say(f"\nNVML re-initialisation (the collector's release for a reset): failed: {exc}")
+        return 1
+    took = 1000 * (time.perf_counter() - t0)
+    before, after = [g.uuid for g in gpus], [g.uuid for g in again]
+    same = "the same GPUs" if after == before else f"NOT the same GPUs: {before} before, {after} after"
+    say(f"\nNVML re-initialisation (the collector's release for a reset): {took:.1f} ms, {same}")
+    for gpu in again:
+        if gpu.status != "ok":
+            say(f"  GPU {gpu.index}: {gpu.status}")
+            continue
+        action = reader.sample(gpu).values["recovery_action"]
+        say(f"  GPU {gpu.index}: recovery_action {action!r} (read now; an earlier event's action is not carried over)")
+    return 0 if after == before else 1
 
 
 def _say_counters(reader: Any, gpu: Any, say: Any) -> int:

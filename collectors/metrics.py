@@ -66,6 +66,15 @@ class CollectorMetrics:
                                       ["reason"], registry=r)
         self.kmsg_lost = Gauge("xidstream_collector_kmsg_overwritten", "Times the kernel ring buffer overwrote unread records", registry=r)
         self.gpu_status = Gauge("xidstream_collector_gpu_status", "1 for the GPU's current NVML status", ["gpu_uuid", "status"], registry=r)
+        # A GPU NVML refuses is published as lost (collectors.agent): by its UUID where the
+        # inventory saved by an earlier run names it, else by its NVML index alone (a first start
+        # after the GPU fell off the bus), which no gpu_status series can name by UUID.
+        self.lost_gpus = Gauge("xidstream_collector_lost_gpus",
+                               "GPUs published as lost because NVML refuses them or no longer lists them, by what "
+                               "names them: saved (the inventory saved when NVML last read them), index (refused "
+                               "with nothing saved: published as <node>/ffff:00:<index>)", ["identity"], registry=r)
+        for identity in ("saved", "index"):
+            self.lost_gpus.labels(identity).set(0)
         self.loop_seconds = Histogram("xidstream_collector_loop_seconds", "Duration of one collection tick",
                                       buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=r)
         self.source_up = Gauge("xidstream_collector_source_up",

@@ -182,7 +182,8 @@ class _Device:
     mem_version: int = 1
     unsupported: set = field(default_factory=set)  # reads this board answered NotSupported
     missing: set = field(default_factory=set)  # versioned functions this driver does not export
-    event_recovery_action: int | None = None  # last action delivered by a recovery-action event
+    # last action delivered by a recovery-action event in this NVML session (cleared at shutdown/init)
+    event_recovery_action: int | None = None
     # Counters (NvmlReader.counters): kept across inventory refreshes, unlike `unsupported`.
     counters_unsupported: set = field(default_factory=set)  # counter names answered NotSupported
     counters_missing: set = field(default_factory=set)  # counter functions this pynvml/driver lacks
@@ -219,13 +220,31 @@ class NvmlReader:
 
     # -- set-up ----------------------------------------------------------------------------
     def init(self) -> list[GpuIdentity]:
-        """nvmlInit once, then read every GPU's identity. Raises `NvmlUnavailable`."""
+        """nvmlInit once, then read every GPU's identity. Raises `NvmlUnavailable`.
+
+        Also the re-initialisation after `shutdown` (the collector's release for a GPU reset):
+        what a recovery-action event of the earlier session said is forgotten (`_forget_events`)."""
         n = self.nvml
+        self._forget_events()
         try:
             n.nvmlInit()
         except n.NVMLError as exc:
             raise NvmlUnavailable(f"NVML could not be initialised: {exc}") from None
         return self.refresh_inventory()
+
+    def _forget_events(self) -> None:
+        """Drop each GPU's last recovery action delivered by an event (the sample's fallback where
+        NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is unreadable). An event says what the driver asked for
+        when it fired; the field, read through nvmlDeviceGetFieldValues, is the current state (NVML
+        API Reference). The action asked for is what clears it: "Reset: ... reset the GPU using
+        nvidia-smi -r, and the GPU can be used again" (NVIDIA, GPU Memory Error Management, "Error
+        Recovery and Response Flags", https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/).
+        NVML is shut down for exactly that reset (the collector's release, `NvmlRelease`), so
+        after nvmlShutdown / nvmlInit the old event may be answered: kept, a stale "reset
+        required" would keep the repaired GPU looking sick, or be read by a verification as the
+        current state. Unknown (null) instead, until a new event or the field says."""
+        for dev in self._devices:
+            dev.event_recovery_action = None
 
     def refresh_inventory(self) -> list[GpuIdentity]:
         n = self.nvml
@@ -313,7 +332,9 @@ class NvmlReader:
         return [d.ident for d in self._devices]
 
     def shutdown(self) -> None:
+        """nvmlShutdown (the handles and the event set go); a later `init` starts a new session."""
         n = self.nvml
+        self._forget_events()  # the session that delivered them ends here (`_forget_events`)
         try:
             if self._event_set is not None:
                 n.nvmlEventSetFree(self._event_set)
@@ -408,7 +429,8 @@ class NvmlReader:
 
     def _recovery_action(self, dev: _Device, read: Any) -> int | None:
         """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t, 0-7) through
-        nvmlDeviceGetFieldValues; where the field is unreadable, the last recovery-action event."""
+        nvmlDeviceGetFieldValues; where the field is unreadable, the last recovery-action event of
+        this NVML session (none after a re-initialisation: `_forget_events`)."""
         n = self.nvml
         fid = getattr(n, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)  # absent from older nvidia-ml-py
         value = None

@@ -344,7 +344,7 @@ def test_an_event_set_that_cannot_be_rebuilt_backs_off_and_is_retried_not_spun_o
     rebuild until the driver accepts it again."""
     import time as _time
 
-    from collectors.fakes import _NVMLError
+    import pynvml
 
     sink = MemorySink()
     fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0")])
@@ -362,7 +362,7 @@ def test_an_event_set_that_cannot_be_rebuilt_backs_off_and_is_retried_not_spun_o
 
     def refuse():
         fake.calls["nvmlEventSetCreate"] += 1
-        raise _NVMLError(999)  # NVML_ERROR_UNKNOWN: the driver refuses new event sets
+        raise pynvml.NVMLError_Unknown(pynvml.NVML_ERROR_UNKNOWN)  # NVML_ERROR_UNKNOWN: the driver refuses new event sets
 
     c.start(T0)
     try:
@@ -591,6 +591,82 @@ def test_a_first_deployment_never_publishes_a_gpu_nvml_refuses_as_ok(tmp_path):
     a, b = _inventory(sink, "GPU-aaaa"), _inventory(sink, "GPU-bbbb")
     assert [(r.status.value, r.pci_bus_id) for r in a] == [("reset_required", "0000:01:00")]
     assert [(r.status.value, r.pci_bus_id) for r in b] == [("lost", "0000:02:00")]
+    c.stop()
+
+
+@pytest.mark.parametrize("refusal", ["lost", "reset_required"])
+def test_a_gpu_nvml_refuses_on_a_first_start_is_published_as_lost_and_counted(tmp_path, refusal):
+    """Nothing saved from an earlier run (a first deployment, or a state dir lost with its pod) and
+    NVML refuses GPU 1 (a lost GPU refuses its handle; one needing a reset, its UUID): NVML still
+    counts it, so it is published as lost under its index: PCI id ffff:00:01 standing in (domain
+    ffff has no GPU) and key `<node>/ffff:00:01`, the topics' key of a GPU without a UUID, so the
+    results of its commands (no UUID, this PCI id) reach its row. Counted in
+    xidstream_collector_lost_gpus, never saved as an identity, gone once NVML gives its UUID again."""
+    import json
+
+    from prometheus_client import generate_latest
+
+    gpus = [FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0", status=refusal)]
+    clock = [0.0]
+    c, sink = _rig_saved(tmp_path, FakePynvml(gpus), clock)
+    c.tick(T0)
+    key = "n/ffff:00:01"
+    (inv,) = _inventory(sink, key)
+    assert (inv.status.value, inv.gpu_index, inv.pci_bus_id, inv.name) == ("lost", 1, "ffff:00:01", None)
+    assert key == f"{inv.node}/{inv.pci_bus_id}"  # streams.routing.state_key of its commands' results
+    assert any("refuses" in note and "index 1" in note for note in inv.notes)
+    (s,) = _samples(sink, key)
+    want = "GPU is lost" if refusal == "lost" else "GPU requires restart"
+    assert s.status.value == "lost" and want in s.error and s.utilization_gpu_pct is None
+    (p,) = _procs(sink, key)
+    assert p.compute_apps is None and p.device_holders is None  # its /dev/nvidia<minor> is unknown too
+    assert _samples(sink, "GPU-aaaa")[-1].status.value == "ok"
+    body = generate_latest(c.metrics.registry).decode()
+    assert 'xidstream_collector_lost_gpus{identity="index"} 1.0' in body
+    assert 'xidstream_collector_lost_gpus{identity="saved"} 0.0' in body
+    assert 'xidstream_collector_gpu_status{gpu_uuid="n/ffff:00:01",status="lost"} 1.0' in body
+    assert c.identity.resolve(None, 1) == (None, None, None)  # no made-up PCI id for the driver's GPU1
+    saved = json.loads((tmp_path / "inventory.json").read_text())["gpus"]
+    assert [g["uuid"] for g in saved] == ["GPU-aaaa"]  # a placeholder is no identity to keep
+
+    gpus[1].status = "ok"  # it answers again: its own UUID, the placeholder goes
+    clock[0] = 61
+    n = len(sink.records)
+    c.tick(T0)
+    assert _samples(sink, "GPU-bbbb")[-1].status.value == "ok" and _samples(sink, key) == [s]
+    body = generate_latest(c.metrics.registry).decode()
+    assert 'xidstream_collector_lost_gpus{identity="index"} 0.0' in body
+    assert 'gpu_uuid="n/ffff:00:01"' not in body
+    assert not [r for r in sink.records[n:] if getattr(r, "gpu_uuid", None) == key]
+    c.stop()
+
+
+def test_the_key_of_a_gpu_known_only_by_its_index_fits_the_contract_on_any_node():
+    from collectors.agent import unidentified_key, unidentified_pci
+    from schemas.limits import GPU_UUID_MAX
+
+    assert (unidentified_pci(1), unidentified_pci(300)) == ("ffff:00:01", "ffff:01:2c")
+    assert unidentified_key("gpu-node-7", 1) == "gpu-node-7/ffff:00:01"
+    a, b = "n" * 200 + "-a", "n" * 200 + "-b"  # node names up to 253 characters; GPU_UUID_MAX is 96
+    ka, kb = unidentified_key(a, 3), unidentified_key(b, 3)
+    assert len(ka) <= GPU_UUID_MAX and len(kb) <= GPU_UUID_MAX and ka != kb and ka.endswith("/ffff:00:03")
+    GpuSample(ts=T0, node=a, gpu_uuid=ka, gpu_index=3, pci_bus_id=unidentified_pci(3), status="lost")
+
+
+def test_a_gpu_refused_at_start_and_known_from_the_saved_inventory_is_published_once(tmp_path):
+    """Saved from an earlier run: published under its UUID as before, not a second time by index."""
+    from prometheus_client import generate_latest
+
+    gpus = [FakeGpu(0, "GPU-aaaa", "00000000:01:00.0"), FakeGpu(1, "GPU-bbbb", "00000000:02:00.0")]
+    first, _ = _rig_saved(tmp_path, FakePynvml(gpus), [0.0])
+    first.stop()
+    gpus[1].status = "lost"
+    c, sink = _rig_saved(tmp_path, FakePynvml(gpus), [0.0])
+    c.tick(T0)
+    assert [r.gpu_uuid for r in sink.records if isinstance(r, GpuSample) and r.status.value == "lost"] == ["GPU-bbbb"]
+    body = generate_latest(c.metrics.registry).decode()
+    assert 'xidstream_collector_lost_gpus{identity="saved"} 1.0' in body
+    assert 'xidstream_collector_lost_gpus{identity="index"} 0.0' in body
     c.stop()
 
 

@@ -131,3 +131,18 @@ def test_gpu_check_counts_a_failed_counter_read_as_a_fault():
     fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", errors={"nvmlDeviceGetPcieReplayCounter": 999})])
     assert run_gpu_check(fake, out, wait_events=0.01) == 3
     assert "pcie_replay_count            None" in out.getvalue()
+
+
+def test_gpu_check_initialises_nvml_again_as_the_release_for_a_reset_does():
+    """The collector shuts NVML down for a GPU reset and initialises it again in the same process:
+    gpu-check runs that path on the machine's driver and shows that a recovery action known only
+    from an event is not carried across it."""
+    out = io.StringIO()
+    fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1", recovery_action=None)])
+    fake.inject_recovery_action(0, 1)  # by event only: the field is not readable on this board
+    assert run_gpu_check(fake, out, wait_events=0.01) == 0
+    text = out.getvalue()
+    assert "recovery_action=1" in text  # the event, as it came
+    assert "re-initialisation (the collector's release for a reset)" in text and "the same GPUs" in text
+    assert "GPU 0: recovery_action None (read now" in text
+    assert fake.calls["nvmlInit"] == 2 and not fake.initialized

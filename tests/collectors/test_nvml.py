@@ -94,10 +94,22 @@ def test_no_driver_is_a_clear_error():
         NvmlReader(FakePynvml([], available=False)).init()
 
 
-def test_fake_errors_behave_like_pynvml():
+def test_fake_errors_are_pynvml_errors():
+    """The fake raises pynvml's own classes: what an `except` written for the real module catches."""
+    import pynvml
+
     fake = _fake()
+    assert fake.NVMLError is pynvml.NVMLError and fake.NVMLError_GpuIsLost is pynvml.NVMLError_GpuIsLost
     err = fake.NVMLError(15)
-    assert isinstance(err, fake.NVMLError_GpuIsLost) and isinstance(err, fake.NVMLError) and err.value == 15
+    assert isinstance(err, pynvml.NVMLError_GpuIsLost) and isinstance(err, pynvml.NVMLError) and err.value == 15
+    fake.nvmlInit()
+    fake.gpu(1).status = "reset_required"
+    with pytest.raises(pynvml.NVMLError_ResetRequired) as raised:
+        fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(1))
+    assert (raised.value.value, str(raised.value)) == (pynvml.NVML_ERROR_RESET_REQUIRED, "GPU requires restart")
+    fake.gpu(1).status = "lost"
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        fake.nvmlDeviceGetHandleByIndex(1)  # real NVML refuses the handle of a GPU off the bus
 
 
 # -- NVML and kernel-log defects ------------------------------------------------------------
@@ -178,6 +190,23 @@ def test_recovery_action_event_is_read_beside_xid_events():
     n = reader.wait_xid(100)
     assert (n.uuid, n.recovery_action) == ("GPU-aaaa", 2)
     assert reader.sample(gpu).values["recovery_action"] == 2
+
+
+def test_a_recovery_action_event_does_not_outlive_a_reinitialisation():
+    """The event's action stands in for an unreadable NVML_FI_DEV_GET_GPU_RECOVERY_ACTION only
+    within the NVML session that delivered it: after nvmlShutdown and nvmlInit (the collector's
+    release for a GPU reset) a stale "reset required" must not keep the repaired GPU looking sick."""
+    fake = _fake(recovery_action=None)  # the field is not readable, the event is
+    reader = NvmlReader(fake)
+    gpu = reader.init()[0]
+    assert reader.register_xid_events()
+    fake.inject_recovery_action(0, 1)  # NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    assert reader.wait_xid(100).recovery_action == 1
+    reader.refresh_inventory()  # the same session: the event still stands
+    assert reader.sample(gpu).values["recovery_action"] == 1
+    reader.shutdown()
+    gpu = reader.init()[0]
+    assert reader.sample(gpu).values["recovery_action"] is None  # unknown, never the old session's 1
 
 
 def test_a_gpu_that_refuses_a_handle_is_reported_as_refused():

@@ -67,6 +67,34 @@ def test_collector_releases_nvml_for_a_reset_and_takes_it_up_again(tmp_path):
     c.stop()
 
 
+def test_a_recovery_action_event_is_forgotten_across_the_reset(tmp_path):
+    """A GPU whose recovery-action field is unreadable gets the event's action (Xid 154's "GPU
+    reset required") in its samples; the reset repairs it, and the samples after the collector
+    takes NVML up again must not still say "reset required" (a verification would read it as now)."""
+    clock = Clock()
+    fake = FakePynvml([FakeGpu(0, UUID0, "00000000:01:00.0"), FakeGpu(1, UUID1, "00000000:02:00.0", recovery_action=None)])
+    sink = MemorySink()
+    c = Collector(CollectorConfig(node="n"), sink, nvml=NvmlReader(fake), nvml_events_thread=False,
+                  state_dir=tmp_path / "collector", nvml_release=NvmlRelease(tmp_path / "collector", clock=clock))
+    c.start(datetime.now(timezone.utc))
+    executor = NvmlRelease(tmp_path / "collector", clock=clock)
+    fake.inject_recovery_action(1, 1)  # NVML_GPU_RECOVERY_ACTION_GPU_RESET, by event only
+    c.tick(datetime.now(timezone.utc))
+
+    def action(since: int) -> int | None:
+        return [r for r in sink.records[since:] if isinstance(r, GpuSample) and r.gpu_uuid == UUID1][-1].recovery_action
+
+    assert action(0) == 1
+    executor.request(UUID1, command_id="cmd-1", hold_s=60)
+    c.tick(datetime.now(timezone.utc))
+    assert executor.wait_released(UUID1, 0) is not None
+    executor.done(UUID1)  # reset and verified by the executor
+    n = len(sink.records)
+    c.tick(datetime.now(timezone.utc))
+    assert fake.initialized and action(n) is None
+    c.stop()
+
+
 def test_an_abandoned_request_expires_and_the_collector_resumes(tmp_path):
     clock = Clock()
     fake, sink, c = rig(tmp_path, clock)
@@ -78,6 +106,65 @@ def test_an_abandoned_request_expires_and_the_collector_resumes(tmp_path):
     c.tick(datetime.now(timezone.utc))
     assert fake.initialized and samples(sink, n) == {UUID0: "ok", UUID1: "ok"}
     assert not (tmp_path / "collector" / "nvml-release" / f"reset-{UUID1}.released").exists()
+    c.stop()
+
+
+def test_the_release_is_answered_within_a_tick_while_the_event_thread_waits(tmp_path):
+    """With NVML's event thread running (as `xidstream collect` runs), the tick that sees a request
+    shuts NVML down and acknowledges it without stalling: the event thread used to take the NVML
+    lock straight back after each 0.5 s wait, and the tick waited seconds for it (the node executor
+    gives up at 10 s). Each tick must stay within the loop's 1 s interval: it waits at most for the
+    thread's current wait (EVENT_WAIT_MS) to end, so under 0.8 s with slack for a busy machine
+    (before, every run's slowest of five was 1.0 s or more, once 9.5 s of ten); five requests,
+    catching the thread at five points of its wait."""
+    import time
+
+    from collectors.agent import EVENT_WAIT_MS
+
+    clock = Clock()
+    fake = FakePynvml([FakeGpu(0, UUID0, "00000000:01:00.0"), FakeGpu(1, UUID1, "00000000:02:00.0")])
+    c = Collector(CollectorConfig(node="n"), MemorySink(), nvml=NvmlReader(fake), nvml_events_thread=True,
+                  state_dir=tmp_path / "collector", nvml_release=NvmlRelease(tmp_path / "collector", clock=clock))
+    c.start(datetime.now(timezone.utc))
+    executor = NvmlRelease(tmp_path / "collector", clock=clock)
+    slowest = 0.0
+    try:
+        for i in range(5):
+            time.sleep(0.1 * i)  # catch the event thread at another point of its wait each time
+            executor.request(UUID1, command_id=f"cmd-{i}", hold_s=60)
+            started = time.monotonic()
+            c.tick(datetime.now(timezone.utc))
+            took = time.monotonic() - started
+            slowest = max(slowest, took)
+            assert executor.wait_released(UUID1, 0) is not None, f"request {i}: not answered in the tick that saw it"
+            assert not fake.initialized
+            executor.done(UUID1)
+            c.tick(datetime.now(timezone.utc))
+            assert fake.initialized
+        assert slowest < EVENT_WAIT_MS / 1000 + 0.3, f"a release tick took {slowest:.2f} s"
+    finally:
+        c.stop()
+
+
+def test_an_nvml_wait_that_overstays_costs_the_release_a_tick_not_the_loop(tmp_path):
+    """A driver whose event wait outlasts its timeout holds the NVML lock: the tick gives up after
+    RELEASE_LOCK_WAIT_S, samples on, and the next tick answers once the wait has ended."""
+    import time
+
+    from collectors.agent import RELEASE_LOCK_WAIT_S
+
+    fake, sink, c = rig(tmp_path)
+    executor = NvmlRelease(tmp_path / "collector", clock=Clock())
+    executor.request(UUID1, hold_s=60)
+    c._nvml_lock.acquire()  # the event thread, stuck inside nvmlEventSetWait
+    started = time.monotonic()
+    c.tick(datetime.now(timezone.utc))
+    assert time.monotonic() - started < RELEASE_LOCK_WAIT_S + 0.5
+    assert executor.wait_released(UUID1, 0) is None and fake.initialized
+    assert samples(sink, 0) == {UUID0: "ok", UUID1: "ok"}  # the loop went on
+    c._nvml_lock.release()
+    c.tick(datetime.now(timezone.utc))
+    assert executor.wait_released(UUID1, 0) is not None and not fake.initialized
     c.stop()
 
 
