@@ -104,6 +104,53 @@ class FakeNvml:
         tmp.rename(self.path)  # the collector never reads half a file
 
 
+# The reset runs' nvidia-smi (nodeExecutor.nvidiaSmi): every call logged in order beside it; persistence
+# mode per UUID (Enabled until set); --gpu-reset clears the GPU in the fake NVML file, as a reset
+# clears a wedged context. Run by the node executor in its container (the image's python3).
+FAKE_SMI = """#!/usr/bin/env python3
+import json, os, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+args = sys.argv[1:]
+with open(os.path.join(here, "fake-nvidia-smi.log"), "a") as log:
+    log.write(json.dumps({"at": time.time(), "args": args}) + "\\n")
+state_path = os.path.join(here, "fake-nvidia-smi.json")
+try:
+    state = json.load(open(state_path))
+except (OSError, ValueError):
+    state = {}
+uuid = args[-1]
+if args[0].startswith("--query-gpu=persistence_mode"):
+    print(state.get(uuid, "Enabled"))
+elif args[0] == "-pm":
+    state[uuid] = "Enabled" if args[1] == "1" else "Disabled"
+    json.dump(state, open(state_path + ".tmp", "w"))
+    os.replace(state_path + ".tmp", state_path)
+    print("Persistence mode set to %s for GPU %s." % (state[uuid], uuid))
+elif args[0] == "--gpu-reset":
+    nvml_path = os.path.join(here, "fake-nvml.json")
+    doc = json.load(open(nvml_path))
+    for g in doc["gpus"]:
+        if g["uuid"] == uuid:
+            g.update(utilization_gpu_pct=0, utilization_memory_pct=0, memory_used_mib=0, power_w=30, processes=[])
+            pci = g["pci_bus_id"]
+    json.dump(doc, open(nvml_path + ".tmp", "w"))
+    os.replace(nvml_path + ".tmp", nvml_path)
+    print("GPU %s was successfully reset." % pci)
+else:
+    print("unexpected call: %s" % args)
+    sys.exit(2)
+"""
+# How long the paused operands may take to leave (nodeExecutor.operandWait), and another
+# controller's pause to end: here the operands' pods go in a second or two.
+OPERAND_WAIT = 20
+OPERATOR_NAMESPACE = "gpu-operator"
+# The GPU Operator's operands as its DaemonSets select them (gpu-reset.md 1.1): each pod holds the
+# reset runs' GPUs' /dev/nvidia2 and /dev/nvidia3 open, as the device plugin's NVML event set, GFD's
+# NVML loop and dcgm-exporter's embedded nv-hostengine hold every GPU.
+OPERANDS = ("device-plugin", "gpu-feature-discovery", "dcgm-exporter")
+DEPLOY = "nvidia.com/gpu.deploy."
+
+
 class E2eError(XidstreamError):
     """A step of the end-to-end run did not happen."""
 
@@ -677,6 +724,190 @@ def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvm
             f"{topics.loop.arrived[released.event_id] - quarantined_at:.1f}s later (resolve_after_s 150)")
 
 
+# -- the reset on a node shaped like the GPU Operator's ----------------------------------------------
+
+def install_operands(node: LocalNode, tl: Timeline) -> None:
+    """DaemonSets shaped like the GPU Operator's operands (OPERANDS): each selects its node by its
+    nvidia.com/gpu.deploy.<operand> label ("true"), and its pod holds /dev/nvidia2 and /dev/nvidia3
+    open (files in the pod's own /dev: the node executor's holder scan reads the link's path).
+    They tolerate every taint, as the Operator's own do for the GPU taints, so they come back on a
+    node that is still cordoned once their labels are restored."""
+    kube = node.kube.handle()
+    kube.ensure_namespace(OPERATOR_NAMESPACE)
+    for op in OPERANDS:
+        spec = {"nodeSelector": {DEPLOY + op: "true"}, "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": op, "image": PROJECT_IMAGE, "imagePullPolicy": "Never",
+                                "securityContext": {"runAsUser": 0},
+                                "command": ["sh", "-c", "touch /dev/nvidia2 /dev/nvidia3 && exec 3</dev/nvidia2 "
+                                                        "4</dev/nvidia3 && exec sleep 2147483647"]}]}
+        _ok(*kube.request("POST", f"/apis/apps/v1/namespaces/{OPERATOR_NAMESPACE}/daemonsets", {
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": f"nvidia-{op}"},
+            "spec": {"selector": {"matchLabels": {"app": f"nvidia-{op}"}},
+                     "template": {"metadata": {"labels": {"app": f"nvidia-{op}"}}, "spec": spec}}}), f"daemonset {op}")
+    labels = {DEPLOY + op: "true" for op in OPERANDS}
+    labels.update({DEPLOY + "driver": "true", DEPLOY + "dcgm": "false"})  # never paused; off: left as it is
+    _ok(*kube.request("PATCH", f"/api/v1/nodes/{node.node}", {"metadata": {"labels": labels}},
+                      content_type="application/merge-patch+json"), "operand labels")
+    _wait("the GPU Operator's three operand pods Running", lambda: len(_operand_pods(kube)) == len(OPERANDS), 120, 0.5)
+    tl.mark(f"GPU Operator operands running: {', '.join(sorted(_operand_pods(kube)))} (each holding /dev/nvidia2 and "
+            f"/dev/nvidia3); node labels {DEPLOY}{{{','.join(OPERANDS)}}}=true, driver=true, dcgm=false")
+
+
+def _operand_pods(kube: Any) -> dict[str, str]:
+    """app -> pod name of the operand pods Running and not terminating."""
+    body = _ok(*kube.request("GET", f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods"), "operand pods")
+    return {p["metadata"]["labels"]["app"]: p["metadata"]["name"] for p in body["items"]
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
+
+
+def _deploy_labels(kube: Any, node: str) -> dict[str, str]:
+    labels = _ok(*kube.request("GET", f"/api/v1/nodes/{node}"), "node")["metadata"].get("labels") or {}
+    return {k: v for k, v in labels.items() if k.startswith(DEPLOY)}
+
+
+def _smi_calls(path: Path, since: int) -> list[str]:
+    """The fake nvidia-smi's calls logged after byte `since`, as "args..." strings."""
+    try:
+        data = path.read_bytes()[since:]
+    except OSError:
+        return []
+    return [" ".join(json.loads(line)["args"]) for line in data.splitlines() if line.strip()]
+
+
+def _wedge_lines(gpu: dict) -> list[str]:
+    """The motivating incident's kernel lines (WEDGE) moved to `gpu`: its PCI address and index."""
+    bus = gpu["pci_bus_id"][9:11]
+    return [f"NVRM: GPU at PCI:0000:{bus}:00: {gpu['uuid']}"] + \
+        [line.replace("PCI:0000:02:00", f"PCI:0000:{bus}:00").replace("GPU1 ", f"GPU{gpu['index']} ") for line in WEDGE]
+
+
+def _result_for(topics: _Topics, action: Any, uuid: str) -> Callable[[], Any]:
+    def check() -> Any:
+        topics.reader.read(0.2)
+        return next((r for r in topics.fresh(topics.loop.results) if r.action == action and r.gpu_uuid == uuid), None)
+    return check
+
+
+STAGES = ("detection", "cordon", "drained", "operands paused", "reset", "verified", "operands back", "uncordon")
+
+
+def stage_times(alert_ts: float, results: dict[str, Any]) -> list[tuple[str, float | None]]:
+    """Each stage of the repair and when it ended (epoch seconds; None: not seen), from the
+    verdict's alert and the executors' results and steps."""
+    def at(action: str, step: str | None = None) -> float | None:
+        r = results.get(action)
+        if r is None or r.outcome.value != "succeeded" and step is None:
+            return None
+        if step is None:
+            return r.ts.timestamp()
+        hit = next((s for s in r.steps if s.step == step and s.ok), None)
+        return hit.at.timestamp() if hit is not None else None
+
+    return list(zip(STAGES, (alert_ts, at("CORDON_NODE"), at("DRAIN_NODE"), at("RESET_GPU", "operands_gone"),
+                             at("RESET_GPU", "reset"), at("RESET_GPU", "verified"), at("RESET_GPU", "operands_restored"),
+                             at("UNCORDON_NODE"))))
+
+
+def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, workdir: Path) -> dict[str, int]:
+    """The wedge on a node run by the GPU Operator, twice (issue 41):
+
+    1. GPU 2 wedges: cordon, drain (the trainer's PDB lifted, so the drain completes), then the node
+       executor pauses the three operands through their labels, waits for their pods to go, turns
+       persistence mode off, resets, verifies, turns it back on and restores every label exactly;
+       the incident resolves and the node is uncordoned. The time per stage is printed.
+    2. GPU 3 wedges while a driver upgrade holds dcgm-exporter (``paused-for-driver-upgrade``): the
+       reset is refused naming that pause, not final, and no label is touched.
+
+    Returns the count of RESET_GPU outcomes seen here."""
+    from schemas.vocab import Action
+
+    kube = node.kube.handle()
+    smi_log = workdir / "host" / "var-lib-xidstream" / "fake-nvidia-smi.log"
+    install_operands(node, tl)
+    # the runs above check that the trainer's PDB blocks the drain; a reset needs a drained node
+    _ok(*kube.request("DELETE", f"/apis/policy/v1/namespaces/{TENANT}/poddisruptionbudgets/trainer"), "delete pdb")
+    outcomes: dict[str, int] = {}
+
+    # 1. GPU 2: the whole ladder on an Operator node
+    _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
+    before = _deploy_labels(kube, node.node)
+    since = smi_log.stat().st_size if smi_log.exists() else 0
+    topics.mark()
+    kernel_at = write_kmsg(_wedge_lines(GPU2))
+    fake.set(2, utilization_gpu_pct=100, utilization_memory_pct=0, memory_used_mib=0, power_w=110, processes=[])
+    tl.mark("reset run 1: the motivating incident's Xid 13/31/43 on GPU 2 (/dev/kmsg); NVML: 100% SM, 0 MiB, no process",
+            kernel_at)
+    reset = _wait("a result for GPU 2's RESET_GPU", _result_for(topics, Action.RESET_GPU, GPU2["uuid"]), 300, 0)
+    outcomes[reset.outcome.value] = outcomes.get(reset.outcome.value, 0) + 1
+    steps = [st.step for st in reset.steps]
+    for st in reset.steps:
+        tl.mark(f"  step {st.step}{'' if st.ok else ' FAILED'}: {st.detail[:150]}", st.at.timestamp())
+    want = ["cordoned_drained", "holders_classified", "operands_paused", "operands_gone", "persistence_off", "reset",
+            "verified", "persistence_restored", "operands_restored"]
+    if reset.outcome.value != "succeeded" or steps != want:
+        raise E2eError(f"GPU 2's RESET_GPU: {reset.outcome.value}: {reset.detail}; steps {steps}")
+    if _deploy_labels(kube, node.node) != before:
+        raise E2eError(f"the operand labels are not back as they were: {_deploy_labels(kube, node.node)} != {before}")
+    uuid = GPU2["uuid"]
+    calls = [c for c in _smi_calls(smi_log, since) if c.endswith(uuid)]
+    expected = [f"--query-gpu=persistence_mode --format=csv,noheader -i {uuid}", f"-pm 0 -i {uuid}",
+                f"--gpu-reset -i {uuid}", f"-pm 1 -i {uuid}"]
+    if calls != expected:
+        raise E2eError(f"nvidia-smi calls for GPU 2: {calls}, expected {expected}")
+    tl.mark(f"nvidia-smi called in order: {'; '.join(c.rsplit(' -i ', 1)[0] for c in calls)}")
+    _wait("the operand pods Running again", lambda: len(_operand_pods(kube)) == len(OPERANDS), 120, 0.5)
+    tl.mark(f"operand labels back exactly ({', '.join(f'{k.removeprefix(DEPLOY)}={v}' for k, v in sorted(before.items()))}); "
+            f"operand pods Running again")
+    uncordon = _wait("GPU 2's UNCORDON_NODE once it was healthy for resolve_after_s (150 s)",
+                     _result_for(topics, Action.UNCORDON_NODE, uuid), 400, 0)
+    if uncordon.outcome.value != "succeeded":
+        raise E2eError(f"UNCORDON_NODE: {uncordon.outcome.value}: {uncordon.detail}")
+    fresh = [r for r in topics.fresh(topics.loop.results) if r.gpu_uuid == uuid]
+    results = {r.action.value: r for r in fresh}
+    wedged = [a for a in topics.fresh(topics.loop.alerts) if a.gpu_uuid == uuid and a.classification.value == "GPU_WEDGED"]
+    if not wedged:
+        raise E2eError("no GPU_WEDGED alert for GPU 2")
+    times = stage_times(wedged[0].ts.timestamp(), results)
+    print("\n== time to repair per stage, GPU 2 on an Operator node (from the kernel line at +0.00 s):", flush=True)
+    prev = kernel_at
+    for name, at in times:
+        if at is None:
+            raise E2eError(f"stage {name} not seen: {[(n, a) for n, a in times]}")
+        print(f"   {name:16s} +{at - kernel_at:7.2f}s  (stage {at - prev:6.2f}s)", flush=True)
+        prev = at
+
+    # 2. GPU 3 while a driver upgrade pauses dcgm-exporter
+    _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
+    _ok(*kube.request("PATCH", f"/api/v1/nodes/{node.node}", {"metadata": {"labels": {
+        DEPLOY + "dcgm-exporter": "paused-for-driver-upgrade"}}}, content_type="application/merge-patch+json"), "upgrade")
+    before = _deploy_labels(kube, node.node)
+    since = smi_log.stat().st_size if smi_log.exists() else 0
+    topics.mark()
+    kernel_at = write_kmsg(_wedge_lines(GPU3))
+    fake.set(3, utilization_gpu_pct=100, utilization_memory_pct=0, memory_used_mib=0, power_w=110, processes=[])
+    tl.mark("reset run 2: GPU 3 wedges while nvidia.com/gpu.deploy.dcgm-exporter=paused-for-driver-upgrade", kernel_at)
+    reset = _wait("a result for GPU 3's RESET_GPU", _result_for(topics, Action.RESET_GPU, GPU3["uuid"]), 300, 0)
+    outcomes[reset.outcome.value] = outcomes.get(reset.outcome.value, 0) + 1
+    if reset.outcome.value != "refused" or reset.final or "paused-for-driver-upgrade (another controller's pause)" \
+            not in reset.detail:
+        raise E2eError(f"GPU 3's RESET_GPU under a driver upgrade: {reset.outcome.value} (final {reset.final}): "
+                       f"{reset.detail}")
+    if _deploy_labels(kube, node.node) != before or _smi_calls(smi_log, since):
+        raise E2eError(f"the reset under a driver upgrade touched something: labels {_deploy_labels(kube, node.node)}, "
+                       f"nvidia-smi {_smi_calls(smi_log, since)}")
+    tl.mark(f"RESET_GPU refused, not final, the upgrade's label left as it was: {reset.detail[:200]}",
+            topics.loop.arrived[reset.event_id])
+    # the upgrade ends; the operator's part: uncordon, and the trainer's PDB back for the runs after
+    _ok(*kube.request("PATCH", f"/api/v1/nodes/{node.node}", {"metadata": {"labels": {DEPLOY + "dcgm-exporter": "true"}}},
+                      content_type="application/merge-patch+json"), "upgrade done")
+    restore(node)
+    _ok(*kube.request("POST", f"/apis/policy/v1/namespaces/{TENANT}/poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "trainer"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}}}), "pdb")
+    return outcomes
+
+
 def restore(node: LocalNode) -> None:
     """Between runs, the operator's part: lift xidstream's cordon (unschedulable, its NoSchedule
     taint and its annotation) so the evicted tenant comes back."""
@@ -772,6 +1003,8 @@ def run_e2e(runs: int = 1, keep: bool = False) -> int:
                 done.append(xid79_run(node, topics, tl, f"{0x3b + i:02x}"))
                 restore(node)
             quarantine_run(node, topics, tl, fake)
+            reset_outcomes = reset_runs(node, topics, tl, fake, workdir)
+            reset_outcomes["refused"] = reset_outcomes.get("refused", 0) + 1  # the first wedge's (PDB)
         finally:
             topics.close()
         check_upgrade(node, workdir, tl)
@@ -785,6 +1018,8 @@ def run_e2e(runs: int = 1, keep: bool = False) -> int:
             topics.close()
         cordon = [r.cordoned_at - r.kernel_at for r in done]
         evict = [r.last_eviction_at - r.kernel_at for r in done]
+        print(f"\n== RESET_GPU outcomes in this run: {', '.join(f'{k} {v}' for k, v in sorted(reset_outcomes.items()))}",
+              flush=True)
         print(f"\n== {len(done)} run(s) of an Xid 79: kernel line -> node cordoned p50 {statistics.median(cordon):.2f}s "
               f"(min {min(cordon):.2f}, max {max(cordon):.2f}); -> last eviction done p50 "
               f"{statistics.median(evict):.2f}s (min {min(evict):.2f}, max {max(evict):.2f})", flush=True)
