@@ -80,6 +80,8 @@ _CLOSING_KEPT = 4
 # A resolution is stamped when it held, at most this long before the sample that showed it; the
 # closing steps' TTL (command_ttl_s, 15 min by default) outlives it.
 RESOLVE_STAMP_SLACK_S = 300.0
+# How an executor's dry-run answer begins (executors.gate DRY_RUN_PREFIX, "dry run: would ...").
+DRY_RUN = "dry run"
 _DEGRADING = Classification.GPU_DEGRADING.value
 _OWN_CLOCK = frozenset({GpuSample, GpuProcesses, GpuInventory})
 _STATUS = {m: m.value for m in SampleStatus}
@@ -596,18 +598,28 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
             if state.last_sample_ts is not None:
                 _check_resolved(state, state.last_sample_ts, policy, outputs)
         return
-    if outcome == "failed":
+    # A failure, or a refusal the executor calls final (it will not go away by itself: the reset is
+    # not supported here, MIG, a holder that is not ours, kured not running on the node), climbs to
+    # the next rung; a plain refusal waits for a person. A dry run's answer did nothing and says
+    # nothing about the GPU: it never climbs.
+    climbs = (outcome == "failed" or (outcome == "refused" and r.final)) and not _dry_run(r)
+    if climbs and action in (Action.RESET_GPU, Action.REBOOT_NODE):
+        what = "failed" if outcome == "failed" else "refused for good"
         if action == Action.RESET_GPU:
-            _climb(state, inc, ts, Action.REBOOT_NODE, f"GPU reset failed ({r.detail or 'no detail'})", policy, outputs,
+            _climb(state, inc, ts, Action.REBOOT_NODE, f"GPU reset {what} ({r.detail or 'no detail'})", policy, outputs,
                    [r.event_id])
-            return
-        if action == Action.REBOOT_NODE:
-            _climb(state, inc, ts, Action.REPLACE_NODE, f"node reboot failed ({r.detail or 'no detail'})", policy, outputs,
-                   [r.event_id])
-            return
+        else:
+            _climb(state, inc, ts, Action.REPLACE_NODE, f"node reboot {what} ({r.detail or 'no detail'})", policy,
+                   outputs, [r.event_id])
+        return
     # refused, expired, or another step failed: report it, never drop it silently
     outputs.append(("alert", alert(state, inc, ts, f"{action.value} {outcome} on {state.node}"
                                    + (f": {r.detail}" if r.detail else "") + "; operator attention needed", "updated")))
+
+
+def _dry_run(r: RemediationResult) -> bool:
+    """An executor in dry run answers with what it would have done (executors.gate DRY_RUN_PREFIX)."""
+    return (r.detail or "").startswith(DRY_RUN)
 
 
 def _on_closing_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy, outputs: list) -> None:
@@ -625,7 +637,7 @@ def _on_closing_result(state: GpuState, r: RemediationResult, ts: float, policy:
         del state.closing[r.incident_id]
         if not state.closing:
             state.closing = None
-    if r.outcome.value == "succeeded" or (r.detail or "").startswith("dry run"):
+    if r.outcome.value == "succeeded" or _dry_run(r):
         return  # done, or a dry run's answer: nothing was done that is left to undo
     inc = Incident(id=r.incident_id, classification=closed["classification"], opened_at=ts, remedy=RECORD,
                    plan=[action], alerts=closed["alerts"])
