@@ -93,7 +93,8 @@ class Policy:
     # hold a reboot for most of a day. The node executor answers `failed` past its own bound (keep
     # it at or under this one) and the processor climbs to REPLACE_NODE; a reboot that no answer
     # ever comes for (the node never came back) is not timed out by the fold (event time per GPU:
-    # nothing arrives for it: docs/architecture.md "Known limits").
+    # nothing arrives for it: docs/architecture.md "Known limits"); the processor's /metrics counts
+    # it (streams.app.unconfirmed_reboots) and the chart's rules page on it.
     reboot_confirm_s: float = 5400.0
     # How far ahead of its GPU's clock (the collector's sample times) a record's own stamp may be:
     # `dmesg -T` renders from the monotonic clock and drifts after suspend/resume; an RTC can be
