@@ -77,7 +77,7 @@ from transport.faust_auth import faust_kwargs
 
 __all__ = ["create_app", "internal_topics", "assignor_topic", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY",
            "refused_for_good", "fits", "fleet_row", "bounded_original", "RateLimitedLog", "Context", "GpuAgent",
-           "RekeyAgent", "FleetAgent", "guarded"]
+           "RekeyAgent", "FleetAgent", "guarded", "unconfirmed_reboots"]
 
 log = logging.getLogger(__name__)
 
@@ -488,12 +488,46 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
     @app.page("/metrics")
     async def metrics(web: Any, request: Any) -> Any:
         # Prometheus text format: what the worker did since it started (per process; sum over workers)
+        try:
+            ctx.labelled.unconfirmed = unconfirmed_reboots(ctx.gpu_table.items(), ctx.cache, time.time(),
+                                                           policy.reboot_confirm_s)
+        except Exception as exc:  # noqa: BLE001 - faust's store; /metrics still answers with the last count
+            ctx.quiet.log(logging.WARNING, "unconfirmed", "counting unconfirmed reboots failed: %r", exc)
         return web.text(metrics_text(ctx.stats, ctx.labelled), content_type="text/plain; version=0.0.4")
 
     return ProcessorApp(app, gpus=gpus, rekey=rekey, fleet=fleet, gpu_table=ctx.gpu_table, fleet_table=ctx.fleet_table,
                         inputs=ctx.inputs, alerts=ctx.alerts, remediation=ctx.remediation, deadletter=ctx.deadletter,
-                        fleet_topic=ctx.fleet_topic, results_by_gpu=ctx.results_by_gpu, stats=ctx.stats, policy=policy,
+                        fleet_topic=ctx.fleet_topic, results_by_gpu=ctx.results_by_gpu, stats=ctx.stats,
+                        labelled=ctx.labelled, policy=policy,
                         settings=settings, changelogs=changelogs, names=names)
+
+
+def _unanswered_reboot(emitted: Iterable[dict], now: float, bound: float) -> bool:
+    return any(e.get("action") == "REBOOT_NODE" and e.get("outcome") is None and isinstance(e.get("ts"), (int, float))
+               and now - e["ts"] > bound for e in emitted)
+
+
+def unconfirmed_reboots(rows: Iterable[tuple[bytes, bytes | None]], cache: dict[bytes, GpuState], now: float,
+                        bound: float) -> int:
+    """GPUs whose open incident commanded REBOOT_NODE more than `bound` seconds before `now` (this
+    worker's clock) and has no answer to it: the node may never have come back, and with it its
+    executor and its collector, so nothing of that GPU is read again and the fold, which decides by
+    each GPU's records (docs/architecture.md "Known limits"), cannot climb. Counted at each scrape
+    from the rows this worker holds (`rows`: its table; `cache`: the rows it folded since, newer),
+    so a row that no record touched since a restart counts too. Only rows naming a reboot are read
+    (a bytes search first: the table holds every GPU's row)."""
+    count = 0
+    for key, state in cache.items():
+        inc = state.incident
+        if inc is not None and _unanswered_reboot(inc.emitted, now, bound):
+            count += 1
+    for key, raw in rows:
+        if key in cache or not raw or b'"REBOOT_NODE"' not in raw:
+            continue
+        inc = orjson.loads(raw).get("incident")
+        if isinstance(inc, dict) and _unanswered_reboot(inc.get("emitted") or (), now, bound):
+            count += 1
+    return count
 
 
 def guarded(app: faust.App, name: str, body: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
@@ -711,6 +745,9 @@ class GpuAgent:
             await ctx.dead(raw, key, topic, msg.partition, msg.offset, exc)
             return
         ctx.cache[key] = state
+        for kind, out in outputs:
+            if kind == "repair_stage":  # a stage of a repair ended: the histograms on /metrics
+                ctx.labelled.stage(out["stage"], out["seconds"])
         if changed:
             dirty[key] = (event, state)
         for a, v in alert_msgs:

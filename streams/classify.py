@@ -54,6 +54,7 @@ from streams.evidence import (
 from streams.degrade import degrading_now, fold_counters, note_gap
 from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET
 from streams.incident import Incident
+from streams.repair import REPAIR_ACTIONS, answer_milestones, reached, step_time
 from streams.policy import Policy, is_app_class
 from streams.render import alert, command, describe_xid, dt, hid
 from streams.verdict import (
@@ -80,6 +81,8 @@ _CLOSING_KEPT = 4
 # A resolution is stamped when it held, at most this long before the sample that showed it; the
 # closing steps' TTL (command_ttl_s, 15 min by default) outlives it.
 RESOLVE_STAMP_SLACK_S = 300.0
+# How an executor's dry-run answer begins (executors.gate DRY_RUN_PREFIX, "dry run: would ...").
+DRY_RUN = "dry run"
 _DEGRADING = Classification.GPU_DEGRADING.value
 _OWN_CLOCK = frozenset({GpuSample, GpuProcesses, GpuInventory})
 _STATUS = {m: m.value for m in SampleStatus}
@@ -577,9 +580,18 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
                        action=action.value, outcome=outcome, detail=r.detail, matched=False), policy.evidence_limit)
         return
     cmd["outcome"] = outcome
+    steps = _note_steps(inc, r, ts, policy)
     inc.note(entry(ts, "remediation", f"{action.value} {outcome}" + (f": {r.detail}" if r.detail else ""),
                    command_id=r.command_id, action=action.value, outcome=outcome, detail=r.detail, matched=True),
              policy.evidence_limit)
+    new = answer_milestones(action.value, outcome, ts, steps)
+    if new:
+        if inc.repair is None:
+            inc.repair = {}
+        started = [e["ts"] for e in inc.emitted if e["action"] in REPAIR_ACTIONS]
+        if started and "detection" not in inc.repair:
+            new["detection"] = min(started)
+        _stages(state, inc.id, reached(inc.repair, new), outputs)
     if outcome == "succeeded":
         if action in (Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_NODE):
             inc.remediated = True
@@ -596,18 +608,48 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
             if state.last_sample_ts is not None:
                 _check_resolved(state, state.last_sample_ts, policy, outputs)
         return
-    if outcome == "failed":
+    # A failure, or a refusal the executor calls final (it will not go away by itself: the reset is
+    # not supported here, MIG, a holder that is not ours, kured not running on the node), climbs to
+    # the next rung; a plain refusal waits for a person. A dry run's answer did nothing and says
+    # nothing about the GPU: it never climbs.
+    climbs = (outcome == "failed" or (outcome == "refused" and r.final)) and not _dry_run(r)
+    if climbs and action in (Action.RESET_GPU, Action.REBOOT_NODE):
+        what = "failed" if outcome == "failed" else "refused for good"
         if action == Action.RESET_GPU:
-            _climb(state, inc, ts, Action.REBOOT_NODE, f"GPU reset failed ({r.detail or 'no detail'})", policy, outputs,
+            _climb(state, inc, ts, Action.REBOOT_NODE, f"GPU reset {what} ({r.detail or 'no detail'})", policy, outputs,
                    [r.event_id])
-            return
-        if action == Action.REBOOT_NODE:
-            _climb(state, inc, ts, Action.REPLACE_NODE, f"node reboot failed ({r.detail or 'no detail'})", policy, outputs,
-                   [r.event_id])
-            return
+        else:
+            _climb(state, inc, ts, Action.REPLACE_NODE, f"node reboot {what} ({r.detail or 'no detail'})", policy,
+                   outputs, [r.event_id])
+        return
     # refused, expired, or another step failed: report it, never drop it silently
     outputs.append(("alert", alert(state, inc, ts, f"{action.value} {outcome} on {state.node}"
                                    + (f": {r.detail}" if r.detail else "") + "; operator attention needed", "updated")))
+
+
+def _note_steps(inc: Incident, r: RemediationResult, ts: float, policy: Policy) -> list[tuple[str, float, bool]]:
+    """Each step the executor reports, a timeline line at its time (taken no later than the answer,
+    and moved as the answer's own stamp was: streams.repair.step_time); returns (step, time, ok)."""
+    shift = r.ts.timestamp() - ts
+    out = []
+    for s in r.steps:
+        at = step_time(s.at.timestamp(), ts, shift)
+        out.append((s.step, at, s.ok))
+        inc.note(entry(at, "remediation", f"{r.action.value} step {s.step}" + ("" if s.ok else " FAILED")
+                       + (f": {s.detail}" if s.detail else ""), command_id=r.command_id, action=r.action.value,
+                       step=s.step, ok=s.ok, detail=s.detail), policy.evidence_limit)
+    return out
+
+
+def _stages(state: GpuState, incident_id: str, ended: list[tuple[str, float]], outputs: list) -> None:
+    """Stages of the repair that just ended: for the processor's histograms (streams.metrics)."""
+    outputs.extend(("repair_stage", {"stage": stage, "seconds": seconds, "incident_id": incident_id, "node": state.node})
+                   for stage, seconds in ended)
+
+
+def _dry_run(r: RemediationResult) -> bool:
+    """An executor in dry run answers with what it would have done (executors.gate DRY_RUN_PREFIX)."""
+    return (r.detail or "").startswith(DRY_RUN)
 
 
 def _on_closing_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy, outputs: list) -> None:
@@ -625,7 +667,10 @@ def _on_closing_result(state: GpuState, r: RemediationResult, ts: float, policy:
         del state.closing[r.incident_id]
         if not state.closing:
             state.closing = None
-    if r.outcome.value == "succeeded" or (r.detail or "").startswith("dry run"):
+    if r.outcome.value == "succeeded" and closed.get("repair") is not None:
+        ts_done = {"uncordon": ts} if action == Action.UNCORDON_NODE.value else {}
+        _stages(state, r.incident_id, reached(dict(closed["repair"]), ts_done), outputs)
+    if r.outcome.value == "succeeded" or _dry_run(r):
         return  # done, or a dry run's answer: nothing was done that is left to undo
     inc = Incident(id=r.incident_id, classification=closed["classification"], opened_at=ts, remedy=RECORD,
                    plan=[action], alerts=closed["alerts"])
@@ -681,6 +726,8 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
         closing = dict(state.closing or {})
         closing[inc.id] = {"classification": inc.classification, "alerts": inc.alerts,
                            "commands": {c.command_id: c.action.value for c in cmds}}
+        if inc.repair:  # the uncordon's answer ends the repair's last stage
+            closing[inc.id]["repair"] = inc.repair
         state.closing = dict(list(closing.items())[-_CLOSING_KEPT:])
     state.incident = None
     state.resolved_incidents += 1

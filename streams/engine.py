@@ -20,6 +20,7 @@ class Engine:
         self.fleet = FleetState()
         self.alerts: list = []
         self.commands: list = []
+        self.stages: list = []  # (stage, seconds) of each repair stage that ended (streams.repair)
 
     def process(self, record: Record, key: str | None = None) -> list:
         key = key or state_key(record)
@@ -27,6 +28,7 @@ class Engine:
             return []  # a result that names no GPU: the app dead-letters it
         state, outputs, _ = step(self.states.get(key), key, record, self.policy)
         self.states[key] = state
+        self.stages.extend((o["stage"], o["seconds"]) for kind, o in outputs if kind == "repair_stage")
         to_fleet, alerts = fan_out(state, record, outputs)
         final = [("alert", a) for a in alerts]
         for msg in to_fleet:

@@ -32,7 +32,7 @@ _RECORDS_KEPT = 16
 
 # The fields of a row, in order (its changelog form is a dict of them).
 _FIELDS = ("id", "classification", "opened_at", "remedy", "plan", "emitted", "timeline", "alerts", "last_alert_at",
-           "hardware", "remediated", "reset_ok_at", "reboot_ok_at", "recommendation", "sample_stats", "steps", "noted")
+           "hardware", "remediated", "reset_ok_at", "reboot_ok_at", "recommendation", "sample_stats", "steps", "noted", "repair")
 
 
 class Incident:
@@ -46,7 +46,7 @@ class Incident:
                  last_alert_at: float | None = None, hardware: bool = False, remediated: bool = False,
                  reset_ok_at: float | None = None, reboot_ok_at: float | None = None,
                  recommendation: str | None = None, sample_stats: dict | None = None, steps: int = 0,
-                 noted: int = 0) -> None:
+                 noted: int = 0, repair: dict | None = None) -> None:
         self.id = id
         self.classification = classification
         self.opened_at = opened_at
@@ -68,6 +68,8 @@ class Incident:
         # timeline entries noted in all: a full timeline drops one as it takes one, at the same
         # length, and the row must still be written (streams.classify._material)
         self.noted = noted
+        # stage -> when the repair reached it (streams.repair: detection, cordon, drained, ...)
+        self.repair = repair
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not Incident:

@@ -13,6 +13,7 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 from schemas.vocab import Action, Classification
+from streams.repair import STAGES
 
 __all__ = ["LabelledCounts", "metrics_text", "PROCESSOR_METRICS"]
 
@@ -29,8 +30,14 @@ VERDICT_ALERTS = "xidstream_processor_verdict_alerts_total"
 VERDICTS_RAISED = "xidstream_processor_verdicts_raised_total"
 ACTION_COMMANDS = "xidstream_processor_action_commands_total"
 BREAKER = "xidstream_processor_breaker_tripped"
+REPAIR_STAGE = "xidstream_processor_repair_stage_seconds"
+UNCONFIRMED = "xidstream_processor_reboots_unconfirmed"
+# Seconds a stage of a repair took: a cordon takes a second, a drain minutes to hours (PDBs), a
+# reset under a minute, a reboot through kured up to its period (an hour) and more.
+STAGE_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 PROCESSOR_METRICS = frozenset({f"xidstream_processor_{n}_total" for n, _ in _TOTALS}
-                              | {VERDICT_ALERTS, VERDICTS_RAISED, ACTION_COMMANDS, BREAKER})
+                              | {VERDICT_ALERTS, VERDICTS_RAISED, ACTION_COMMANDS, BREAKER, UNCONFIRMED}
+                              | {REPAIR_STAGE + s for s in ("_bucket", "_sum", "_count")})
 _STATES = ("open", "updated", "resolved")
 # Incidents remembered for "raised": the newest, per worker (an incident's alerts come from the one
 # worker that owns its GPU); far more than a worker has open at once.
@@ -52,6 +59,11 @@ class LabelledCounts:
         self.commands: Counter = Counter({(a.value, h): 0 for a in Action for h in ("false", "true")})
         self.breaker = 0
         self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # per stage of a repair (streams.repair, detection not being one): counts per bucket, sum, count
+        self.stage_buckets: dict[str, list[int]] = {st: [0] * len(STAGE_BUCKETS) for st in STAGES[1:]}
+        self.stage_sum: Counter = Counter({st: 0.0 for st in STAGES[1:]})
+        self.stage_count: Counter = Counter({st: 0 for st in STAGES[1:]})
+        self.unconfirmed = 0  # GPUs whose REBOOT_NODE went unanswered past reboot_confirm_s (streams.app)
 
     def alert(self, a: Any) -> None:
         cls = _value(a.classification)
@@ -65,6 +77,17 @@ class LabelledCounts:
 
     def command(self, c: Any) -> None:
         self.commands[(_value(c.action), "true" if c.requires_approval else "false")] += 1
+
+    def stage(self, stage: str, seconds: float) -> None:
+        """One stage of a repair that ended (a fold's "repair_stage" output)."""
+        if stage not in self.stage_buckets:
+            return
+        buckets = self.stage_buckets[stage]
+        for i, le in enumerate(STAGE_BUCKETS):
+            if seconds <= le:
+                buckets[i] += 1
+        self.stage_sum[stage] += seconds
+        self.stage_count[stage] += 1
 
 
 def _value(v: Any) -> str:
@@ -87,4 +110,15 @@ def metrics_text(stats: dict, labelled: LabelledCounts) -> str:
     lines += [f'{ACTION_COMMANDS}{{action="{a}",held="{h}"}} {n}' for (a, h), n in sorted(labelled.commands.items())]
     lines += [f"# HELP {BREAKER} 1 while the fleet circuit breaker holds node-level commands (this worker's view)",
               f"# TYPE {BREAKER} gauge", f"{BREAKER} {labelled.breaker}"]
+    lines += [f"# HELP {REPAIR_STAGE} seconds each stage of a repair took (detection, cordon, drained, operands "
+              f"paused, reset, verified, operands back, uncordon), by the stage it ended",
+              f"# TYPE {REPAIR_STAGE} histogram"]
+    for st, buckets in labelled.stage_buckets.items():
+        lines += [f'{REPAIR_STAGE}_bucket{{stage="{st}",le="{le:g}"}} {n}' for le, n in zip(STAGE_BUCKETS, buckets)]
+        lines += [f'{REPAIR_STAGE}_bucket{{stage="{st}",le="+Inf"}} {labelled.stage_count[st]}',
+                  f'{REPAIR_STAGE}_sum{{stage="{st}"}} {labelled.stage_sum[st]:g}',
+                  f'{REPAIR_STAGE}_count{{stage="{st}"}} {labelled.stage_count[st]}']
+    lines += [f"# HELP {UNCONFIRMED} GPUs of this worker whose REBOOT_NODE has had no answer for longer than the "
+              f"policy's reboot_confirm_s (the node may not have come back)", f"# TYPE {UNCONFIRMED} gauge",
+              f"{UNCONFIRMED} {labelled.unconfirmed}"]
     return "\n".join(lines) + "\n"

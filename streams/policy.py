@@ -83,6 +83,19 @@ class Policy:
     # A command expires this long after the evidence it rests on (event time), so an executor
     # refuses by its wall clock what a replay of history or a stuck queue delivers late.
     command_ttl_s: float = 900.0
+    # The bound within which a node's reboot must be seen (its bootID changed, the node Ready, the
+    # GPU back) after REBOOT_NODE was commanded. kured, the default reboot backend, looks at its
+    # sentinel once per `--period`, 60 min by default (kubereboot/kured cmd/kured/main.go), then
+    # drains, reboots and waits for the node: a bound under an hour would call a reboot that kured
+    # was about to do "not seen". An hour of period plus 30 min for kured's lock and drain, a GPU
+    # server's firmware POST (minutes on 8-GPU boards), the boot, the driver and the collector's
+    # first inventory. Raise it for a kured reboot window (`--start-time`/`--end-time`), which can
+    # hold a reboot for most of a day. The node executor answers `failed` past its own bound (keep
+    # it at or under this one) and the processor climbs to REPLACE_NODE; a reboot that no answer
+    # ever comes for (the node never came back) is not timed out by the fold (event time per GPU:
+    # nothing arrives for it: docs/architecture.md "Known limits"); the processor's /metrics counts
+    # it (streams.app.unconfirmed_reboots) and the chart's rules page on it.
+    reboot_confirm_s: float = 5400.0
     # How far ahead of its GPU's clock (the collector's sample times) a record's own stamp may be:
     # `dmesg -T` renders from the monotonic clock and drifts after suspend/resume; an RTC can be
     # wrong. A record further ahead is kept, taken at the GPU's clock, and the skew noted.
@@ -243,6 +256,9 @@ def _check(policy: Policy, where: str) -> None:
                               "never a reason to quarantine the GPU")
     if policy.command_ttl_s <= 0:
         raise ConfigError(f"{where}: command_ttl_s must be > 0")
+    if policy.reboot_confirm_s < 600:
+        raise ConfigError(f"{where}: reboot_confirm_s must be >= 600: a GPU server's reboot (firmware, boot, driver, "
+                          "the collector's first inventory) takes minutes, and a shorter bound reports every reboot unseen")
     if policy.max_clock_skew_s < 0:
         raise ConfigError(f"{where}: max_clock_skew_s must be >= 0")
     if policy.evidence_limit < 20:

@@ -77,6 +77,8 @@ def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Aler
             fleet.append({"kind": "workload_fault", **out, **tag})
         elif kind == "alert":
             alerts.append(out)
+        elif kind == "repair_stage":
+            pass  # a stage of a repair that ended: the worker's histograms (streams.app), not a message
         else:  # a fold step's output of no kind we route: a bug, never published as something else
             raise ValueError(f"a fold step gave an output of unknown kind {kind!r}")
     return fleet, alerts

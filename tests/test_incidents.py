@@ -183,3 +183,94 @@ def test_a_resolved_incident_stays_resolved_when_a_closing_step_fails_afterwards
     book.add(_alert("q1", "GPU_SUSPECT", "resolved", t=500))
     book.add(_alert("q1", "GPU_SUSPECT", "updated", t=520))  # RELEASE_GPU refused: news, not a reopening
     assert book.open_incidents() == []
+
+
+# -- the executor's steps and the time to repair per stage ------------------------------------
+def _repaired_book(uncordon: bool = True) -> tuple[IncidentBook, object]:
+    """The builders' wedge, repaired: cordon, drain, a reset with its nine steps, healthy samples
+    that resolve it, and (optionally) the uncordon's answer; the book reads what the fold and the
+    executors published."""
+    from tests.streams.builders import procs, sample
+    from tests.streams.test_repair import RESET_STEPS, _answer, _newest, _ok, _wedged
+
+    e = _wedged()
+    results = [_answer(_newest(e, a), "succeeded", t) for a, t in (("CORDON_NODE", 190), ("DRAIN_NODE", 250))]
+    results.append(_answer(_newest(e, "RESET_GPU"), "succeeded", 310, _ok(RESET_STEPS)))
+    for r in results:
+        e.process(r)
+    for t in range(320, 1000, 10):
+        e.process(sample(t, util=0, mem=0))
+        e.process(procs(t))
+    if uncordon:
+        results.append(_answer(_newest(e, "UNCORDON_NODE"), "succeeded", 1000))
+        e.process(results[-1])
+    book = _book([*e.alerts, *e.commands, *results])
+    [inc] = book.incidents.values()
+    return book, inc
+
+
+def test_each_step_an_executor_reported_is_one_line_of_the_incidents_timeline():
+    book, inc = _repaired_book()
+    items = book.timeline(inc)
+    steps = [(i["what"], i["ts"]) for i in items if i["what"].startswith("step ")]
+    # from the result as read, each once (the resolved alert's evidence carries the same steps)
+    assert steps == [(f"step {n}", at(t).strftime("%Y-%m-%dT%H:%M:%S.%fZ")) for n, t in RESET_STEPS_]
+    assert [i["ts"] for i in items] == sorted(i["ts"] for i in items)
+    assert "RESET_GPU (" in next(i["text"] for i in items if i["what"] == "step reset")
+    text = book.render_incident(inc)
+    assert text.count("step operands_restored") == 1 and "step verified" in text
+
+
+def test_a_failed_step_says_so_in_the_timeline():
+    from tests.streams.test_repair import _answer, _newest, _wedged
+
+    e = _wedged()
+    failed = _answer(_newest(e, "RESET_GPU"), "failed", 310, [("reset", 280, False, "nvidia-smi answered 15")])
+    e.process(failed)
+    book = _book([*e.alerts, *e.commands, failed])
+    [inc] = book.incidents.values()
+    [line] = [i for i in book.timeline(inc) if i["what"] == "step reset"]
+    assert line["text"].endswith("): FAILED: nvidia-smi answered 15")
+
+
+def test_the_time_to_repair_per_stage_is_in_the_incident_view_and_its_json():
+    book, inc = _repaired_book()
+    detected = min(c["ts"] for c in inc.commands if c["action"] == "CORDON_NODE")
+    data = book.incident_json(inc)
+    assert [(r["stage"], r["seconds"]) for r in data["repair"]] == [
+        ("detection", None), ("cordon", 190 - (_seconds(detected))), ("drained", 60.0), ("operands_paused", 20.0),
+        ("reset", 10.0), ("verified", 10.0), ("operands_back", 15.0), ("uncordon", 695.0)]
+    assert data["repair"][-1]["since_detection"] == 1000 - _seconds(detected)
+    assert data["repair"][0]["at"] == detected[:19] + "Z"
+    text = book.render_incident(inc)
+    assert "TIME TO REPAIR (per stage, from the milestone before it):" in text
+    assert "  reset            " in text and "+0m10s" in text and "uncordon" in text
+
+
+def test_no_time_to_repair_before_any_step_of_it_was_answered():
+    engine = _wedged_engine()
+    book = _book([*engine.alerts, *engine.commands])
+    [inc] = book.open_incidents()
+    assert book.repair(inc) == [] and "TIME TO REPAIR" not in book.render_incident(inc)
+
+
+def test_steps_read_as_published_cannot_crash_the_view():
+    book, inc = _repaired_book(uncordon=False)
+    reset = next(c for c in inc.commands if c["action"] == "RESET_GPU")
+    [r] = book.results[reset["command_id"]]
+    r["steps"] = [{"step": "reset", "at": "not a time"}, "x", {"at": "2026-11-28T03:04:00Z"},
+                  {"step": "verified", "at": 1e300, "ok": "yes"}, {"step": "\x1b[2Jx", "at": "2026-11-28T03:04:50Z"}]
+    text = book.render_incident(inc)
+    assert "\x1b" not in text
+    assert [x["stage"] for x in book.repair(inc)] == ["detection", "cordon", "drained"]  # no step held
+
+
+def _seconds(iso: str) -> float:
+    from xidstream.incidents import _ts
+
+    return _ts(iso) - at(0).timestamp()
+
+
+RESET_STEPS_ = [("cordoned_drained", 255), ("holders_classified", 256), ("operands_paused", 258),
+                ("operands_gone", 270), ("persistence_off", 271), ("reset", 280), ("verified", 290),
+                ("persistence_restored", 295), ("operands_restored", 305)]

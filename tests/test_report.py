@@ -96,3 +96,18 @@ def test_the_motivating_incidents_report_renders_its_chart_in_headless_chromium(
                     "--window-size=1200,1000", f"--screenshot={tmp_path / 'bare.png'}", bare.as_uri()],
                    capture_output=True, timeout=120)
     assert _colour_pixels(Image.open(tmp_path / "bare.png").convert("RGB"), (0x94, 0x67, 0xBD)) == 0
+
+
+def test_the_report_shows_the_time_to_repair_per_stage():
+    from tests.test_incidents import _repaired_book
+
+    book, inc = _repaired_book()
+    page = render_report(book, inc)
+    table = re.search(r"<table id=\"repair\">(.*?)</table>", page, re.S).group(1)
+    rows = re.findall(r"<tr><td>(\w+)</td><td>[^<]+</td><td>([^<]+)</td><td>([^<]+)</td></tr>", table)
+    assert [r[0] for r in rows] == ["detection", "cordon", "drained", "operands_paused", "reset", "verified",
+                                    "operands_back", "uncordon"]
+    assert rows[0][1:] == ("-", "-") and rows[4][1] == "10 s" and rows[-1][1] == "695 s"
+    # before any step of a repair was answered the table says so
+    empty = render_report(*motivating_book())
+    assert "no step of a repair answered yet" in re.search(r"<table id=\"repair\">(.*?)</table>", empty, re.S).group(1)

@@ -29,8 +29,9 @@ from typing import IO, Any
 
 import orjson
 
-from schemas.base import plain_text
+from schemas.base import format_ts, plain_text
 from schemas.errors import ConfigError
+from streams.repair import REPAIR_ACTIONS, answer_milestones, durations, reached
 from xidstream.cliargs import add_kafka_args
 from xidstream.settings import Settings
 
@@ -72,6 +73,12 @@ def _iso(t: float | None) -> str:
     if not t:
         return "-"
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _iso_exact(t: float) -> str:
+    """A step's time as the records write theirs (schemas.base.format_ts): a reset's steps are
+    seconds apart, and the timeline sorts with the other records' times."""
+    return format_ts(datetime.fromtimestamp(t, timezone.utc))
 
 
 def _age(seconds: float) -> str:
@@ -276,16 +283,49 @@ class IncidentBook:
                             + ("" if b["state"] == "tripped" else f" ({b['summary'] if not b.get('since') else 'last storm ' + b['since']})")))
         return "\n".join(lines) + "\n"
 
+    def result_steps(self, r: dict) -> list[tuple[str, float, bool, str]]:
+        """A result's steps as (step, time, ok, detail), read as published: a step without a time
+        is left out, one stamped after its answer is taken at the answer (streams.repair.step_time)."""
+        answered = _ts(r.get("ts"))
+        out = []
+        for st in r.get("steps") or [] if isinstance(r.get("steps"), list) else []:
+            if not isinstance(st, dict) or not st.get("step") or _ts(st.get("at")) <= 0:
+                continue
+            out.append((str(st["step"]), min(_ts(st.get("at")), answered) if answered else _ts(st.get("at")),
+                        st.get("ok", True) is True, str(st.get("detail") or "")))
+        return out
+
+    def repair(self, inc: Incident) -> list[dict]:
+        """Time to repair per stage (streams.repair): detection (the first command of the repair),
+        then each milestone its answers reached, with the seconds since the one before it."""
+        milestones: dict[str, float] = {}
+        started = [_ts(c.get("ts")) for c in inc.commands if c.get("action") in REPAIR_ACTIONS and _ts(c.get("ts")) > 0]
+        if started:
+            milestones["detection"] = min(started)
+        answers = [(c, r) for c in inc.commands for r in [self.result_for(c)] if r is not None]
+        for c, r in sorted(answers, key=lambda cr: _ts(cr[1].get("ts"))):
+            steps = [(n, t, ok) for n, t, ok, _ in self.result_steps(r)]
+            reached(milestones, answer_milestones(str(c.get("action")), str(r.get("outcome")), _ts(r.get("ts")), steps))
+        if set(milestones) <= {"detection"}:
+            return []  # nothing of a repair was answered yet
+        return [{**row, "at": _iso(row["at"])} for row in durations(milestones)]
+
     def timeline(self, inc: Incident) -> list[dict]:
-        """Every alert, evidence line, command and result of one incident, in time order."""
+        """Every alert, evidence line, command, result and result step of one incident, in time order."""
         items: list[dict] = []
         seen = set()
+        # each step of a result read here is shown once: not again as the alert's copy of it
+        stepped = {(str(c.get("command_id")), n) for c in inc.commands for r in [self.result_for(c)] if r is not None
+                   for n, _, _, _ in self.result_steps(r)}
         for a in inc.alerts:
             items.append({"ts": a.get("ts"), "what": f"alert {a.get('state')}",
                           "text": f"{a.get('classification')} ({a.get('severity')}): {a.get('summary')}"})
             ev = a.get("evidence")
             for e in (ev.get("timeline") or [] if isinstance(ev, dict) else []):
                 if not isinstance(e, dict):
+                    continue
+                data = e.get("data") if isinstance(e.get("data"), dict) else {}
+                if data.get("step") is not None and (str(data.get("command_id")), str(data["step"])) in stepped:
                     continue
                 k = (e.get("ts"), e.get("kind"), e.get("summary"))
                 if k not in seen:
@@ -301,6 +341,10 @@ class IncidentBook:
             if r is not None:
                 items.append({"ts": r.get("ts"), "what": f"result {r.get('outcome')}",
                               "text": f"{c.get('action')} ({c.get('command_id')}) on {r.get('node')}: {r.get('detail', '')}"})
+                for n, t, ok, detail in self.result_steps(r):
+                    items.append({"ts": _iso_exact(t), "what": f"step {n}",
+                                  "text": f"{c.get('action')} ({c.get('command_id')}): " + ("ok" if ok else "FAILED")
+                                          + (f": {detail}" if detail else "")})
         items.sort(key=lambda i: _ts(i["ts"]))
         return items
 
@@ -309,7 +353,7 @@ class IncidentBook:
                 "gpu_index": inc.gpu_index, "gpu_uuid": inc.last.get("gpu_uuid") if inc.alerts else None,
                 "classification": inc.last.get("classification") if inc.alerts else None,
                 "state": inc.last.get("state") if inc.alerts else None, "opened": _iso(inc.opened),
-                "steps": self.steps(inc), "recommended_steps": inc.last.get("recommended_steps", []) if inc.alerts else [],
+                "steps": self.steps(inc), "repair": self.repair(inc), "recommended_steps": inc.last.get("recommended_steps", []) if inc.alerts else [],
                 "timeline": self.timeline(inc)}
 
     def steps(self, inc: Incident) -> list[dict]:
@@ -327,6 +371,12 @@ class IncidentBook:
         for s in data["steps"]:
             mark = "done" if s["outcome"] == "succeeded" else s["outcome"]
             lines.append(_clean(f"  {s['step']}. {s['action']:<16} {mark}"))
+        if data["repair"]:
+            lines += ["", "TIME TO REPAIR (per stage, from the milestone before it):"]
+            for row in data["repair"]:
+                took = "" if row["seconds"] is None else f"+{_age(row['seconds'])}"
+                total = "" if row["since_detection"] is None else f"({_age(row['since_detection'])} since detection)"
+                lines.append(_clean(f"  {row['stage']:<16} {row['at']}  {took:<9} {total}".rstrip()))
         if data["recommended_steps"]:
             lines += ["", "RECOMMENDED (the alert's words):"] + [_clean(f"  - {s}") for s in data["recommended_steps"]]
         return "\n".join(lines) + "\n"

@@ -180,6 +180,15 @@ def _xid_codes(inc: Any) -> list[int]:
     return sorted(codes)
 
 
+def _repair_rows(rows: list[dict]) -> str:
+    """The time to repair per stage (IncidentBook.repair) as table rows."""
+    def secs(v: Any) -> str:
+        return "-" if v is None else f"{v:g} s"
+
+    return "".join(f"<tr><td>{html.escape(str(r['stage']))}</td><td>{html.escape(str(r['at']))}</td>"
+                   f"<td>{secs(r['seconds'])}</td><td>{secs(r['since_detection'])}</td></tr>" for r in rows)
+
+
 def render_report(book: Any, inc: Any) -> str:
     e = html.escape
     data = book.incident_json(inc)
@@ -228,6 +237,9 @@ opened {e(data['opened'])} &middot; {len(samples)} samples charted</p>
 <div id="chart">{svg}</div>
 <h2>Recovery order (incident note) and what was done</h2>
 <ol id="recovery">{''.join(recovery)}</ol>
+<h2>Time to repair, per stage</h2>
+<table id="repair"><tr><th>stage</th><th>reached</th><th>took (from the stage before)</th><th>since detection</th></tr>
+{_repair_rows(data['repair']) or '<tr><td colspan="4">no step of a repair answered yet</td></tr>'}</table>
 <h2>Evidence and steps, in time order</h2>
 <table id="evidence"><tr><th>time</th><th>what</th><th>detail</th></tr>{rows}</table>
 <h2>NVIDIA's text for each Xid</h2>

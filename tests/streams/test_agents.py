@@ -189,3 +189,29 @@ def test_a_batch_setting_that_would_hold_records_back_is_refused(bad):
     records (the fatal Xid of a sick GPU) would wait for traffic that may never come."""
     with pytest.raises(ValueError, match="batch|within"):
         create_app(Settings(topic_prefix="tc-bad."), **bad)
+
+
+def test_the_gpu_agent_counts_each_stage_of_a_repair_and_its_table_shows_an_unconfirmed_reboot():
+    from streams.app import unconfirmed_reboots
+
+    async def run():
+        proc, sent = _app()
+        async with proc.gpus.test_context() as agent:
+            for rec in wedge():
+                await agent.put(encode(rec), key=GPU.encode())
+        commands = {m["command"]["action"]: m["command"] for m in map(orjson.loads, (v for _, v in sent["fleet"]))
+                    if m["kind"] == "command"}
+        async with proc.gpus.test_context() as agent:
+            for action, outcome, t in (("CORDON_NODE", "succeeded", 190), ("RESET_GPU", "failed", 310)):
+                c = commands[action]
+                await agent.put(encode(RemediationResult(
+                    ts=at(t), node=c["node"], gpu_uuid=GPU, pci_bus_id=PCI, command_id=c["command_id"],
+                    incident_id=c["incident_id"], action=action, outcome=outcome)), key=GPU.encode())
+        return proc
+
+    proc = asyncio.run(run())
+    assert proc.labelled.stage_count["cordon"] == 1 and proc.labelled.stage_count["reset"] == 0
+    # the failed reset climbed to REBOOT_NODE (at 310 s): unanswered, it counts once the bound passed
+    rows = list(proc.gpu_table.items())
+    assert unconfirmed_reboots(rows, {}, at(310).timestamp() + 5401, 5400) == 1
+    assert unconfirmed_reboots(rows, {}, at(310).timestamp() + 5399, 5400) == 0

@@ -53,6 +53,9 @@ EDGES = [
      "quarantine the GPU"),
     ({"command_ttl_s": 0.001}, {"command_ttl_s": 0}, "policy: command_ttl_s must be > 0"),
     ({"max_clock_skew_s": 0}, {"max_clock_skew_s": -1}, "policy: max_clock_skew_s must be >= 0"),
+    ({"reboot_confirm_s": 600}, {"reboot_confirm_s": 599},
+     "policy: reboot_confirm_s must be >= 600: a GPU server's reboot (firmware, boot, driver, the collector's first "
+     "inventory) takes minutes, and a shorter bound reports every reboot unseen"),
     ({"evidence_limit": 20}, {"evidence_limit": 19}, "policy: evidence_limit must be >= 20"),
 ]
 
@@ -128,3 +131,9 @@ def test_a_policy_made_in_code_is_held_to_the_same_guard(bad):
     with pytest.raises(ConfigError) as e:
         Policy(hardware_xids=frozenset({79, bad}))
     assert str(e.value) == f"policy: hardware_xids must list integer Xid codes, got {bad!r}"
+
+
+def test_a_reboot_must_be_seen_within_kureds_period_and_a_reboot_by_default():
+    # kured looks at its sentinel once an hour by default (--period): a bound under that calls a
+    # reboot kured was about to do unseen
+    assert Policy().reboot_confirm_s == 5400.0 > 3600.0
