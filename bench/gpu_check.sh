@@ -11,6 +11,9 @@
 #    time of a read (first, with the NVLink probe, then p50 of 10), errors 0 on healthy GPUs.
 # 3. One `xidstream collect --sink stdout --once` round, checked against the contract: a
 #    gpu.counters record per GPU with its PCIe and clock fields read.
+# 4. The node executor's reset facts, read only (nothing reset, no persistence mode changed): each
+#    GPU's platform (architecture, MIG, virtualization, NVSwitch, Fabric Manager), the scope rule's
+#    answer, persistence mode through nvidia-smi, and who holds /dev/nvidia<minor>.
 # Prints figures; exits non-zero when a check fails. Takes about 20 s.
 set -u
 cd "$(dirname "$0")/.."
@@ -103,5 +106,34 @@ for r in recs:
 ok = kinds.get("GpuSample") and kinds.get("GpuCounters") == kinds.get("GpuSample")
 sys.exit(0 if ok else 1)
 PY
+echo "== the node executor's reset facts (read only: nothing is reset, no persistence mode changed)"
+"$PY" - <<'PY' > "$OUT/reset-scope.txt" 2>&1 || rc=1
+# What RESET_GPU decides from, through the real pynvml and nvidia-smi: the platform's facts
+# (architecture, MIG, virtualization, NVLink to an NVSwitch, Fabric Manager) and the scope rule's
+# answer, persistence mode as nvidia-smi reads it, and who holds each GPU's /dev/nvidia<minor>.
+import pynvml
+from collectors.nvml import NvmlReader
+from collectors.sources.procfs import ProcFs
+from executors.gpureset import NvidiaSmi, classify_holders, reset_scope
+from executors.node import NvmlGpuOps
+ops = NvmlGpuOps(pynvml)
+smi = NvidiaSmi()
+procfs = ProcFs()
+reader = NvmlReader(pynvml)
+for g in reader.init():
+    p = ops.platform(ops.find(g.uuid, None, None))
+    print(f"GPU {g.index} {g.uuid} {g.name}: {p}")
+    print(f"  reset scope: {reset_scope(p) or 'this GPU can be reset alone'}")
+    print(f"  persistence mode (nvidia-smi): {smi.persistence(g.uuid)}")
+    ops.release()
+    pids = ops.holders(g)
+    for h in classify_holders(pids, procfs, [], ()):
+        print(f"  holder: {h.what} [{h.kind}]")
+    if not pids:
+        print(f"  holders: none")
+reader.shutdown()
+PY
+cat "$OUT/reset-scope.txt"
+grep -q "reset scope:" "$OUT/reset-scope.txt" || { echo "MISSING in reset-scope output: reset scope"; rc=1; }
 echo "== done: rc=$rc (outputs in $OUT)"
 exit $rc
