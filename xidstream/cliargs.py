@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_kafka_args", "add_replication_args"]
+from schemas.base import is_node_name, plain_text
+from schemas.errors import ConfigError
+
+__all__ = ["add_kafka_args", "add_replication_args", "require_node_name"]
 
 
 def add_kafka_args(p: argparse.ArgumentParser, *, partitions: bool = True, prefix: bool = True) -> None:
@@ -40,3 +43,14 @@ def positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n} is less than 1")
     return n
+
+
+def require_node_name(name: str | None, where: str = "--node") -> str:
+    """`name` when it is a Kubernetes node name (a DNS-1123 subdomain), else a `ConfigError` at
+    start: every record this process sends carries it, and the processor refuses records about a
+    node of any other name."""
+    if not is_node_name(name):
+        raise ConfigError(f"{where} {plain_text(str(name), 100)!r} is not a Kubernetes node name (a DNS-1123 "
+                          f"subdomain: lowercase letters, digits, '-' and '.'); give the Node's name with --node "
+                          f"(env XIDSTREAM_NODE): records about any other name are refused")
+    return name  # type: ignore[return-value]

@@ -7,7 +7,6 @@ import gzip
 import logging
 import math
 import signal
-import socket
 import sys
 import time
 from datetime import datetime, timezone
@@ -16,7 +15,8 @@ from pathlib import Path
 import orjson
 
 from schemas.errors import ConfigError, TopicError
-from xidstream.cliargs import add_kafka_args
+from transport.config import default_node_name
+from xidstream.cliargs import add_kafka_args, require_node_name
 from xidstream.settings import Settings
 
 __all__ = ["register"]
@@ -103,7 +103,7 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.models import XidEvent
     from schemas.codec import to_dict
 
-    node = args.node or socket.gethostname()
+    node = require_node_name(args.node or default_node_name())
     ident = IdentityMap()
     lines = found = 0
     kinds: dict[str, int] = {}
@@ -306,6 +306,7 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.sources.kernel import open_kernel_source
     from collectors.sources.procfs import ProcFs
 
+    require_node_name(settings.node)
     if args.accept_injected_kmsg:
         log.warning("--accept-injected-kmsg: lines written to /dev/kmsg by userspace count as the kernel's; "
                     "for end-to-end tests only, never on a node that runs tenants' pods")

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from schemas.errors import ConfigError
-from xidstream.cliargs import add_kafka_args
+from xidstream.cliargs import add_kafka_args, require_node_name
 from xidstream.settings import Settings
 
 __all__ = ["register"]
@@ -91,6 +91,7 @@ def _approve(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.models import Approval
     from schemas.signing import SigningKey
 
+    require_node_name(args.node)  # a held command is always about a Node; anything else came from a forgery
     key = SigningKey.load(args.key)
     approval = key.sign(Approval(
         node=args.node, approval_id=uuid.uuid4().hex, command_id=args.command_id,
@@ -121,6 +122,8 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
 
     if args.scope == "node" and not args.node:
         raise ConfigError("--scope node needs --node NAME (the node this executor runs on)")
+    if args.scope == "node":
+        require_node_name(args.node)
     if args.replace_kubeconfig and args.replace_backend != "cluster-api":
         raise ConfigError("--replace-kubeconfig names the Cluster API management cluster: it goes with "
                           "--replace-backend cluster-api")
