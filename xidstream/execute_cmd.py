@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import shlex
 import sys
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -41,7 +42,7 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError("keys generate needs --out DIR")
         priv, pub, kid = generate_keys(args.out)
         print(f"key id {kid}\nprivate key {priv} (keep it with the processor; mode 0600)\n"
-              f"public key  {pub} (give it to every executor: --verify-key {pub})")
+              f"public key  {pub} (give it to every executor: --verify-key {shlex.quote(str(pub))})")
         return 0
     if not args.key:
         raise ConfigError("keys sign needs --key FILE (a private key from `xidstream keys generate`)")
