@@ -31,10 +31,12 @@ class KafkaConfig:
     topic_prefix: str = ""
     partitions: int = DEFAULT_PARTITIONS
     # Of every topic xidstream creates (the contract's, the processor's internal ones and its
-    # changelogs): 1 for the local broker, 3 for a production cluster of 3+ brokers.
-    replication_factor: int = 1
-    # The topics' min.insync.replicas (None: the broker's default); with acks=all a write then
-    # needs this many replicas, e.g. 2 of 3 survives one broker down without losing a record.
+    # changelogs). None: what the cluster can hold, asked when topics are created
+    # (`transport.kafka.choose_replication`: 3, or one per broker when there are fewer).
+    replication_factor: int | None = None
+    # The topics' min.insync.replicas; with acks=all a write then needs this many replicas, e.g. 2
+    # of 3 survives one broker down without losing a record. None: one less than the replicas, at
+    # most 2 (the broker's default for one replica).
     min_insync_replicas: int | None = None
     node: str = field(default_factory=default_node_name)
     # Extra librdkafka settings (security.protocol, sasl.*, ...) for every client we create. Not in

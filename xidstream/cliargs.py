@@ -28,10 +28,12 @@ def add_replication_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("replication")
     g.add_argument("--replication-factor", type=int,
                    help="replicas of every topic created, the processor's internal and changelog topics included "
-                        "(env XIDSTREAM_REPLICATION; default 1, for the local broker; use 3 on a cluster of 3+ brokers)")
+                        "(env XIDSTREAM_REPLICATION; default: what the cluster can hold, 3, or the number of brokers "
+                        "when fewer: 1 only on a single broker)")
     g.add_argument("--min-insync-replicas", type=int,
-                   help="min.insync.replicas of every topic created (env XIDSTREAM_MIN_INSYNC_REPLICAS; default: "
-                        "the broker's; use 2 with a replication factor of 3, so acks=all survives one broker down)")
+                   help="min.insync.replicas of every topic created (env XIDSTREAM_MIN_INSYNC_REPLICAS; default: one "
+                        "less than the replicas, at most 2, so acks=all survives one broker down; the broker's own "
+                        "default for one replica)")
 
 
 def positive_int(text: str) -> int:
