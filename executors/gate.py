@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -217,9 +218,10 @@ def decide(cmd: RemediationCommand, *, keys: VerifyKeys, now: datetime, scope: S
             stale = approvals.expired_for(cmd.command_id, now)
             why = (f"its approval {stale[0].approval_id} expired at {format_ts(stale[0].expires_at)}" if stale
                    else "no authentic approval names it")
-            return refuse("approval", f"refused: requires approval and {why} "
-                                      f"(xidstream approve {cmd.command_id} --key FILE --node {cmd.node}); "
-                                      f"nothing was done", awaiting_approval=True)
+            # the line an operator may paste: the command's fields shell-quoted (signed, but text)
+            line = shlex.join(["xidstream", "approve", cmd.command_id, "--key", "FILE", "--node", cmd.node])
+            return refuse("approval", f"refused: requires approval and {why} ({line}); nothing was done",
+                          awaiting_approval=True)
     return Decision(True)
 
 

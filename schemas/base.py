@@ -15,7 +15,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializ
 
 from schemas.limits import ID_MAX, NODE_NAME_MAX
 
-__all__ = ["Record", "NodeRecord", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci", "plain_text"]
+__all__ = ["Record", "NodeRecord", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci", "plain_text",
+           "NODE_NAME_PATTERN", "NodeName", "is_node_name"]
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -94,6 +95,36 @@ def normalize_pci(bus_id: str | bytes | None) -> str | None:
         return None
 
 
+# A Kubernetes node name is a DNS-1123 subdomain (RFC 1123 host names, as the API server checks
+# them: k8s.io/apimachinery/pkg/util/validation IsDNS1123Subdomain): lowercase letters, digits, '-'
+# and '.', at most 253 characters (NODE_NAME_MAX), each dot-separated label starting and ending with
+# a letter or a digit. Each label is also held to DNS's 63 (RFC 1035 section 2.3.4), which the
+# kubelet's host names meet. A node chooses the name on its records, and the name reaches a line
+# an operator pastes into a shell (`xidstream incidents`' approve line), Node annotations, Events
+# and file names: in this alphabet it cannot carry a quote, a space, a `;`, a `$` or a newline.
+_DNS1123_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+NODE_NAME_PATTERN = rf"^{_DNS1123_LABEL}(?:\.{_DNS1123_LABEL})*$"
+_NODE_NAME = re.compile(NODE_NAME_PATTERN)
+
+
+def is_node_name(name: object) -> bool:
+    """Whether `name` is a Kubernetes node name: a DNS-1123 subdomain of at most 253 characters."""
+    return isinstance(name, str) and len(name) <= NODE_NAME_MAX and _NODE_NAME.fullmatch(name) is not None
+
+
+def _node_name(value: str) -> str:
+    # The value is not quoted back: it is the sender's, and the error text reaches logs.
+    if not _NODE_NAME.fullmatch(value):
+        raise ValueError("not a Kubernetes node name (a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', "
+                         "each dot-separated label 1 to 63 characters that starts and ends with a letter or digit)")
+    return value
+
+
+# A node name field: `Field(max_length=NODE_NAME_MAX, json_schema_extra={"pattern": NODE_NAME_PATTERN})`
+# goes with it, for the length check first and for the JSON Schema.
+NodeName = Annotated[str, AfterValidator(_node_name)]
+
+
 class Record(BaseModel):
     """Base of every topic model. Subclasses set ``SCHEMA`` and a ``schema`` Literal."""
 
@@ -124,8 +155,10 @@ class Record(BaseModel):
 
 class NodeRecord(Record):
     """A record a node or an executor sends: its `node` and `event_id` are bounded
-    (schemas.limits), as every string in it is, because whoever runs on the node chooses them."""
+    (schemas.limits), as every string in it is, because whoever runs on the node chooses them;
+    `node` is also a Kubernetes node name (`is_node_name`), or the record does not decode."""
 
     event_id: str = Field(default_factory=new_event_id, max_length=ID_MAX, description="Unique id of this record.")
-    node: str = Field(min_length=1, max_length=NODE_NAME_MAX,
-                      description="Kubernetes node (host) name the record is about.")
+    node: NodeName = Field(
+        min_length=1, max_length=NODE_NAME_MAX, json_schema_extra={"pattern": NODE_NAME_PATTERN},
+        description="Kubernetes node (host) name the record is about: a DNS-1123 subdomain.")

@@ -18,8 +18,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from schemas.base import UtcDatetime, normalize_pci
+from schemas.base import NODE_NAME_PATTERN, NodeName, UtcDatetime, normalize_pci
 from schemas.errors import ScenarioError
+from schemas.limits import NODE_NAME_MAX
 from schemas.vocab import Action, Classification, Outcome, WorkloadEventType
 
 __all__ = [
@@ -59,7 +60,8 @@ class ScenarioGpu(_Strict):
 
 
 class ScenarioNode(_Strict):
-    name: str = Field(min_length=1)
+    # every record of the node carries it, and a record's node is a Kubernetes node name
+    name: NodeName = Field(min_length=1, max_length=NODE_NAME_MAX, json_schema_extra={"pattern": NODE_NAME_PATTERN})
     driver_version: str | None = None
     cuda_version: str | None = None
     gpus: list[ScenarioGpu] = Field(min_length=1)

@@ -8,6 +8,7 @@ resolves with IGNORE, not application faults).
 from __future__ import annotations
 
 import hashlib
+import shlex
 from datetime import datetime, timezone
 from typing import Any
 
@@ -98,7 +99,8 @@ def command(state: GpuState, inc: Incident, action: Action, ts: float, policy: P
 
 
 def _steps_text(state: GpuState, actions: list[str]) -> list[str]:
-    idx = state.gpu_index if state.gpu_index is not None else "<index>"
+    # the index ends a command line a person may paste (nvidia-smi --gpu-reset -i N): quoted
+    idx = shlex.quote(str(state.gpu_index) if state.gpu_index is not None else "<index>")
     return [STEP_TEXT[Action(a)].format(index=idx) for a in actions]
 
 

@@ -11,6 +11,7 @@ import pytest
 from schemas.codec import to_dict
 from schemas.errors import ConfigError
 from schemas.models import Alert, RemediationCommand, RemediationResult
+from tests.shell import HOSTILE, interpreted
 from tests.streams.builders import GPU, NODE, at, run, wedge
 from xidstream.cli import main as cli
 from xidstream.incidents import IncidentBook, parse_since
@@ -274,3 +275,38 @@ def _seconds(iso: str) -> float:
 RESET_STEPS_ = [("cordoned_drained", 255), ("holders_classified", 256), ("operands_paused", 258),
                 ("operands_gone", 270), ("persistence_off", 271), ("reset", 280), ("verified", 290),
                 ("persistence_restored", 295), ("operands_restored", 305)]
+
+
+def _argv(command_id: str, node: str) -> list[str]:
+    return ["xidstream", "approve", command_id, "--node", node, "--key", "APPROVER.key", "--reason", "...", "--publish"]
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=range(len(HOSTILE)))
+def test_the_approve_line_is_one_argument_per_field_in_a_shell_for_any_node_or_command_id(name):
+    """Records are read as published (no decode), and alerts and commands are not held to node
+    names at decode: a command with any node or command_id, added as it came off the topic or
+    decoded from its bytes, gives an approve line whose shell words are exactly the fields."""
+    import shlex
+
+    from schemas.base import plain_text
+    from schemas.codec import decode_any, encode
+
+    engine = _wedged_engine()
+    drain = next(c for c in engine.commands if c.action.value == "DRAIN_NODE")
+    forged = _held(drain, node=name, command_id=f"{name}-cmd")
+    raw = {**to_dict(forged), "node": name, "command_id": f"{name}-cmd"}
+    as_read = _book(engine.alerts)
+    as_read.add(raw)  # a dict, as read off the topic
+    for book in (_book([*engine.alerts, forged]), _book([*engine.alerts, decode_any(encode(forged))]), as_read):
+        now = forged.ts.timestamp() + 60
+        [h] = book.summary_json(now)["held"]
+        assert shlex.split(h["approve"]) == _argv(f"{name}-cmd", name) and interpreted(h["approve"]) == ""
+        # the terminal shows the same line, or (a field it cannot show as it is: a control
+        # character) no line to paste at all
+        text = book.render_summary(now)
+        pasted = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("xidstream approve")]
+        if plain_text(name) != name:
+            assert pasted == [] and "no line to paste" in text
+        else:
+            assert [shlex.split(p) for p in pasted] == [_argv(f"{name}-cmd", name)]
+            assert interpreted(pasted[0]) == ""

@@ -13,10 +13,16 @@ from typing import Mapping
 
 from schemas.topics import DEFAULT_PARTITIONS, TopicRegistry
 
-__all__ = ["KafkaConfig", "DEFAULT_BOOTSTRAP"]
+__all__ = ["KafkaConfig", "DEFAULT_BOOTSTRAP", "default_node_name"]
 
 # The local broker of deploy/local (non-default port, loopback only).
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+
+
+def default_node_name() -> str:
+    """This host's name as the kubelet names its Node by default: trimmed, in lower case
+    (k8s.io/component-helpers/node/util GetHostname)."""
+    return socket.gethostname().strip().lower()
 
 
 @dataclass(frozen=True)
@@ -25,12 +31,14 @@ class KafkaConfig:
     topic_prefix: str = ""
     partitions: int = DEFAULT_PARTITIONS
     # Of every topic xidstream creates (the contract's, the processor's internal ones and its
-    # changelogs): 1 for the local broker, 3 for a production cluster of 3+ brokers.
-    replication_factor: int = 1
-    # The topics' min.insync.replicas (None: the broker's default); with acks=all a write then
-    # needs this many replicas, e.g. 2 of 3 survives one broker down without losing a record.
+    # changelogs). None: what the cluster can hold, asked when topics are created
+    # (`transport.kafka.choose_replication`: 3, or one per broker when there are fewer).
+    replication_factor: int | None = None
+    # The topics' min.insync.replicas; with acks=all a write then needs this many replicas, e.g. 2
+    # of 3 survives one broker down without losing a record. None: one less than the replicas, at
+    # most 2 (the broker's default for one replica).
     min_insync_replicas: int | None = None
-    node: str = field(default_factory=socket.gethostname)
+    node: str = field(default_factory=default_node_name)
     # Extra librdkafka settings (security.protocol, sasl.*, ...) for every client we create. Not in
     # repr: it holds sasl.password and key passwords, and settings end up in logs and tracebacks.
     kafka_extra: Mapping[str, str] = field(default_factory=dict, repr=False)

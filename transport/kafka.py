@@ -14,13 +14,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.errors import TopicError
+from schemas.errors import ConfigError, TopicError
 from schemas.topics import TOPICS
 from transport.config import KafkaConfig
 
 __all__ = ["producer_config", "consumer_config", "read_since", "read_key", "murmur2_partition", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag", "replication_findings",
-           "check_replication"]
+           "check_replication", "choose_replication", "settle_replication"]
 
 
 def producer_config(settings: KafkaConfig, **overrides: object) -> dict:
@@ -127,6 +127,12 @@ def reachable(settings: KafkaConfig, timeout: float = 10.0) -> None:
 def _describe(client: AdminClient, timeout: float) -> dict[str, int]:
     """Topic name -> partitions. A refused password, an untrusted CA: `TopicError` naming it as
     soon as librdkafka reports it, not after `timeout`."""
+    md = _metadata(client, timeout)
+    return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
+
+
+def _metadata(client: AdminClient, timeout: float) -> Any:
+    """The cluster's metadata (`ClusterMetadata`), with `_describe`'s errors."""
     import time
 
     errors: ClientErrors | None = getattr(client, "xidstream_errors", None)
@@ -142,7 +148,54 @@ def _describe(client: AdminClient, timeout: float) -> dict[str, int]:
                 raise TopicError(errors.fatal) from None
             if time.monotonic() >= deadline:
                 raise TopicError(f"cannot reach Kafka to list topics: {exc}") from None
-    return {name: len(t.partitions) for name, t in md.topics.items() if not t.error}
+    return md
+
+
+def _brokers(md: Any) -> int:
+    """How many brokers the cluster has, by its metadata: those it lists (the live ones) and those
+    that hold a replica of a topic it lists, so a broker down for a restart still counts."""
+    ids = set(md.brokers)
+    for t in md.topics.values():
+        for p in (t.partitions or {}).values():
+            ids.update(p.replicas or ())
+    return len(ids)
+
+
+def choose_replication(brokers: int, replication_factor: int | None = None,
+                       min_insync_replicas: int | None = None) -> tuple[int, int | None]:
+    """(replicas, min.insync.replicas) of a topic made on a cluster of `brokers` brokers: what is
+    given, else what the cluster can hold. Three replicas, or one per broker when there are fewer:
+    one broker is the only case for one, where a topic's broker is a single point of failure
+    whatever the settings say. min.insync.replicas: one less than the replicas, at most 2, so an
+    acks=all write survives one broker down (2 of 3, 1 of 2); None (the broker's default) for one
+    replica."""
+    rf = replication_factor if replication_factor is not None else max(1, min(3, brokers))
+    if min_insync_replicas is not None:
+        return rf, min_insync_replicas
+    return rf, (min(2, rf - 1) if rf > 1 else None)
+
+
+def settle_replication(settings: KafkaConfig, client: AdminClient | None = None,
+                       timeout: float = 10.0) -> tuple[KafkaConfig, str]:
+    """`settings` with the replication of the topics it creates settled (`choose_replication`),
+    and a line saying what was chosen and why, for a command to print. The cluster is asked for
+    its brokers only when the replication factor is not given (--replication-factor,
+    XIDSTREAM_REPLICATION): a given one is taken as it is, more than the brokers included (the
+    broker then refuses the topic, naming both)."""
+    from dataclasses import replace
+
+    brokers = None
+    if settings.replication_factor is None:
+        brokers = _brokers(_metadata(client or admin(settings), timeout))
+    rf, isr = choose_replication(brokers or 0, settings.replication_factor, settings.min_insync_replicas)
+    if isr is not None and isr > rf:
+        raise ConfigError(f"--min-insync-replicas {isr} is more than the {rf} replica(s) chosen for the {brokers} "
+                          f"broker(s) of {settings.bootstrap}: no write with acks=all could succeed")
+    why = ("--replication-factor" if brokers is None else
+           f"chosen: {brokers} broker{'' if brokers == 1 else 's'} in the cluster")
+    isr_text = ("min.insync.replicas: the broker's default" if isr is None else
+                f"min.insync.replicas {isr}" + (" (--min-insync-replicas)" if settings.min_insync_replicas else ""))
+    return replace(settings, replication_factor=rf, min_insync_replicas=isr), f"replication factor {rf} ({why}), {isr_text}"
 
 
 def topic_config(settings: KafkaConfig, config: Mapping[str, str]) -> dict[str, str]:
@@ -179,7 +232,8 @@ def replication_findings(found: Mapping[str, tuple[int, int | None]], replicatio
 def check_replication(settings: KafkaConfig, topics: Iterable[str], *, timeout: float = 10.0,
                       logger: Any = None) -> list[str]:
     """At a client's start: warn, one line per finding (`replication_findings`), when a physical
-    topic of `topics` is replicated otherwise than the settings assume; returns the findings.
+    topic of `topics` is replicated otherwise than the settings assume (what `choose_replication`
+    makes of them for this cluster: a topic created with them would be so); returns the findings.
     Never raises: a topic that is missing, a broker that does not answer, or a user not allowed
     to read topic configs (DescribeConfigs) only narrows what is checked."""
     from confluent_kafka.admin import ConfigResource
@@ -207,8 +261,9 @@ def check_replication(settings: KafkaConfig, topics: Iterable[str], *, timeout: 
         # the admin client would be destroyed by a later garbage collection (see LagProbe.lag)
         futures.clear()
     found = {t: (max(len(p.replicas) for p in md.topics[t].partitions.values()), isr[t]) for t in present}
-    findings = replication_findings(found, settings.replication_factor, settings.min_insync_replicas,
-                                    len(md.brokers))
+    brokers = _brokers(md)
+    rf, min_isr = choose_replication(brokers, settings.replication_factor, settings.min_insync_replicas)
+    findings = replication_findings(found, rf, min_isr, brokers)
     for line in findings:
         log.warning("replication: %s", line)
     return findings
@@ -235,9 +290,12 @@ def check_copartitioning(settings: KafkaConfig, existing: dict[str, int]) -> Non
 def create_topics(settings: KafkaConfig, names: Iterable[str] | None = None, timeout: float = 30.0) -> dict[str, str]:
     """Create the registry's topics that do not exist; check those that do.
 
-    Returns physical topic name -> "created" | "exists". Idempotent.
+    Returns physical topic name -> "created" | "exists". Idempotent. Replicated as the settings
+    say, else as the cluster can hold (`settle_replication`).
     """
     client = admin(settings)
+    settings, replication = settle_replication(settings, client, timeout)
+    logging.getLogger("xidstream.kafka").info("topics: %s", replication)
     reg = settings.topics
     wanted = list(names) if names is not None else list(TOPICS)
     existing = _describe(client, timeout)
@@ -517,6 +575,8 @@ def ensure_processor_topics(settings: KafkaConfig, internal: dict[str, int], tim
     import time
 
     client = admin(settings)
+    settings, replication = settle_replication(settings, client, timeout)
+    logging.getLogger("xidstream.kafka").info("processor topics: %s", replication)
     reg = settings.topics
     deadline = time.monotonic() + 10.0
     while True:  # topics created a moment ago may not be in the metadata yet

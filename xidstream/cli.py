@@ -135,8 +135,10 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
                 (" (co-partitioned input)" if spec.processed else " (co-partitioned)") if spec.co_partitioned else "")
             print(f"{reg.name(name):32} key: {spec.key:42} {keep:10} {part:38} {spec.model.SCHEMA}")
         return 0
-    from transport.kafka import create_topics
+    from transport.kafka import create_topics, settle_replication
 
+    settings, replication = settle_replication(settings)
+    print(f"topics: {replication}", flush=True)
     for name, state in create_topics(settings).items():
         print(f"{name:32} {state}")
     return 0
@@ -164,10 +166,12 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
     from collectors.sink import KafkaSink
-    from transport.kafka import create_topics
+    from transport.kafka import create_topics, settle_replication
     from xidstream.simulate import FaultRates, Simulator
 
     if args.create_topics:
+        settings, replication = settle_replication(settings)
+        print(f"simulate: topics: {replication}", file=sys.stderr, flush=True)
         create_topics(settings)
     rates = FaultRates(args.app_fault_rate, args.repeat_rate, args.wedge_rate, args.hardware_rate, args.phantom_rate)
     sim = Simulator(settings, args.nodes, args.gpus, rate=args.rate, duration=args.duration, rates=rates, seed=args.seed,
@@ -241,8 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_broker)
 
     p = sub.add_parser("topics", help="create or list the contract's topics",
-                       epilog="On a production cluster of 3+ brokers: --replication-factor 3 --min-insync-replicas 2 "
-                              "(and the same on `xidstream process`, which creates its internal and changelog topics).")
+                       epilog="Replicated as the cluster can hold unless told: 3 replicas with min.insync.replicas 2 on "
+                              "3+ brokers, one per broker on fewer, 1 on a single broker; `xidstream process` chooses "
+                              "the same for its internal and changelog topics.")
     p.add_argument("action", choices=["create", "list"])
     _add_kafka_args(p)
     _add_replication_args(p)
@@ -294,7 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nvlink-domain-faults", type=int, default=0, metavar="N",
                    help="N racks where more than half of the nodes get a hardware Xid within a minute (needs --rack-size)")
     _add_kafka_args(p)
-    p.add_argument("--create-topics", action="store_true")
+    p.add_argument("--create-topics", action="store_true",
+                   help="create the contract's topics first, replicated as the cluster can hold (3, or one per "
+                        "broker when fewer) unless --replication-factor says otherwise")
+    _add_replication_args(p)
     p.set_defaults(handler=_simulate)
 
     p = sub.add_parser("evaluate", help="score the processor's output against a simulation's ground truth")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_kafka_args", "add_replication_args"]
+from schemas.base import is_node_name, plain_text
+from schemas.errors import ConfigError
+
+__all__ = ["add_kafka_args", "add_replication_args", "require_node_name"]
 
 
 def add_kafka_args(p: argparse.ArgumentParser, *, partitions: bool = True, prefix: bool = True) -> None:
@@ -25,10 +28,12 @@ def add_replication_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("replication")
     g.add_argument("--replication-factor", type=int,
                    help="replicas of every topic created, the processor's internal and changelog topics included "
-                        "(env XIDSTREAM_REPLICATION; default 1, for the local broker; use 3 on a cluster of 3+ brokers)")
+                        "(env XIDSTREAM_REPLICATION; default: what the cluster can hold, 3, or the number of brokers "
+                        "when fewer: 1 only on a single broker)")
     g.add_argument("--min-insync-replicas", type=int,
-                   help="min.insync.replicas of every topic created (env XIDSTREAM_MIN_INSYNC_REPLICAS; default: "
-                        "the broker's; use 2 with a replication factor of 3, so acks=all survives one broker down)")
+                   help="min.insync.replicas of every topic created (env XIDSTREAM_MIN_INSYNC_REPLICAS; default: one "
+                        "less than the replicas, at most 2, so acks=all survives one broker down; the broker's own "
+                        "default for one replica)")
 
 
 def positive_int(text: str) -> int:
@@ -40,3 +45,14 @@ def positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n} is less than 1")
     return n
+
+
+def require_node_name(name: str | None, where: str = "--node") -> str:
+    """`name` when it is a Kubernetes node name (a DNS-1123 subdomain), else a `ConfigError` at
+    start: every record this process sends carries it, and the processor refuses records about a
+    node of any other name."""
+    if not is_node_name(name):
+        raise ConfigError(f"{where} {plain_text(str(name), 100)!r} is not a Kubernetes node name (a DNS-1123 "
+                          f"subdomain: lowercase letters, digits, '-' and '.'); give the Node's name with --node "
+                          f"(env XIDSTREAM_NODE): records about any other name are refused")
+    return name  # type: ignore[return-value]

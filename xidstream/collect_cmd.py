@@ -7,7 +7,6 @@ import gzip
 import logging
 import math
 import signal
-import socket
 import sys
 import time
 from datetime import datetime, timezone
@@ -16,7 +15,8 @@ from pathlib import Path
 import orjson
 
 from schemas.errors import ConfigError, TopicError
-from xidstream.cliargs import add_kafka_args
+from transport.config import default_node_name
+from xidstream.cliargs import add_kafka_args, require_node_name
 from xidstream.settings import Settings
 
 __all__ = ["register"]
@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true", help="one sample of everything, publish, exit")
     p.add_argument("--scenario", help="drive fake NVML and kernel-log sources from a scenario file")
     p.add_argument("--speed", type=float, default=0.0, help="with --scenario: x times real time (0: as fast as possible)")
-    p.add_argument("--node", help="node name on every record (env XIDSTREAM_NODE; default: hostname)")
+    p.add_argument("--node", help="node name on every record: the Node's name, a DNS-1123 subdomain (env "
+                                  "XIDSTREAM_NODE; default: the host name in lower case, as the kubelet names its Node)")
     p.add_argument("--state-dir", default=".xidstream/collector", help="spool and cursors (default .xidstream/collector)")
     p.add_argument("--no-nvml", action="store_true", help="kernel Xid records only")
     p.add_argument("--no-kubernetes", action="store_true", help="no pod watch / pod-resources (gpu.workloads)")
@@ -62,7 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--request-enrollment", action="store_true",
                    help="with --identity-dir, in a pod: ask the API server to enroll this node's identity at start "
                         "(as `xidstream identity request`), again every 30 s until it is asked")
-    p.add_argument("--create-topics", action="store_true", help="create missing topics first")
+    p.add_argument("--create-topics", action="store_true",
+                   help="create missing topics first, replicated as the cluster can hold (3, or one per broker when "
+                        "fewer) unless --replication-factor says otherwise")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
     p.add_argument("--backfill", nargs="?", const="all", default=None, metavar="DAYS",
@@ -103,7 +106,7 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.models import XidEvent
     from schemas.codec import to_dict
 
-    node = args.node or socket.gethostname()
+    node = require_node_name(args.node or default_node_name())
     ident = IdentityMap()
     lines = found = 0
     kinds: dict[str, int] = {}
@@ -161,10 +164,12 @@ def _check_topics(settings: Settings, create: bool) -> set[str]:
     from confluent_kafka import KafkaException
 
     from schemas.topics import COLLECTED_TOPICS, TOPICS
-    from transport.kafka import admin, check_replication, create_topics
+    from transport.kafka import admin, check_replication, create_topics, settle_replication
 
     names = [settings.topics.name(n) for n in COLLECTED_TOPICS]
     if create:
+        settings, replication = settle_replication(settings)
+        log.warning("--create-topics: %s", replication)
         create_topics(settings)
         check_replication(settings, names)
         return set()
@@ -306,6 +311,7 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     from collectors.sources.kernel import open_kernel_source
     from collectors.sources.procfs import ProcFs
 
+    require_node_name(settings.node)
     if args.accept_injected_kmsg:
         log.warning("--accept-injected-kmsg: lines written to /dev/kmsg by userspace count as the kernel's; "
                     "for end-to-end tests only, never on a node that runs tenants' pods")

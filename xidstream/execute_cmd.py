@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import shlex
 import sys
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from schemas.errors import ConfigError
-from xidstream.cliargs import add_kafka_args
+from xidstream.cliargs import add_kafka_args, require_node_name
 from xidstream.settings import Settings
 
 __all__ = ["register"]
@@ -41,7 +42,7 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError("keys generate needs --out DIR")
         priv, pub, kid = generate_keys(args.out)
         print(f"key id {kid}\nprivate key {priv} (keep it with the processor; mode 0600)\n"
-              f"public key  {pub} (give it to every executor: --verify-key {pub})")
+              f"public key  {pub} (give it to every executor: --verify-key {shlex.quote(str(pub))})")
         return 0
     if not args.key:
         raise ConfigError("keys sign needs --key FILE (a private key from `xidstream keys generate`)")
@@ -91,6 +92,7 @@ def _approve(args: argparse.Namespace, settings: Settings) -> int:
     from schemas.models import Approval
     from schemas.signing import SigningKey
 
+    require_node_name(args.node)  # a held command is always about a Node; anything else came from a forgery
     key = SigningKey.load(args.key)
     approval = key.sign(Approval(
         node=args.node, approval_id=uuid.uuid4().hex, command_id=args.command_id,
@@ -121,6 +123,8 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
 
     if args.scope == "node" and not args.node:
         raise ConfigError("--scope node needs --node NAME (the node this executor runs on)")
+    if args.scope == "node":
+        require_node_name(args.node)
     if args.replace_kubeconfig and args.replace_backend != "cluster-api":
         raise ConfigError("--replace-kubeconfig names the Cluster API management cluster: it goes with "
                           "--replace-backend cluster-api")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -276,7 +277,11 @@ class IncidentBook:
         for h in data["held"]:
             lines.append(_clean(f"  {h['action']} on {h['node']} (incident {str(h['incident_id'])[:12]}, held since "
                                 f"{h['since']}, expires {h['expires_at']})"))
-            lines.append("    " + _clean(h["approve"]))
+            # A field with a character a terminal cannot show as it is (a newline, an escape) would be
+            # shown escaped, and the line pasted would approve another name: no line then.
+            lines.append("    " + h["approve"] if _clean(h["approve"]) == h["approve"] else
+                         "    (no line to paste: the command's id or node holds characters a terminal cannot show "
+                         "as they are; --json has the line)")
         b = data["breaker"]
         lines.append("")
         lines.append(_clean(f"BREAKER: {b['state']}" + (f" since {b['since']}: {b['summary']}" if b["state"] == "tripped" else "")
@@ -383,8 +388,13 @@ class IncidentBook:
 
 
 def approve_line(cmd: dict) -> str:
-    return (f"xidstream approve {cmd.get('command_id')} --node {cmd.get('node')} --key APPROVER.key "
-            f"--reason '...' --publish")
+    """The line that releases a held command, for the approver to paste into a shell. Every field
+    read from the record is shell-quoted (shlex.quote): records are read here as published, not
+    decoded, and a forged command's node or id must not become words or commands of its own
+    (``gpu-node-9 --key /dev/null; curl ...|sh``) in the shell of the one person with an approver
+    key. ``--reason '...'`` is a placeholder for the approver's words."""
+    fields = ["xidstream", "approve", str(cmd.get("command_id")), "--node", str(cmd.get("node")), "--key", "APPROVER.key"]
+    return shlex.join(fields) + " --reason '...' --publish"
 
 
 def _clean(value: Any, limit: int = 2000) -> str:

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -628,7 +629,7 @@ def _kube_command(args: argparse.Namespace, settings: Any) -> int:
         handle = kube.start(keep_data=args.keep_data)
         print(f"kube-apiserver is up on {handle.server} ({time.monotonic() - started:.1f}s)\n"
               f"kubeconfig: {handle.kubeconfig}\n"
-              f"  e.g. kubectl --kubeconfig {handle.kubeconfig} get --raw /readyz")
+              f"  e.g. kubectl --kubeconfig {shlex.quote(str(handle.kubeconfig))} get --raw /readyz")
     elif args.action == "stop":
         print("stopped" if kube.stop() else "not running")
     elif args.action == "status":

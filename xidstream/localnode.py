@@ -35,6 +35,7 @@ import argparse
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -177,7 +178,7 @@ class LocalNode:
         apt = shutil.which("apt-get")
         if not apt or os.geteuid() != 0:
             raise LocalNodeError(f"missing {', '.join(missing)}: install them with "
-                                 f"`sudo apt-get install --no-install-recommends {' '.join(packages)}`")
+                                 f"`sudo apt-get install --no-install-recommends {shlex.join(packages)}`")
         print(f"installing {' '.join(packages)} (apt-get, once) ...", file=sys.stderr, flush=True)
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         install = [apt, "install", "-y", "-q", "--no-install-recommends", *packages]
@@ -578,7 +579,7 @@ def _node_command(args: argparse.Namespace, settings: Any) -> int:
         archive = node.node_cache / "xidstream-e2e.oci.tar"
         node.up(images=[(archive, PROJECT_IMAGE)] if archive.exists() else [])
         print(f"node {node.node} is Ready ({time.monotonic() - started:.1f}s); API server {node.kube.server}\n"
-              f"kubeconfig: {node.kubeconfig}\n  e.g. kubectl --kubeconfig {node.kubeconfig} get pods -A\n"
+              f"kubeconfig: {node.kubeconfig}\n  e.g. kubectl --kubeconfig {shlex.quote(str(node.kubeconfig))} get pods -A\n"
               f"logs: {node.state_dir}/*.log; stop it with `xidstream node down`")
     elif args.action == "down":
         print("stopped" if node.down() else "not running")

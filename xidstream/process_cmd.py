@@ -109,8 +109,11 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError(f"--approver-key {signing_key.key_id} is the signing key's own: a reset must be "
                               f"approved by someone else's key")
     from streams.app import create_app, internal_topics
-    from transport.kafka import ensure_processor_topics
+    from transport.kafka import ensure_processor_topics, settle_replication
 
+    # its internal and changelog topics, and the start-up check of every topic, with one answer
+    settings, replication = settle_replication(settings)
+    print(f"xidstream process: topics it creates: {replication}", file=sys.stderr, flush=True)
     skip_inputs = ensure_processor_topics(settings, internal_topics(settings))
     verifier = None
     if args.enroller_key:

@@ -95,8 +95,11 @@ class Settings(KafkaConfig):
             raise ConfigError(f"partitions must be >= 1, got {self.partitions}")
         if not self.bootstrap:
             raise ConfigError("bootstrap servers must not be empty")
-        if self.replication_factor < 1:
+        if self.replication_factor is not None and self.replication_factor < 1:
             raise ConfigError(f"replication factor must be >= 1, got {self.replication_factor}")
-        if self.min_insync_replicas is not None and not 1 <= self.min_insync_replicas <= self.replication_factor:
+        if self.min_insync_replicas is not None and self.min_insync_replicas < 1:
+            raise ConfigError(f"min.insync.replicas must be >= 1, got {self.min_insync_replicas}")
+        if (self.min_insync_replicas is not None and self.replication_factor is not None
+                and self.min_insync_replicas > self.replication_factor):
             raise ConfigError(f"min.insync.replicas must be between 1 and the replication factor "
                               f"({self.replication_factor}), got {self.min_insync_replicas}")

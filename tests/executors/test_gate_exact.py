@@ -5,6 +5,7 @@ boundary changed)."""
 from __future__ import annotations
 
 import re
+import shlex
 from datetime import timedelta
 
 import pytest
@@ -15,6 +16,7 @@ from schemas.signing import VerifyKeys
 from schemas.vocab import Outcome
 from tests.executors.helpers import approval, command, keypair
 from tests.executors.test_gate_trust import NOW
+from tests.shell import HOSTILE, interpreted
 
 
 @pytest.fixture
@@ -132,3 +134,17 @@ def test_a_node_executors_cursor_survives_a_torn_write_and_never_moves_back(tmp_
     assert (again.get("t", 0), again.get("t", 1), again.get("u", 0)) == (5, 1, None)
     (tmp_path / "cursor.json").write_bytes(b'{"t:0": 5')  # torn
     assert Cursor(tmp_path / "cursor.json").positions == {}
+
+
+@pytest.mark.parametrize("command_id", HOSTILE, ids=range(len(HOSTILE)))
+def test_the_approve_line_in_a_refusal_is_one_shell_word_per_field(env, command_id):
+    """The refusal quotes the line that approves the command; an operator may paste it, so the
+    command's fields are shell-quoted, whatever the command id holds."""
+    key, verify, _, _, tmp, *_ = env
+    cmd = key.sign(command("n1", "DRAIN_NODE", now=NOW, requires_approval=True, command_id=command_id))
+    detail = _decide(cmd, verify, Journal(tmp / "j.jsonl")).result.detail
+    head, tail = "refused: requires approval and no authentic approval names it (", "); nothing was done"
+    assert detail.startswith(head) and detail.endswith(tail)
+    line = detail[len(head):-len(tail)]
+    assert shlex.split(line) == ["xidstream", "approve", command_id, "--key", "FILE", "--node", "n1"]
+    assert interpreted(line) == ""

@@ -14,7 +14,7 @@ from schemas import DecodeError, GpuSample, TopicError, decode, decode_any, enco
 from schemas.topics import TOPICS
 from tests.factories import one_of_each
 from xidstream.cli import main as cli
-from transport.kafka import admin, create_topics, producer_config, read_all
+from transport.kafka import admin, create_topics, delete_topics, producer_config, read_all
 
 pytestmark = pytest.mark.broker
 
@@ -114,3 +114,27 @@ def _settings(bootstrap, prefix, partitions):
     from xidstream.settings import Settings
 
     return Settings(bootstrap=bootstrap, topic_prefix=prefix, partitions=partitions)
+
+
+def test_topics_create_chooses_one_replica_on_the_single_broker_and_says_so(kafka_bootstrap, capsys, monkeypatch):
+    """No replication given: the cluster is asked how many brokers it has, and a single broker
+    is the one case for one replica (transport.kafka.choose_replication); the flag still wins."""
+    monkeypatch.delenv("XIDSTREAM_REPLICATION", raising=False)
+    monkeypatch.delenv("XIDSTREAM_MIN_INSYNC_REPLICAS", raising=False)
+    prefix = f"r{uuid.uuid4().hex[:8]}."
+    args = ["topics", "create", "--bootstrap", kafka_bootstrap, "--topic-prefix", prefix, "--partitions", "2"]
+    assert cli(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("topics: replication factor 1 (chosen: 1 broker in the cluster), "
+                      "min.insync.replicas: the broker's default")
+    assert sum(line.endswith(" created") for line in out) == len(TOPICS)
+    md = admin(_settings(kafka_bootstrap, prefix, 2)).list_topics(timeout=10)
+    assert {len(p.replicas) for n in TOPICS for p in md.topics[prefix + n].partitions.values()} == {1}
+    # told three on one broker: taken as told, and the broker's refusal names it
+    other = f"r{uuid.uuid4().hex[:8]}."
+    assert cli(["topics", "create", "--bootstrap", kafka_bootstrap, "--topic-prefix", other, "--partitions", "2",
+                "--replication-factor", "3"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("topics: replication factor 3 (--replication-factor), min.insync.replicas 2")
+    assert "cannot create topic" in captured.err and "eplication factor" in captured.err
+    delete_topics(_settings(kafka_bootstrap, prefix, 2))

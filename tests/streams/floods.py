@@ -87,7 +87,13 @@ class _Text:
             self.limits = limits
 
     def node(self, name: str) -> str:
-        return name.ljust(self.limits.NODE_NAME_MAX, "n") if self.max else name
+        if not self.max:
+            return name
+        # a node name is a DNS-1123 subdomain too: its cap is met with labels of at most 63
+        labels = [name.ljust(63, "n")]
+        while len(".".join(labels)) < self.limits.NODE_NAME_MAX:
+            labels.append("n" * min(63, self.limits.NODE_NAME_MAX - len(".".join(labels)) - 1))
+        return ".".join(labels)
 
     def event_id(self) -> str:
         # a node chooses its records' event ids; they are kept per Xid and occurrence, and quoted

@@ -40,3 +40,18 @@ def test_a_results_detail_reaches_the_next_rungs_reason_as_one_bounded_line():
     (reboot,) = [c for c in engine.commands if c.action == Action.REBOOT_NODE]
     assert "\n" not in reboot.reason and "\x1b" not in reboot.reason
     assert len(reboot.reason) <= 500 and "GPU reset failed" in reboot.reason
+
+
+@pytest.mark.parametrize("index, word", [(1, "1"), (0, "0"), (None, "<index>")])
+def test_the_reset_step_is_a_line_a_shell_takes_word_for_word(index, word):
+    """A recommended step that is a command line (nvidia-smi --gpu-reset -i N) has its index
+    shell-quoted: an unresolved GPU's placeholder, unquoted, was a redirection (`<index>`)."""
+    import shlex
+
+    from streams.evidence import GpuState
+    from streams.render import _steps_text
+    from tests.shell import interpreted
+
+    [text] = _steps_text(GpuState(key="k", node="node-a", gpu_index=index), [Action.RESET_GPU.value])
+    line = text.split(": ", 1)[1].split(". Never", 1)[0]
+    assert shlex.split(line) == ["nvidia-smi", "--gpu-reset", "-i", word] and interpreted(line) == ""
