@@ -789,24 +789,18 @@ def _result_for(topics: _Topics, action: Any, uuid: str) -> Callable[[], Any]:
     return check
 
 
-STAGES = ("detection", "cordon", "drained", "operands paused", "reset", "verified", "operands back", "uncordon")
+def stage_times(alert_ts: float, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The repair's milestones (streams.repair, as `xidstream incident` and the processor's
+    histograms count them) from the verdict's alert and the executors' answers and steps."""
+    from streams.repair import answer_milestones, durations, step_time
 
-
-def stage_times(alert_ts: float, results: dict[str, Any]) -> list[tuple[str, float | None]]:
-    """Each stage of the repair and when it ended (epoch seconds; None: not seen), from the
-    verdict's alert and the executors' results and steps."""
-    def at(action: str, step: str | None = None) -> float | None:
-        r = results.get(action)
-        if r is None or r.outcome.value != "succeeded" and step is None:
-            return None
-        if step is None:
-            return r.ts.timestamp()
-        hit = next((s for s in r.steps if s.step == step and s.ok), None)
-        return hit.at.timestamp() if hit is not None else None
-
-    return list(zip(STAGES, (alert_ts, at("CORDON_NODE"), at("DRAIN_NODE"), at("RESET_GPU", "operands_gone"),
-                             at("RESET_GPU", "reset"), at("RESET_GPU", "verified"), at("RESET_GPU", "operands_restored"),
-                             at("UNCORDON_NODE"))))
+    milestones = {"detection": alert_ts}
+    for r in results.values():
+        answered = r.ts.timestamp()
+        steps = [(st.step, step_time(st.at.timestamp(), answered), st.ok) for st in r.steps]
+        for stage, at in answer_milestones(r.action.value, r.outcome.value, answered, steps).items():
+            milestones.setdefault(stage, at)
+    return durations(milestones)
 
 
 def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, workdir: Path) -> dict[str, int]:
@@ -868,14 +862,16 @@ def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, w
     wedged = [a for a in topics.fresh(topics.loop.alerts) if a.gpu_uuid == uuid and a.classification.value == "GPU_WEDGED"]
     if not wedged:
         raise E2eError("no GPU_WEDGED alert for GPU 2")
-    times = stage_times(wedged[0].ts.timestamp(), results)
-    print("\n== time to repair per stage, GPU 2 on an Operator node (from the kernel line at +0.00 s):", flush=True)
-    prev = kernel_at
-    for name, at in times:
-        if at is None:
-            raise E2eError(f"stage {name} not seen: {[(n, a) for n, a in times]}")
-        print(f"   {name:16s} +{at - kernel_at:7.2f}s  (stage {at - prev:6.2f}s)", flush=True)
-        prev = at
+    from streams.repair import STAGES
+
+    rows = stage_times(wedged[0].ts.timestamp(), results)
+    missing = [st for st in STAGES if st not in {r["stage"] for r in rows}]
+    if missing:
+        raise E2eError(f"stages not seen: {missing} ({rows})")
+    print("\n== time to repair per stage, GPU 2 on a GPU Operator node (the kernel line at +0.00 s):", flush=True)
+    for r in rows:
+        print(f"   {r['stage']:16s} +{r['at'] - kernel_at:7.2f}s" + (f"  stage {r['seconds']:7.2f}s"
+                                                                    if r["seconds"] is not None else ""), flush=True)
 
     # 2. GPU 3 while a driver upgrade pauses dcgm-exporter
     _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
