@@ -61,6 +61,9 @@ class KernelRecord:
     message: str = ""
     xid: int | None = None
     pci: str | None = None  # normalised dddd:bb:dd
+    # SXid records: the PCI ids (normalised dddd:bb:dd) of the NVSwitches that printed the event's
+    # lines, in the order first seen. Never in `pci`: an NVSwitch is no GPU.
+    nvswitch_pcis: tuple[str, ...] = ()
     pid: int | None = None
     process_name: str | None = None
     gpu_instance: int | None = None
@@ -297,8 +300,11 @@ def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
         m = _SXID.match(seg)
         if not m:
             return None
-        # The NVSwitch's own PCI id is kept in the message, not in `pci`: it names no GPU.
-        return KernelRecord(kind="sxid", raw=raw, message=m["msg"], xid=int(m["code"]), device=m["dev"], **meta)
+        # The NVSwitch's own PCI id goes in `nvswitch_pcis`, not in `pci`: it names no GPU, and
+        # the collector would otherwise try to resolve it to one (and key the record by it).
+        switch = _norm(m["pci"])
+        return KernelRecord(kind="sxid", raw=raw, message=m["msg"], xid=int(m["code"]), device=m["dev"],
+                            nvswitch_pcis=(switch,) if switch else (), **meta)
     m = _IDENTITY.match(seg)
     if m:
         return KernelRecord(kind="gpu_identity", raw=raw, message=seg[6:], pci=_norm(m["pci"]),
@@ -429,6 +435,10 @@ def sxid_continues(prev_code: int | None, prev_mono_us: int | None, rec: KernelR
 
 
 def merge_sxid(first: KernelRecord, more: KernelRecord) -> KernelRecord:
+    """One event of `first` and its continuation `more`: the first line's fields, raw and message
+    joined, and every NVSwitch that printed a line of it, once each."""
     from dataclasses import replace
 
-    return replace(first, raw=f"{first.raw}\n{more.raw}", message=f"{first.message} | {more.message}")
+    switches = first.nvswitch_pcis + tuple(p for p in more.nvswitch_pcis if p not in first.nvswitch_pcis)
+    return replace(first, raw=f"{first.raw}\n{more.raw}", message=f"{first.message} | {more.message}",
+                   nvswitch_pcis=switches)

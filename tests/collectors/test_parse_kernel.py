@@ -56,6 +56,18 @@ def test_typed_related_records_from_real_lines():
     assert {r.xid for r in kinds["sxid"]} == {20034} and len(kinds["sxid"]) == 3
 
 
+def test_real_sxid_lines_keep_their_nvswitch_pci_and_name_no_gpu():
+    # gpud's capture: one event printed by three NVSwitches, each line naming its own switch. Both
+    # peers (gpud's sxid, NVSentinel's syslog monitor) read the switch's PCI; it ties the SXid to
+    # its switch and so to its NVLink domain.
+    sxids = [r for row in ROWS for r in parse_line(row[0]) if r.kind == "sxid"]
+    assert [(r.device, r.nvswitch_pcis, r.pci) for r in sxids] == [
+        ("nvidia-nvswitch1", ("0000:06:00",), None),
+        ("nvidia-nvswitch2", ("0000:07:00",), None),
+        ("nvidia-nvswitch0", ("0000:05:00",), None),
+    ]
+
+
 @pytest.mark.parametrize(
     "line, expected",
     [

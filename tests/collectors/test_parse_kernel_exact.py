@@ -238,6 +238,19 @@ def test_an_sxid_keeps_its_device_and_message_and_names_no_gpu():
     assert (rec.kind, rec.xid, rec.device, rec.pci, rec.message) == (
         "sxid", 20034, "nvidia-nvswitch3", None, "Fatal, Link 29 LTSSM Fault Up")
     assert (rec.mono_us, rec.ts_kind, rec.raw) == (5_500_000, "mono", line)
+    # the switch's own PCI id, normalised as a GPU's is (dddd:bb:dd): never in `pci`, which names a GPU
+    assert rec.nvswitch_pcis == ("0000:c8:00",)
+
+
+@pytest.mark.parametrize("line, pcis", [
+    ("nvidia-nvswitch0: SXid (PCI:0000:C8:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error (First)",
+     ("0000:c8:00",)),
+    ("nvidia-nvswitch0: SXid (0000:c8:00.0): 12028, x", ("0000:c8:00",)),  # accepted without `PCI:` too
+    ("nvidia-nvswitch1: SXid (PCI:00000018:07:00.0): 20034, Fatal, Link 2 LTSSM Fault Up", ("0018:07:00",)),
+])
+def test_an_sxid_names_its_nvswitch_by_pci_in_every_print_shape(line, pcis):
+    (rec,) = parse_line(line)
+    assert (rec.kind, rec.nvswitch_pcis, rec.pci) == ("sxid", pcis, None)
 
 
 # -- extract_pci ---------------------------------------------------------------------------
@@ -350,6 +363,16 @@ def test_merged_sxid_lines_keep_the_first_and_join_raw_and_message():
     first, more = sxid(12, 1, "Fatal, Link 1", "line 1"), sxid(12, 2, "Fatal, Link 2", "line 2")
     merged = merge_sxid(first, more)
     assert merged == KernelRecord(kind="sxid", raw="line 1\nline 2", message="Fatal, Link 1 | Fatal, Link 2", xid=12, mono_us=1)
+
+
+def test_merged_sxid_lines_name_every_nvswitch_of_the_event_once_in_order():
+    def on(pci: str, mono_us: int) -> KernelRecord:
+        return KernelRecord(kind="sxid", raw=pci, xid=20034, mono_us=mono_us, nvswitch_pcis=(pci,))
+
+    merged = on("0000:06:00", 1)
+    for more in (on("0000:05:00", 2), on("0000:06:00", 3), on("0000:07:00", 4)):
+        merged = merge_sxid(merged, more)
+    assert merged.nvswitch_pcis == ("0000:06:00", "0000:05:00", "0000:07:00")
 
 
 # -- edges the captures do not reach -------------------------------------------------------
