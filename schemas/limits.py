@@ -47,6 +47,7 @@ __all__ = [
     "JOB_MAX",
     "STEP_NAME_MAX",
     "STEPS_MAX",
+    "NVSWITCHES_MAX",
     "clip",
 ]
 
@@ -114,6 +115,11 @@ PROCESSES_MAX = 4096
 
 # The sources of one Xid record: each of kmsg, journal, file, nvml (schemas.vocab.XidSource) once.
 XID_SOURCES_MAX = 4
+
+# NVSwitches one SXid event names (XidEvent.nvswitch_pci_bus_ids): a node's kernel log has lines only
+# from its own switches, and a node has at most 12 (HGX-2: two baseboards of six; HGX A100 six,
+# HGX H100 four, HGX B200 two: NVIDIA Fabric Manager User Guide, "GPU Baseboard Topologies").
+NVSWITCHES_MAX = 16
 
 # NVLinks per GPU: NVML numbers them below NVML_NVLINK_MAX_LINKS (nvml.h; 36 in nvidia-ml-py 13,
 # 18 before), the bound the collector probes up to.

@@ -36,6 +36,7 @@ from schemas.limits import (
     NOTES_MAX,
     NVLINK_LINKS_MAX,
     NVML_STRING_MAX,
+    NVSWITCHES_MAX,
     PCIE_GEN_MAX,
     PCIE_WIDTH_MAX,
     POD_NAME_MAX,
@@ -85,6 +86,7 @@ __all__ = [
 
 _PCI = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}$"
 
+_PciId = Annotated[str, StringConstraints(pattern=_PCI)]
 _Note = Annotated[str, StringConstraints(max_length=SHORT_TEXT_MAX)]
 _CounterName = Annotated[str, StringConstraints(max_length=COUNTER_NAME_MAX)]
 
@@ -307,11 +309,15 @@ class XidEvent(NodeRecord):
     """A kernel Xid record or a related driver record, with the GPU resolved where possible.
 
     v3: strings and `sources` bounded (schemas.limits); the collector cuts `raw` and `message`;
-    `process_lists` (false: no process list of this GPU will come)."""
+    `process_lists` (false: no process list of this GPU will come).
+    v4: `nvswitch_pci_bus_ids`, the NVSwitches an SXid event came from. Not `pci_bus_id`: that names
+    a GPU, resolves to its UUID and keys the record (``node/pci_bus_id``), so a switch there would
+    be taken for an unresolved GPU, with a processor row of its own."""
 
-    SCHEMA = "xidstream.xid/3"
-    LEGACY = ("xidstream.xid/1", "xidstream.xid/2")
-    schema_: Literal["xidstream.xid/3"] = Field(SCHEMA, alias="schema")
+    SCHEMA = "xidstream.xid/4"
+    # /3 is /4 naming no switch (an /3 SXid's switch is only in its `raw` line)
+    LEGACY = ("xidstream.xid/1", "xidstream.xid/2", "xidstream.xid/3")
+    schema_: Literal["xidstream.xid/4"] = Field(SCHEMA, alias="schema")
     kind: XidKind = XidKind.xid
     gpu_uuid: str | None = Field(
         None, max_length=GPU_UUID_MAX, description="Null when the PCI bus id could not be resolved.")
@@ -350,6 +356,12 @@ class XidEvent(NodeRecord):
         True, description="False when this collector publishes no gpu.processes for the GPU (`collect "
         "--no-nvml`, or NVML failed to start): the processor then has no process list to wait for before "
         "it counts the fault's workload (its pod from gpu.workloads, else its PID).")
+    # v4
+    nvswitch_pci_bus_ids: list[_PciId] = Field(
+        default_factory=list, max_length=NVSWITCHES_MAX,
+        description="kind sxid: the PCI bus id (normalised dddd:bb:dd) of each NVSwitch that printed a line of "
+        "the event, in the order first seen, each once; empty for every other kind. One event often comes "
+        "from several switches within microseconds (a GPU's links going down on each).")
 
 
 class WorkloadEvent(NodeRecord):

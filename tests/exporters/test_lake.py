@@ -99,9 +99,10 @@ def test_hour_type_is_the_same_whichever_folders_exist(tmp_path, hours):
     assert guessed == [("BIGINT",)]
 
 
-def _old_release_file(folder: Path, rows: list[dict], drop=("observed_at", "process_lists")) -> Path:
-    """A gpu.xid file as the previous release wrote it: its schema had no `observed_at` and no
-    `process_lists`."""
+def _old_release_file(folder: Path, rows: list[dict],
+                      drop=("observed_at", "process_lists", "nvswitch_pci_bus_ids")) -> Path:
+    """A gpu.xid file as an earlier release wrote it: its schema had no `observed_at`, no
+    `process_lists` (both xid/3) and no `nvswitch_pci_bus_ids` (xid/4)."""
     schema = arrow_schema(XidEvent)
     for name in drop:
         schema = schema.remove(schema.get_field_index(name))
@@ -151,6 +152,32 @@ def test_a_lake_of_two_releases_reads_every_row_with_the_new_columns_null_for_ol
     table = lake_dataset(tmp_path, "gpu.xid").to_table().sort_by("ts").to_pylist()
     assert [(r["message"], r["observed_at"], r["process_lists"], r["hour"]) for r in table] == \
         [("Xid 79 #1", None, None, 23), ("Xid 79 #2", seen, False, 0)]
+
+
+def test_an_sxid_lands_with_its_nvswitches_and_an_earlier_release_file_reads_them_as_null(tmp_path):
+    raw = "[6781753.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"
+    old = XidEvent(ts=D, node="node-a", kind="sxid", xid=20034, source="kmsg", raw=raw).model_dump(
+        by_alias=True, mode="json")
+    old.update(ts=D, schema="xidstream.xid/3", _kafka_partition=0, _kafka_offset=1)
+    _old_release_file(tmp_path / "topic=gpu.xid" / "dt=2026-11-28" / "hour=23", [old],
+                      drop=("nvswitch_pci_bus_ids",))
+    later = D + timedelta(hours=1)
+    lander = ParquetLander(tmp_path)
+    _inventory(lander, D)
+    lander.add("gpu.xid", XidEvent(ts=later, node="node-a", kind="sxid", xid=20034, source="kmsg", raw=raw,
+                                   nvswitch_pci_bus_ids=["0000:06:00", "0000:05:00"]), partition=0, offset=2)
+    lander.flush()
+    con, _ = _shipped(tmp_path)
+    got = con.sql("select schema, kind, pci_bus_id, nvswitch_pci_bus_ids from xid order by ts").fetchall()
+    assert got == [("xidstream.xid/3", "sxid", None, None),
+                   ("xidstream.xid/4", "sxid", None, ["0000:06:00", "0000:05:00"])]
+    # the switch a lake query ties SXids to, as a list column of strings
+    assert con.sql("select count(*) from xid where list_contains(nvswitch_pci_bus_ids, '0000:05:00')"
+                   ).fetchall() == [(1,)]
+
+    from exporters.parquet import lake_dataset
+    table = lake_dataset(tmp_path, "gpu.xid").to_table().sort_by("ts").to_pylist()
+    assert [r["nvswitch_pci_bus_ids"] for r in table] == [None, ["0000:06:00", "0000:05:00"]]
 
 
 # -- 11: partitions by the bounded time -------------------------------------------------------------

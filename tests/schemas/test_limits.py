@@ -39,6 +39,7 @@ from schemas.limits import (
     NOTES_MAX,
     NVLINK_LINKS_MAX,
     NVML_STRING_MAX,
+    NVSWITCHES_MAX,
     POD_NAME_MAX,
     PROCESS_NAME_MAX,
     PROCESSES_MAX,
@@ -134,7 +135,7 @@ def test_a_string_at_its_cap_decodes_and_one_past_it_is_refused_by_name(model, p
 
 def _item(path: str):
     return {"compute_apps": {"pid": 1}, "pmon": {"pid": 1}, "device_holders": {"pid": 1}, "notes": "n",
-            "sources": "kmsg", "nvlinks": {"link": 1}, "unsupported": "n", "clock_event_reason_names": "n"}[path]
+            "sources": "kmsg", "nvswitch_pci_bus_ids": "0000:06:00", "nvlinks": {"link": 1}, "unsupported": "n", "clock_event_reason_names": "n"}[path]
 
 
 LISTS = [
@@ -143,6 +144,7 @@ LISTS = [
     (GpuProcesses, "pmon", PROCESSES_MAX),
     (GpuProcesses, "device_holders", PROCESSES_MAX),
     (XidEvent, "sources", XID_SOURCES_MAX),
+    (XidEvent, "nvswitch_pci_bus_ids", NVSWITCHES_MAX),
     (GpuCounters, "nvlinks", NVLINK_LINKS_MAX),
     (GpuCounters, "unsupported", COUNTER_NAMES_MAX),
     (GpuCounters, "clock_event_reason_names", COUNTER_NAMES_MAX),
@@ -207,7 +209,7 @@ PREVIOUS = {
     GpuInventory: "xidstream.gpu_inventory/3",
     GpuSample: "xidstream.gpu_sample/2",
     GpuProcesses: "xidstream.gpu_processes/2",
-    XidEvent: "xidstream.xid/2",
+    XidEvent: "xidstream.xid/3",
     WorkloadEvent: "xidstream.workload/2",
     RemediationResult: "xidstream.remediation_result/3",
 }
@@ -231,7 +233,7 @@ def test_a_previous_version_past_a_cap_is_refused_too():
     with pytest.raises(DecodeError) as refused:
         decode_any(orjson.dumps(doc))
     assert refused.value.reason == (f"raw: String should have at most {KERNEL_RAW_MAX} characters "
-                                    f"(a xidstream.xid/2 record read as xidstream.xid/3)")
+                                    f"(a xidstream.xid/2 record read as xidstream.xid/4)")
 
 
 def test_device_holders_null_and_empty_round_trip_as_themselves():

@@ -14,6 +14,7 @@ from schemas import (
     GpuProcesses,
     GpuSample,
     Severity,
+    XidEvent,
     decode,
     decode_any,
     encode,
@@ -71,7 +72,8 @@ CONTRACT_FIELDS = {
     "memory_reserved_mib recovery_action remapped_rows_correctable remapped_rows_uncorrectable "
     "remapped_rows_pending remapped_rows_failure ecc_dbe_volatile",
     "xidstream.gpu_processes/3": "gpu_uuid compute_apps pmon device_holders error",
-    "xidstream.xid/3": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name ts_source backfilled",
+    "xidstream.xid/4": "gpu_uuid pci_bus_id xid pid process_name message raw source xid_name ts_source backfilled "
+    "nvswitch_pci_bus_ids",
     "xidstream.workload/3": "gpu_uuid pod_uid namespace pod container event reason exit_code job",
     "xidstream.gpu_counters/1": "gpu_uuid gpu_index pci_bus_id nvlinks pcie_replay_count pcie_link_gen_current "
     "pcie_link_gen_max pcie_link_width_current pcie_link_width_max ecc_corrected_volatile ecc_uncorrected_volatile "
@@ -143,6 +145,37 @@ def test_a_version_1_record_still_decodes_into_the_current_model():
     for rec in (decode(GpuSample, v1), decode_any(v1)):
         assert isinstance(rec, GpuSample) and rec.SCHEMA == "xidstream.gpu_sample/3"
         assert rec.utilization_gpu_pct == 100.0 and rec.memory_reserved_mib is None
+
+
+SXID_RAW = "[6781753.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up"
+
+
+def test_an_sxid_record_names_its_nvswitches_apart_from_any_gpu():
+    rec = XidEvent(ts=T0, node="n", kind="sxid", xid=20034, source="kmsg", raw=SXID_RAW,
+                   nvswitch_pci_bus_ids=["0000:06:00", "0000:05:00"])
+    doc = orjson.loads(encode(rec))
+    assert (doc["schema"], doc["nvswitch_pci_bus_ids"], doc["pci_bus_id"]) == (
+        "xidstream.xid/4", ["0000:06:00", "0000:05:00"], None)
+    assert decode_any(encode(rec)) == rec
+    # a GPU's Xid names no switch
+    assert orjson.loads(encode(XidEvent(ts=T0, node="n", xid=13, source="kmsg")))["nvswitch_pci_bus_ids"] == []
+
+
+@pytest.mark.parametrize("pci", ["0000:06:00.0", "0000:6:00", "PCI:0000:06:00", "0000:0G:00", ""])
+def test_an_nvswitch_pci_id_not_in_the_normalised_form_is_refused_by_name(pci):
+    doc = orjson.loads(encode(XidEvent(ts=T0, node="n", kind="sxid", xid=20034, source="kmsg")))
+    doc["nvswitch_pci_bus_ids"] = [pci]
+    with pytest.raises(DecodeError, match=r"nvswitch_pci_bus_ids\.0: String should match pattern"):
+        decode_any(orjson.dumps(doc))
+
+
+def test_an_xid_3_sxid_record_decodes_naming_no_switch():
+    # what a collector of the previous release sends during a rolling upgrade: the switch is only
+    # in `raw`, which the processor does not parse again
+    v3 = orjson.dumps({"schema": "xidstream.xid/3", "node": "n", "ts": "2026-11-28T03:00:00Z", "kind": "sxid",
+                       "xid": 20034, "source": "kmsg", "raw": SXID_RAW})
+    for rec in (decode_any(v3), decode(XidEvent, v3)):
+        assert rec.SCHEMA == "xidstream.xid/4" and rec.nvswitch_pci_bus_ids == [] and rec.raw == SXID_RAW
 
 
 def test_a_version_1_result_without_a_command_id_is_a_clear_decode_error():
