@@ -38,6 +38,7 @@ from schemas.limits import (
     KERNEL_TS_MAX,
     NOTES_MAX,
     NVML_STRING_MAX,
+    NVSWITCHES_MAX,
     POD_NAME_MAX,
     PROCESS_NAME_MAX,
     PROCESSES_MAX,
@@ -113,6 +114,8 @@ def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | No
         gpu_instance=rec.gpu_instance, compute_instance=rec.compute_instance,
         message=clip(rec.message, KERNEL_MESSAGE_MAX), raw=clip(rec.raw, KERNEL_RAW_MAX),
         kernel_ts=clip(rec.kernel_ts, KERNEL_TS_MAX),
+        # an SXid's switches (the first NVSWITCHES_MAX: a node has fewer); `raw` keeps every line
+        nvswitch_pci_bus_ids=list(rec.nvswitch_pcis[:NVSWITCHES_MAX]),
     )
     if rec.kind == "xid" and rec.xid is not None:
         info = lookup(rec.xid)
@@ -279,6 +282,10 @@ class XidMerger:
             if last.fields.get("kind") == "sxid" and sxid_continues(last.fields.get("xid"), last.fields.get("_mono_us"), record):
                 _append_capped(last.fields, "raw", "\n" + record.raw, KERNEL_RAW_MAX)
                 _append_capped(last.fields, "message", " | " + record.message, KERNEL_MESSAGE_MAX)
+                switches = last.fields.setdefault("nvswitch_pci_bus_ids", [])
+                for pci in record.nvswitch_pcis:  # one event, often printed by several switches
+                    if pci not in switches and len(switches) < NVSWITCHES_MAX:
+                        switches.append(pci)
                 return False
         key = None
         if fields.get("kind") == "xid":

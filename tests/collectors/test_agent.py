@@ -85,6 +85,57 @@ def test_unresolved_pci_is_published_and_flagged():
     assert TopicRegistry().for_record(x) == ("gpu.xid", b"node-a/0000:9b:00")
 
 
+# gpud's capture (tests/data/kernel-log-lines.tsv): one SXid event printed by three NVSwitches
+GPUD_SXID = [
+    "[6781753.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
+    "[6781753.404848] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 Engine instance 60 Sub-engine instance 00",
+    "[6781753.406566] nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Data {0x10000000, 0x10000000, 0x00000000, "
+    "0x10000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000}",
+]
+
+
+def test_an_sxid_event_names_every_nvswitch_it_came_from_and_no_gpu():
+    sink = MemorySink()
+    c, _, kernel, clock = _rig(sink)
+    kernel.feed(GPUD_SXID + [GPUD_SXID[0].replace("Link 48", "Link 49")])  # a switch seen again: named once
+    c.tick(T0)
+    clock[0] = 10
+    c.tick(T0)
+    (x,) = _xids(sink)
+    assert (x.kind, x.xid, x.nvswitch_pci_bus_ids) == ("sxid", 20034, ["0000:06:00", "0000:07:00", "0000:05:00"])
+    assert (x.pci_bus_id, x.gpu_uuid, x.resolved) == (None, None, False)
+    from schemas import TopicRegistry, decode_any, encode
+
+    assert decode_any(encode(x)) == x
+    assert TopicRegistry().for_record(x) == ("gpu.xid", b"node-a/unknown")  # no switch taken for a GPU
+
+
+def test_an_sxid_event_from_more_switches_than_the_contract_holds_keeps_the_first():
+    from schemas.limits import NVSWITCHES_MAX
+
+    sink = MemorySink()
+    c, _, kernel, clock = _rig(sink)
+    kernel.feed([f"[5.{i:06d}] nvidia-nvswitch{i}: SXid (PCI:0000:{i + 1:02x}:00.0): 20034, Fatal, Link 1 LTSSM Fault Up"
+                 for i in range(NVSWITCHES_MAX + 4)])
+    c.tick(T0)
+    clock[0] = 10
+    c.tick(T0)
+    (x,) = _xids(sink)
+    assert x.nvswitch_pci_bus_ids == [f"0000:{i + 1:02x}:00" for i in range(NVSWITCHES_MAX)]
+    assert x.raw.count("\n") == NVSWITCHES_MAX + 3  # every line is still in the record
+
+
+def test_a_gpu_xid_names_no_nvswitch():
+    sink = MemorySink()
+    c, _, kernel, clock = _rig(sink)
+    kernel.feed(["NVRM: Xid (PCI:0000:01:00): 74, pid='<unknown>', name=<unknown>, NVLink: fatal error"])
+    c.tick(T0)
+    clock[0] = 10
+    c.tick(T0)
+    (x,) = _xids(sink)
+    assert (x.kind, x.gpu_uuid, x.nvswitch_pci_bus_ids) == ("xid", "GPU-aaaa", [])
+
+
 def test_nvml_only_xid_is_published_once_with_its_source():
     sink = MemorySink()
     c, fake, _, clock = _rig(sink)

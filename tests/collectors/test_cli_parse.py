@@ -32,7 +32,9 @@ def test_parse_turns_every_xid_line_into_the_expected_fields_and_nothing_else(tm
     # Xid 119 on 0000:9b:00 follows the driver's identity line: resolved to its UUID.
     x119 = [r for r in xids if r["xid"] == 119 and r["pci_bus_id"] == "0000:9b:00"]
     assert x119[0]["gpu_uuid"] == "GPU-509665ad-b600-ac93-3616-d754b23d636d" and x119[0]["resolved"]
-    assert len([r for r in records if r["kind"] == "sxid"]) == 1  # three lines, one event
+    (sxid,) = [r for r in records if r["kind"] == "sxid"]  # three lines, one event
+    # printed by three NVSwitches: each named, none taken for a GPU
+    assert (sxid["nvswitch_pci_bus_ids"], sxid["pci_bus_id"]) == (["0000:06:00", "0000:07:00", "0000:05:00"], None)
     assert "records (" in err
 
 
