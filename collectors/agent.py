@@ -59,6 +59,7 @@ from schemas.models import (
     XidEvent,
 )
 from schemas.vocab import SampleStatus, TsSource, XidSource
+from schemas.sxid_catalog import lookup_sxid
 from schemas.xid_catalog import XID_CATALOG, lookup
 
 __all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "RackSource",
@@ -104,7 +105,8 @@ class RackSource(Protocol):
 
 def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | None, gpu_index: int | None,
                pci_bus_id: str | None) -> dict:
-    """The `gpu.xid` fields of one parsed kernel record, with NVIDIA's catalog entry for an Xid.
+    """The `gpu.xid` fields of one parsed kernel record, with NVIDIA's catalog entry for an Xid (or
+    an SXid: schemas.sxid_catalog).
     The caller says where the GPU identity and the time come from, and adds the sources. Text is
     cut to its cap (schemas.limits) with a marker: an over-long line still gives its record."""
     uuid = rec.gpu_uuid or gpu_uuid  # an identity line names its own GPU
@@ -120,6 +122,10 @@ def xid_fields(rec: KernelRecord, *, node: str, ts: datetime, gpu_uuid: str | No
     if rec.kind == "xid" and rec.xid is not None:
         info = lookup(rec.xid)
         fields.update(xid_name=info.name, xid_category=info.category, xid_resolution=info.resolution)
+    elif rec.kind == "sxid" and rec.xid is not None:
+        # NVIDIA's name and class of the code; its guide gives no resolution bucket for SXids
+        sx = lookup_sxid(rec.xid)
+        fields.update(xid_name=sx.name, xid_category=sx.fatality)
     return fields
 
 

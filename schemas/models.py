@@ -312,7 +312,8 @@ class XidEvent(NodeRecord):
     `process_lists` (false: no process list of this GPU will come).
     v4: `nvswitch_pci_bus_ids`, the NVSwitches an SXid event came from. Not `pci_bus_id`: that names
     a GPU, resolves to its UUID and keys the record (``node/pci_bus_id``), so a switch there would
-    be taken for an unresolved GPU, with a processor row of its own."""
+    be taken for an unresolved GPU, with a processor row of its own. An SXid's `xid_name` and
+    `xid_category` are NVIDIA's name and class of its code (schemas.sxid_catalog)."""
 
     SCHEMA = "xidstream.xid/4"
     # /3 is /4 naming no switch (an /3 SXid's switch is only in its `raw` line)
@@ -326,10 +327,15 @@ class XidEvent(NodeRecord):
     resolved: bool = Field(False, description="True when gpu_uuid was resolved from NVML or the driver.")
     xid: int | None = None
     xid_name: str | None = Field(
-        None, max_length=CATALOG_TEXT_MAX, description="NVIDIA catalog mnemonic; 'unknown' if not in it.")
-    xid_category: str | None = Field(None, max_length=CATALOG_TEXT_MAX)
+        None, max_length=CATALOG_TEXT_MAX, description="NVIDIA catalog mnemonic; 'unknown' if not in it. kind "
+        "sxid: the error's name in NVIDIA's Fabric Manager guide, 'unknown' if not in xidstream's SXid table.")
+    xid_category: str | None = Field(
+        None, max_length=CATALOG_TEXT_MAX, description="app, driver, hardware, memory, bus, nvlink, thermal, other "
+        "or unknown. kind sxid: the guide's class, non_fatal, fatal (to the partitions using the port; "
+        "propagated to the GPU as Xid 74 where it applies), always_fatal (to the fabric) or unknown.")
     xid_resolution: str | None = Field(
-        None, max_length=CATALOG_TEXT_MAX, description="NVIDIA's immediate-action bucket.")
+        None, max_length=CATALOG_TEXT_MAX, description="NVIDIA's immediate-action bucket; null for an SXid (NVIDIA "
+        "gives none).")
     pid: int | None = None
     process_name: str | None = Field(None, max_length=TASK_COMM_MAX, description="The task name the driver printed.")
     gpu_instance: int | None = Field(None, description="MIG GPU instance (GPU-I).")

@@ -104,6 +104,8 @@ def test_an_sxid_event_names_every_nvswitch_it_came_from_and_no_gpu():
     (x,) = _xids(sink)
     assert (x.kind, x.xid, x.nvswitch_pci_bus_ids) == ("sxid", 20034, ["0000:06:00", "0000:07:00", "0000:05:00"])
     assert (x.pci_bus_id, x.gpu_uuid, x.resolved) == (None, None, False)
+    # NVIDIA's name and class of the code (Fabric Manager guide); the guide gives no Xid-style bucket
+    assert (x.xid_name, x.xid_category, x.xid_resolution) == ("LTSSM Fault Up", "fatal", None)
     from schemas import TopicRegistry, decode_any, encode
 
     assert decode_any(encode(x)) == x
@@ -123,6 +125,19 @@ def test_an_sxid_event_from_more_switches_than_the_contract_holds_keeps_the_firs
     (x,) = _xids(sink)
     assert x.nvswitch_pci_bus_ids == [f"0000:{i + 1:02x}:00" for i in range(NVSWITCHES_MAX)]
     assert x.raw.count("\n") == NVSWITCHES_MAX + 3  # every line is still in the record
+
+
+def test_an_sxid_code_the_table_lacks_is_published_as_unknown():
+    sink = MemorySink()
+    c, _, kernel, clock = _rig(sink)
+    # NVSentinel's fault-injection line: a code NVIDIA's SXid tables do not list
+    kernel.feed(["nvidia-nvswitch0: SXid (PCI:0000:ca:00.0): 10003, Fatal, unhandled interrupt"])
+    c.tick(T0)
+    clock[0] = 10
+    c.tick(T0)
+    (x,) = _xids(sink)
+    assert (x.kind, x.xid, x.xid_name, x.xid_category, x.nvswitch_pci_bus_ids) == (
+        "sxid", 10003, "unknown", "unknown", ["0000:ca:00"])
 
 
 def test_a_gpu_xid_names_no_nvswitch():
