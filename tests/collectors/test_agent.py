@@ -713,7 +713,9 @@ def test_the_key_of_a_gpu_known_only_by_its_index_fits_the_contract_on_any_node(
 
     assert (unidentified_pci(1), unidentified_pci(300)) == ("ffff:00:01", "ffff:01:2c")
     assert unidentified_key("gpu-node-7", 1) == "gpu-node-7/ffff:00:01"
-    a, b = "n" * 200 + "-a", "n" * 200 + "-b"  # node names up to 253 characters; GPU_UUID_MAX is 96
+    # node names up to 253 characters (a DNS-1123 subdomain: labels of at most 63); GPU_UUID_MAX is 96
+    a, b = (".".join(["n" * 63] * 3 + ["n" * 58 + end]) for end in ("-a", "-b"))
+    assert len(a) == 252
     ka, kb = unidentified_key(a, 3), unidentified_key(b, 3)
     assert len(ka) <= GPU_UUID_MAX and len(kb) <= GPU_UUID_MAX and ka != kb and ka.endswith("/ffff:00:03")
     GpuSample(ts=T0, node=a, gpu_uuid=ka, gpu_index=3, pci_bus_id=unidentified_pci(3), status="lost")
