@@ -65,9 +65,9 @@ from schemas.topics import INPUT_TOPICS
 from schemas.vocab import Action
 from streams import faust_fast
 from streams.classify import GpuState, step
-from streams.fleet import FleetState, fleet_step
+from streams.fleet import FleetState, fleet_step, forget_released
 from streams.storms import rebuild_node_groups
-from streams.handoff import Handoff, HandoffError
+from streams.handoff import MAX_AGE_S, Handoff, HandoffError
 from streams.metrics import LabelledCounts, metrics_text
 from transport.identity import CLUSTER_IDENTITY, AuthError
 from streams.policy import Policy
@@ -99,6 +99,7 @@ NODE_EXECUTOR_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
 NODE_ROW = b"node:"  # fleet table rows of the known nodes (`FleetAgent.load`)
 WORKLOAD_ROW = b"workload:"  # fleet table rows of the pods with recent application faults
 GROUP_ROW = b"group:"  # fleet table rows of the blast-radius groups (streams.storms), "kind=value"
+RELEASED_ROW = b"released:"  # fleet table rows of the commands released within the hand-off's bound
 
 
 def _exact(data: bytes) -> bytes:
@@ -860,6 +861,9 @@ class FleetAgent:
             # a row for each node seen for the first time. Acked after the body, as in GpuAgent.
             state = self.load()
             nodes_before = dict(state.known_nodes)  # a node's row is written when its inventory time moves
+            # what a copy can no longer be opened for (streams.handoff): by this worker's clock,
+            # never a record's timestamp, which the writer of a copy chooses
+            forget_released(state, time.time() - MAX_AGE_S)
             for event in events:
                 state = await self.fold(state, event)
             if events:
@@ -868,17 +872,23 @@ class FleetAgent:
     async def fold(self, state: FleetState, event: Any) -> FleetState:
         ctx = self.ctx
         msg = event.message
-        # When it was handed over, by this processor's clock (its producer stamps the
-        # record): the breaker's bound on a node's clock (streams.fleet.breaker_time).
-        received = msg.timestamp if isinstance(msg.timestamp, (int, float)) and msg.timestamp > 0 else time.time()
         try:
-            data = ctx.handoff.open(event.value, time.time())
+            data, sealed_at = ctx.handoff.open_sealed(event.value, time.time())
+            # When it was handed over, by this processor's clock: the breaker's bound on a node's
+            # clock (streams.fleet.breaker_time). The seal's time, which its MAC covers; unsealed
+            # (no signing key), the record's timestamp, which its producer stamped.
+            if sealed_at is not None:
+                received = sealed_at
+            elif isinstance(msg.timestamp, (int, float)) and msg.timestamp > 0:
+                received = msg.timestamp
+            else:
+                received = time.time()
             if data.get("kind") == "command":
                 data["command"] = RemediationCommand.model_validate(data["command"])
             elif data.get("kind") == "reset":
                 log.warning("fleet breaker reset by %s (approval %s, key %s)", data.get("by"),
                             data.get("approval_id"), data.get("key_id"))
-            state, outputs = fleet_step(state, data, ctx.policy, now=received)
+            state, outputs = fleet_step(state, data, ctx.policy, now=received, sealed_at=sealed_at)
             ctx.labelled.breaker = 1 if state.tripped else 0
         except Exception as exc:  # noqa: BLE001
             await ctx.dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
@@ -902,7 +912,9 @@ class FleetAgent:
         (`node:<name>`) so that the main row stays small: in one row, 12,500 nodes (100k GPUs) made
         every write ~0.5 MB, and a 1M-GPU fleet's row would pass Kafka's 1 MB message limit. Pods
         with recent application faults are rows of their own too (`workload:<pod UID>`): 9,700 of
-        them in the main row made it 1.3 MB, and the producer's refusal crash-looped the worker."""
+        them in the main row made it 1.3 MB, and the producer's refusal crash-looped the worker. The
+        commands released within the hand-off's bound are rows too (`released:<command id>`, when
+        its message was sealed), so a copy of one is not released again after a restart."""
         ctx = self.ctx
         state = ctx.fleet_cache.get("state")
         if state is None:
@@ -911,7 +923,7 @@ class FleetAgent:
             older = data.pop("known_nodes", None) or {}  # a row written before the node rows
             older_pods = data.pop("workload_gpus", None) or {}  # likewise, before the pod rows
             state = FleetState.from_dict(data)
-            state.known_nodes, pods = {}, {}
+            state.known_nodes, pods, released = {}, {}, []
             for k, v in ctx.fleet_table.items():
                 if k.startswith(NODE_ROW):
                     state.known_nodes[k[len(NODE_ROW):].decode()] = orjson.loads(v)
@@ -919,6 +931,11 @@ class FleetAgent:
                     pods[k[len(WORKLOAD_ROW):].decode()] = orjson.loads(v)
                 elif k.startswith(GROUP_ROW):
                     state.groups[k[len(GROUP_ROW):].decode()] = orjson.loads(v)
+                elif k.startswith(RELEASED_ROW):
+                    released.append((orjson.loads(v), k[len(RELEASED_ROW):].decode()))
+            # oldest first, as they were released (about the order they were sealed in)
+            released.sort(key=lambda r: (r[0] is not None, r[0] or 0.0, r[1]))
+            state.released = {cid: sealed_at for sealed_at, cid in released}
             rebuild_node_groups(state)
             ctx.fleet_cache["unsaved_nodes"] = [n for n in older if n not in state.known_nodes]
             state.known_nodes = {**older, **state.known_nodes}
@@ -929,7 +946,8 @@ class FleetAgent:
         return state
 
     async def write(self, state: FleetState, nodes_before: dict, last: Any) -> None:
-        """The rows that changed in a batch: nodes whose inventory time moved, pods, the main row."""
+        """The rows that changed in a batch: nodes whose inventory time moved, pods, groups, released
+        commands, the main row."""
         ctx = self.ctx
         _current_event.set(weakref.ref(last))
         await ctx.partitions_known(ctx.fleet_table, last.message.topic)
@@ -964,6 +982,13 @@ class FleetAgent:
             else:
                 ctx.fleet_table.pop(GROUP_ROW + key.encode(), None)
         state.dirty_groups = set()
+        for cid in state.dirty_released:
+            if cid in state.released:
+                await put(RELEASED_ROW + cid.encode(), _exact(orjson.dumps(state.released[cid])),
+                          f"released command {cid[:200]!r}")
+            else:
+                ctx.fleet_table.pop(RELEASED_ROW + cid.encode(), None)
+        state.dirty_released = set()
         row = fleet_row({k: v for k, v in state.to_dict().items() if k not in ("known_nodes", "workload_gpus", "groups")},
                         ctx.max_request)
         if row != ctx.fleet_cache.get("row"):
