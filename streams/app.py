@@ -64,6 +64,7 @@ from schemas.models import (
 from schemas.topics import INPUT_TOPICS
 from schemas.vocab import Action
 from streams import faust_fast
+from streams.claims import ClaimAlerts
 from streams.classify import GpuState, step
 from streams.fleet import FleetState, fleet_step, forget_released
 from streams.storms import rebuild_node_groups
@@ -581,10 +582,12 @@ class Context:
     cache: dict[bytes, GpuState] = field(default_factory=dict)
     fleet_cache: dict[str, Any] = field(default_factory=dict)  # "state": the FleetState, "row": its main row as last written
     stats: dict[str, int] = field(default_factory=lambda: {
-        "events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0})
+        "events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0,
+        "gpu_claims_refused": 0})
     labelled: LabelledCounts = field(default_factory=LabelledCounts)  # the same outputs by verdict and action
     quiet: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     verified: set[tuple[str, str]] = field(default_factory=set)
+    claims: ClaimAlerts = field(default_factory=ClaimAlerts)  # which refused claims to a GPU row become an alert
 
     async def partitions_known(self, table: Any, source_topic: str) -> None:
         """Before a table's first write from `source_topic`: wait until the consumer's metadata
@@ -721,6 +724,7 @@ class GpuAgent:
                 f"record keyed {key!r} belongs to row {row!r}: its producer does not key by the topic "
                 f"registry (schemas.topics), so it reached a partition that does not own its GPU", raw))
             return
+        owner = None  # set when the row is another node's: two nodes claim one GPU
         try:
             state = ctx.cache.get(key)
             if state is None:
@@ -730,6 +734,7 @@ class GpuAgent:
                 # A GPU row belongs to the node that first spoke for it: node A naming node B's GPU
                 # UUID (they are not secret: commands carry them) must not re-point B's row to A,
                 # open incidents on it, or answer B's commands for it.
+                owner = state.node
                 raise AuthError(f"GPU row {row} belongs to node {state.node}; {sender} cannot speak for it")
             state, outputs, changed = step(state, row, record, ctx.policy)
             announced = state.announced
@@ -740,6 +745,8 @@ class GpuAgent:
             alert_msgs = [(a, encode(a)) for a in to_alert]
         except AuthError as exc:
             await ctx.dead(raw, key, topic, msg.partition, msg.offset, exc)
+            if owner is not None:
+                await self.claimed(record, state, row, owner, sender, event)
             return
         except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
             log.exception("processing a record from %s failed", topic)
@@ -755,6 +762,19 @@ class GpuAgent:
             await ctx.send_alert(a, v, event)
         for v in fleet_msgs:
             await ctx.emit(ctx.fleet_topic, FLEET_KEY, ctx.handoff.seal(v), "message to the fleet agent", event)
+
+    async def claimed(self, record: Record, state: GpuState, row: str, owner: str, claimant: str, event: Any) -> None:
+        """A record of `claimant` refused because its GPU's row is `owner`'s: counted, and a
+        GPU_CLAIM_CONFLICT alert when `streams.claims` says one is due (rate-limited by this
+        worker's clock)."""
+        ctx = self.ctx
+        ctx.stats["gpu_claims_refused"] += 1
+        alert = ctx.claims.refused(state.gpu_uuid or row, owner, claimant, time.time(), record_schema=record.SCHEMA,
+                                   record_ts=record.ts, pci_bus_id=state.pci_bus_id, gpu_index=state.gpu_index)
+        if alert is not None:
+            ctx.quiet.log(logging.WARNING, "claim", "GPU %s belongs to node %s; node %s claims it too (%s)",
+                          alert.gpu_uuid, owner, claimant, alert.summary)
+            await ctx.send_alert(alert, encode(alert), event)
 
     async def decode(self, event: Any) -> tuple[Record | None, str | None, bytes | None]:
         """(the record, the node whose MAC it carries, its bytes unsealed); the record None when it
