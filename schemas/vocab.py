@@ -28,6 +28,7 @@ class Classification(str, Enum):
     PHANTOM_LOAD = "PHANTOM_LOAD"
     GPU_DEGRADING = "GPU_DEGRADING"
     FLEET_STORM = "FLEET_STORM"
+    GPU_CLAIM_CONFLICT = "GPU_CLAIM_CONFLICT"  # two nodes claim one GPU UUID (per-node identity: streams.claims)
 
 
 class Action(str, Enum):

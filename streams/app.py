@@ -64,10 +64,11 @@ from schemas.models import (
 from schemas.topics import INPUT_TOPICS
 from schemas.vocab import Action
 from streams import faust_fast
+from streams.claims import ClaimAlerts
 from streams.classify import GpuState, step
-from streams.fleet import FleetState, fleet_step
+from streams.fleet import FleetState, fleet_step, forget_released
 from streams.storms import rebuild_node_groups
-from streams.handoff import Handoff, HandoffError
+from streams.handoff import MAX_AGE_S, Handoff, HandoffError
 from streams.metrics import LabelledCounts, metrics_text
 from transport.identity import CLUSTER_IDENTITY, AuthError
 from streams.policy import Policy
@@ -99,6 +100,7 @@ NODE_EXECUTOR_ACTIONS = frozenset({Action.RESET_GPU, Action.REBOOT_NODE})
 NODE_ROW = b"node:"  # fleet table rows of the known nodes (`FleetAgent.load`)
 WORKLOAD_ROW = b"workload:"  # fleet table rows of the pods with recent application faults
 GROUP_ROW = b"group:"  # fleet table rows of the blast-radius groups (streams.storms), "kind=value"
+RELEASED_ROW = b"released:"  # fleet table rows of the commands released within the hand-off's bound
 
 
 def _exact(data: bytes) -> bytes:
@@ -580,10 +582,12 @@ class Context:
     cache: dict[bytes, GpuState] = field(default_factory=dict)
     fleet_cache: dict[str, Any] = field(default_factory=dict)  # "state": the FleetState, "row": its main row as last written
     stats: dict[str, int] = field(default_factory=lambda: {
-        "events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0})
+        "events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0,
+        "gpu_claims_refused": 0})
     labelled: LabelledCounts = field(default_factory=LabelledCounts)  # the same outputs by verdict and action
     quiet: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
     verified: set[tuple[str, str]] = field(default_factory=set)
+    claims: ClaimAlerts = field(default_factory=ClaimAlerts)  # which refused claims to a GPU row become an alert
 
     async def partitions_known(self, table: Any, source_topic: str) -> None:
         """Before a table's first write from `source_topic`: wait until the consumer's metadata
@@ -720,6 +724,7 @@ class GpuAgent:
                 f"record keyed {key!r} belongs to row {row!r}: its producer does not key by the topic "
                 f"registry (schemas.topics), so it reached a partition that does not own its GPU", raw))
             return
+        owner = None  # set when the row is another node's: two nodes claim one GPU
         try:
             state = ctx.cache.get(key)
             if state is None:
@@ -729,6 +734,7 @@ class GpuAgent:
                 # A GPU row belongs to the node that first spoke for it: node A naming node B's GPU
                 # UUID (they are not secret: commands carry them) must not re-point B's row to A,
                 # open incidents on it, or answer B's commands for it.
+                owner = state.node
                 raise AuthError(f"GPU row {row} belongs to node {state.node}; {sender} cannot speak for it")
             state, outputs, changed = step(state, row, record, ctx.policy)
             announced = state.announced
@@ -739,6 +745,8 @@ class GpuAgent:
             alert_msgs = [(a, encode(a)) for a in to_alert]
         except AuthError as exc:
             await ctx.dead(raw, key, topic, msg.partition, msg.offset, exc)
+            if owner is not None:
+                await self.claimed(record, state, row, owner, sender, event)
             return
         except Exception as exc:  # noqa: BLE001 - one bad record must not stop the agent
             log.exception("processing a record from %s failed", topic)
@@ -754,6 +762,19 @@ class GpuAgent:
             await ctx.send_alert(a, v, event)
         for v in fleet_msgs:
             await ctx.emit(ctx.fleet_topic, FLEET_KEY, ctx.handoff.seal(v), "message to the fleet agent", event)
+
+    async def claimed(self, record: Record, state: GpuState, row: str, owner: str, claimant: str, event: Any) -> None:
+        """A record of `claimant` refused because its GPU's row is `owner`'s: counted, and a
+        GPU_CLAIM_CONFLICT alert when `streams.claims` says one is due (rate-limited by this
+        worker's clock)."""
+        ctx = self.ctx
+        ctx.stats["gpu_claims_refused"] += 1
+        alert = ctx.claims.refused(state.gpu_uuid or row, owner, claimant, time.time(), record_schema=record.SCHEMA,
+                                   record_ts=record.ts, pci_bus_id=state.pci_bus_id, gpu_index=state.gpu_index)
+        if alert is not None:
+            ctx.quiet.log(logging.WARNING, "claim", "GPU %s belongs to node %s; node %s claims it too (%s)",
+                          alert.gpu_uuid, owner, claimant, alert.summary)
+            await ctx.send_alert(alert, encode(alert), event)
 
     async def decode(self, event: Any) -> tuple[Record | None, str | None, bytes | None]:
         """(the record, the node whose MAC it carries, its bytes unsealed); the record None when it
@@ -860,6 +881,9 @@ class FleetAgent:
             # a row for each node seen for the first time. Acked after the body, as in GpuAgent.
             state = self.load()
             nodes_before = dict(state.known_nodes)  # a node's row is written when its inventory time moves
+            # what a copy can no longer be opened for (streams.handoff): by this worker's clock,
+            # never a record's timestamp, which the writer of a copy chooses
+            forget_released(state, time.time() - MAX_AGE_S)
             for event in events:
                 state = await self.fold(state, event)
             if events:
@@ -868,17 +892,23 @@ class FleetAgent:
     async def fold(self, state: FleetState, event: Any) -> FleetState:
         ctx = self.ctx
         msg = event.message
-        # When it was handed over, by this processor's clock (its producer stamps the
-        # record): the breaker's bound on a node's clock (streams.fleet.breaker_time).
-        received = msg.timestamp if isinstance(msg.timestamp, (int, float)) and msg.timestamp > 0 else time.time()
         try:
-            data = ctx.handoff.open(event.value, time.time())
+            data, sealed_at = ctx.handoff.open_sealed(event.value, time.time())
+            # When it was handed over, by this processor's clock: the breaker's bound on a node's
+            # clock (streams.fleet.breaker_time). The seal's time, which its MAC covers; unsealed
+            # (no signing key), the record's timestamp, which its producer stamped.
+            if sealed_at is not None:
+                received = sealed_at
+            elif isinstance(msg.timestamp, (int, float)) and msg.timestamp > 0:
+                received = msg.timestamp
+            else:
+                received = time.time()
             if data.get("kind") == "command":
                 data["command"] = RemediationCommand.model_validate(data["command"])
             elif data.get("kind") == "reset":
                 log.warning("fleet breaker reset by %s (approval %s, key %s)", data.get("by"),
                             data.get("approval_id"), data.get("key_id"))
-            state, outputs = fleet_step(state, data, ctx.policy, now=received)
+            state, outputs = fleet_step(state, data, ctx.policy, now=received, sealed_at=sealed_at)
             ctx.labelled.breaker = 1 if state.tripped else 0
         except Exception as exc:  # noqa: BLE001
             await ctx.dead(event.value, event.key, msg.topic, msg.partition, msg.offset, exc)
@@ -902,7 +932,9 @@ class FleetAgent:
         (`node:<name>`) so that the main row stays small: in one row, 12,500 nodes (100k GPUs) made
         every write ~0.5 MB, and a 1M-GPU fleet's row would pass Kafka's 1 MB message limit. Pods
         with recent application faults are rows of their own too (`workload:<pod UID>`): 9,700 of
-        them in the main row made it 1.3 MB, and the producer's refusal crash-looped the worker."""
+        them in the main row made it 1.3 MB, and the producer's refusal crash-looped the worker. The
+        commands released within the hand-off's bound are rows too (`released:<command id>`, when
+        its message was sealed), so a copy of one is not released again after a restart."""
         ctx = self.ctx
         state = ctx.fleet_cache.get("state")
         if state is None:
@@ -911,7 +943,7 @@ class FleetAgent:
             older = data.pop("known_nodes", None) or {}  # a row written before the node rows
             older_pods = data.pop("workload_gpus", None) or {}  # likewise, before the pod rows
             state = FleetState.from_dict(data)
-            state.known_nodes, pods = {}, {}
+            state.known_nodes, pods, released = {}, {}, []
             for k, v in ctx.fleet_table.items():
                 if k.startswith(NODE_ROW):
                     state.known_nodes[k[len(NODE_ROW):].decode()] = orjson.loads(v)
@@ -919,6 +951,11 @@ class FleetAgent:
                     pods[k[len(WORKLOAD_ROW):].decode()] = orjson.loads(v)
                 elif k.startswith(GROUP_ROW):
                     state.groups[k[len(GROUP_ROW):].decode()] = orjson.loads(v)
+                elif k.startswith(RELEASED_ROW):
+                    released.append((orjson.loads(v), k[len(RELEASED_ROW):].decode()))
+            # oldest first, as they were released (about the order they were sealed in)
+            released.sort(key=lambda r: (r[0] is not None, r[0] or 0.0, r[1]))
+            state.released = {cid: sealed_at for sealed_at, cid in released}
             rebuild_node_groups(state)
             ctx.fleet_cache["unsaved_nodes"] = [n for n in older if n not in state.known_nodes]
             state.known_nodes = {**older, **state.known_nodes}
@@ -929,7 +966,8 @@ class FleetAgent:
         return state
 
     async def write(self, state: FleetState, nodes_before: dict, last: Any) -> None:
-        """The rows that changed in a batch: nodes whose inventory time moved, pods, the main row."""
+        """The rows that changed in a batch: nodes whose inventory time moved, pods, groups, released
+        commands, the main row."""
         ctx = self.ctx
         _current_event.set(weakref.ref(last))
         await ctx.partitions_known(ctx.fleet_table, last.message.topic)
@@ -964,6 +1002,13 @@ class FleetAgent:
             else:
                 ctx.fleet_table.pop(GROUP_ROW + key.encode(), None)
         state.dirty_groups = set()
+        for cid in state.dirty_released:
+            if cid in state.released:
+                await put(RELEASED_ROW + cid.encode(), _exact(orjson.dumps(state.released[cid])),
+                          f"released command {cid[:200]!r}")
+            else:
+                ctx.fleet_table.pop(RELEASED_ROW + cid.encode(), None)
+        state.dirty_released = set()
         row = fleet_row({k: v for k, v in state.to_dict().items() if k not in ("known_nodes", "workload_gpus", "groups")},
                         ctx.max_request)
         if row != ctx.fleet_cache.get("row"):

@@ -27,7 +27,7 @@ from schemas.vocab import BREAKER_ACTIONS, Classification, Severity
 from streams.policy import Policy
 from streams.storms import command_storms, group_attrs, job_fault, note_groups, rebuild_node_groups, reset_groups
 
-__all__ = ["FleetState", "fleet_step", "FLEET_NODE"]
+__all__ = ["FleetState", "fleet_step", "forget_released", "ReplayError", "FLEET_NODE", "RELEASED_KEPT"]
 
 FLEET_NODE = "fleet"  # `node` of fleet-wide alerts (they name no GPU)
 
@@ -58,11 +58,19 @@ class FleetState:
     groups: dict = field(default_factory=dict)
     dirty_groups: set = field(default_factory=set)  # groups whose row changed since the app wrote them
     node_groups: dict = field(default_factory=dict)  # node -> {kind: value}: derived from `groups`
-    # command_id -> None, the last RELEASED_KEPT commands passed on, oldest first: a fleet message
-    # read twice (the consumer reading a partition again from its commit, at-least-once) is not
-    # released, counted by the breaker or grouped again. In memory only: a restarted worker may
-    # still send a command again, with its id, which the executors keep once.
+    # command_id -> when its message was sealed (epoch s; None when it was not sealed: no signing
+    # key, or the pure Engine), the last RELEASED_KEPT commands passed on, oldest first: a fleet
+    # message read twice (the consumer reading a partition again from its commit, at-least-once)
+    # or written again (a replay: `streams.handoff`) is not released, counted by the breaker or
+    # grouped again. Persisted as one table row per command (streams.app), so a restarted worker
+    # knows them too; the agent forgets those sealed longer ago than a hand-off is good for
+    # (`forget_released`).
     released: dict = field(default_factory=dict)
+    # The newest seal time of a command that fell off `released` by its count while a copy of its
+    # message could still be opened: a sealed command from then or before that is not in
+    # `released` cannot be told from a copy of one that was, and is refused (`ReplayError`).
+    released_floor: float | None = None
+    dirty_released: set = field(default_factory=set)  # ids added or dropped since the app last wrote them
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in _NOT_PERSISTED}
@@ -74,12 +82,21 @@ class FleetState:
         return state
 
 
-_NOT_PERSISTED = frozenset({"dirty_pods", "dirty_groups", "node_groups", "released"})
+# `released` is rows of its own (streams.app), never inside the main row
+_NOT_PERSISTED = frozenset({"dirty_pods", "dirty_groups", "node_groups", "released", "dirty_released"})
 # A rolling restart of the three-broker tier re-read 2 s of the fleet topic after the group
 # coordinator moved and put a command on gpu.remediation twice; a re-read covers the records since
-# the last commit (a quarter second, or the few seconds a coordinator's move holds commits), far
-# fewer than this many commands even in a fleet-wide storm's first minute.
-RELEASED_KEPT = 4096
+# the last commit (a quarter second, or the few seconds a coordinator's move holds commits). A copy
+# written again can be opened for an hour (streams.handoff.MAX_AGE_S): an hour of a fleet-wide
+# storm's commands over 4,000 nodes (four each) fits. Past it, the oldest fall off and what was
+# sealed before them is refused (`released_floor`), so the bound costs at most a late command, never
+# a second release.
+RELEASED_KEPT = 16384
+
+
+class ReplayError(ValueError):
+    """A sealed command that cannot be told from a copy of one released before (the dead-letter
+    record's error)."""
 
 
 def breaker_time(ts: float, now: float | None, policy: Policy) -> float:
@@ -101,10 +118,50 @@ def _newest_incidents(starts: list) -> dict[str, str]:
     return {node: s[2] for node, s in newest.items()}
 
 
-def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None = None) -> tuple[FleetState, list]:
+def forget_released(state: FleetState, before: float) -> None:
+    """Forget the released commands sealed before `before` (epoch s): a copy of their message is
+    refused by its age (`streams.handoff.MAX_AGE_S`), so remembering them guards nothing. Oldest
+    first, stopping at the first one sealed since (received in about the order they were sealed: one
+    a little out of order is kept a little longer) or not sealed at all (kept by count only)."""
+    released = state.released
+    while released:
+        cid, sealed_at = next(iter(released.items()))
+        if sealed_at is None or sealed_at >= before:
+            return
+        del released[cid]
+        state.dirty_released.add(cid)
+
+
+def _release(state: FleetState, cmd: RemediationCommand, sealed_at: float | None) -> bool:
+    """Whether `cmd` is passed on: not when it was released already (read twice, or a copy), and
+    `ReplayError` when it cannot be told from a copy of one that fell off `released`."""
+    released = state.released
+    if cmd.command_id in released:
+        return False
+    floor = state.released_floor
+    if sealed_at is not None and floor is not None and sealed_at <= floor:
+        raise ReplayError(f"command {cmd.command_id} sealed at {sealed_at:.3f}, not after {floor:.3f}, the newest seal "
+                          f"time of the commands this fleet agent no longer remembers ({RELEASED_KEPT:,} released "
+                          f"since): it cannot be told from a copy of one released then, so it is not released")
+    released[cmd.command_id] = sealed_at
+    state.dirty_released.add(cmd.command_id)
+    if len(released) > RELEASED_KEPT:
+        cid, dropped = next(iter(released.items()))
+        del released[cid]
+        state.dirty_released.add(cid)
+        if dropped is not None and (floor is None or dropped > floor):
+            state.released_floor = dropped
+    return True
+
+
+def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None = None,
+               sealed_at: float | None = None) -> tuple[FleetState, list]:
     """msg: {"kind": "node_seen", "node", "ts"} | {"kind": "command", "command": RemediationCommand}
     | {"kind": "reset", "ts", "by"}. Returns outputs ("alert" | "command", record). `now`: when the
     message was received (epoch s, the processor's clock), or None to trust event time.
+    `sealed_at`: when the message was sealed (`streams.handoff`), None when it was not. A command
+    already released is not released again; one sealed no later than a command forgotten by the
+    count (`released_floor`) is refused with `ReplayError`.
 
     A reset here is already authenticated: the fleet agent takes one only with an approval signed
     by an approver key (`streams.handoff`); the pure Engine resets in-process."""
@@ -148,12 +205,8 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
     if kind != "command":
         return state, []
     cmd: RemediationCommand = msg["command"]
-    released = state.released
-    if cmd.command_id in released:
-        return state, []  # this command read again: already passed on (and counted)
-    released[cmd.command_id] = None
-    if len(released) > RELEASED_KEPT:
-        del released[next(iter(released))]
+    if not _release(state, cmd, sealed_at):
+        return state, []  # this command read again, or a copy: already passed on (and counted)
     if cmd.action not in BREAKER_ACTIONS:
         return state, [("command", cmd)]
     ts = breaker_time(cmd.ts.timestamp(), now, policy)

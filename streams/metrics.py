@@ -25,6 +25,9 @@ _TOTALS = (
     ("rows_written", "GPU table rows written (one per changed row per batch)"),
     ("outputs_refused", "outputs the producer refused for good (over its size limit, or invalid: alerts, commands, "
                         "fleet messages, table rows, dead letters); each record was dead-lettered and the agent went on"),
+    ("gpu_claims_refused", "records refused because their GPU's row belongs to another node (per-node identity: two "
+                           "nodes claim one GPU UUID); each was dead-lettered, and GPU_CLAIM_CONFLICT alerts say so, "
+                           "rate-limited"),
 )
 VERDICT_ALERTS = "xidstream_processor_verdict_alerts_total"
 VERDICTS_RAISED = "xidstream_processor_verdicts_raised_total"

@@ -57,7 +57,8 @@ def test_timestamps_are_converted_to_utc_and_naive_ones_refused():
 
 def test_exact_vocabularies():
     assert [c.value for c in Classification] == [
-        "APP_FAULT", "GPU_SUSPECT", "GPU_WEDGED", "GPU_HARDWARE_FAULT", "PHANTOM_LOAD", "GPU_DEGRADING", "FLEET_STORM"]
+        "APP_FAULT", "GPU_SUSPECT", "GPU_WEDGED", "GPU_HARDWARE_FAULT", "PHANTOM_LOAD", "GPU_DEGRADING", "FLEET_STORM",
+        "GPU_CLAIM_CONFLICT"]
     assert [a.value for a in Action] == [
         "RECORD", "QUARANTINE_GPU", "RELEASE_GPU", "CORDON_NODE", "UNCORDON_NODE", "DRAIN_NODE",
         "RESET_GPU", "REBOOT_NODE", "REPLACE_NODE"]

@@ -172,7 +172,7 @@ def test_a_fleet_message_that_is_not_a_json_object_is_refused_with_its_reason(bo
         Handoff(None).open(body, 0.0)
     sealed = Handoff(b"k" * 32)
     with pytest.raises(HandoffError, match=why):
-        sealed.open(sealed.seal(body), 0.0)
+        sealed.open(sealed.seal(body, 0.0), 0.0)
 
 
 def _cmds(state, nodes, policy, ts=T0, action="CORDON_NODE", now=None):
@@ -316,7 +316,10 @@ def test_the_seal_is_hmac_sha256_keyed_by_the_signing_keys_fleet_hand_off_secret
     h = Handoff.for_processor(signing, trusted)
     secret = signing.derive(b"fleet hand-off")
     body = b'{"kind":"node_seen"}'
-    assert h.seal(body) == b"xs1:" + _hmac.new(secret, body, hashlib.sha256).hexdigest().encode() + b":" + body
+    signed = b"1764579600123:" + body  # sealed at 2025-12-01T09:00:00.123Z, in ms
+    assert h.seal(body, 1764579600.123) == (b"xs2:" + _hmac.new(secret, signed, hashlib.sha256).hexdigest().encode()
+                                            + b":" + signed)
+    assert h.open_sealed(h.seal(body, 1764579600.123), 1764579600.5) == ({"kind": "node_seen"}, 1764579600.123)
     assert Handoff.for_processor(None, trusted).key is None
     assert secret.hex() not in repr(h) and repr(secret) not in repr(h)  # a log line of it leaks nothing
 
@@ -335,7 +338,7 @@ def test_every_seal_refusal_says_exactly_why():
     keyed, other = Handoff(b"k" * 32), Handoff(b"o" * 32)
     body = b'{"kind":"node_seen","node":"n","ts":1}'
     with pytest.raises(HandoffError, match="^a sealed message, but this processor has no signing key to check it with$"):
-        Handoff(None).open(keyed.seal(body), 0.0)
+        Handoff(None).open(keyed.seal(body, 0.0), 0.0)
     with pytest.raises(HandoffError, match="^unsealed message on a topic only this processor's agents write$"):
         keyed.unseal(body)
     broken = keyed.seal(body)
@@ -345,7 +348,7 @@ def test_every_seal_refusal_says_exactly_why():
     with pytest.raises(HandoffError, match="^message sealed with another key or altered: not from this processor's agents$"):
         keyed.unseal(other.seal(body))
     assert keyed.unseal(None) is None and Handoff(None).unseal(body) == body
-    assert keyed.open(keyed.seal(body), 0.0) == {"kind": "node_seen", "node": "n", "ts": 1}
+    assert keyed.open(keyed.seal(body, 0.0), 0.0) == {"kind": "node_seen", "node": "n", "ts": 1}
 
 
 def test_every_reset_refusal_says_exactly_why(approver):
@@ -461,9 +464,10 @@ def test_a_command_read_twice_is_released_and_counted_once():
     for c in (cordon, record):
         s, out = fleet_step(s, {"kind": "command", "command": c}, P)
         assert out == [] and len(s.starts) == 1
-    # not one of the rows the agent writes: a restarted worker starts without it
-    assert "released" not in s.to_dict()
+    # not in the main row: rows of their own (streams.app), read back by a restarted worker
+    assert "released" not in s.to_dict() and "dirty_released" not in s.to_dict()
     assert FleetState.from_dict(s.to_dict()).released == {}
+    assert s.dirty_released == {cordon.command_id, record.command_id}
 
 
 def test_the_commands_remembered_are_the_newest_release_kept():
@@ -484,3 +488,95 @@ def test_the_commands_remembered_are_the_newest_release_kept():
     assert len(s.released) == RELEASED_KEPT and first.command_id not in s.released
     s, out = fleet_step(s, {"kind": "command", "command": first}, P)
     assert out == [("command", first)]  # forgotten: passed on again
+
+
+# -- the hand-off's bound on a copy --------------------------------------------------------------
+def test_a_sealed_message_is_good_for_an_hour_and_never_for_a_seal_stamped_far_ahead():
+    from streams.handoff import MAX_AGE_S, MAX_FUTURE_S
+
+    assert (MAX_AGE_S, MAX_FUTURE_S) == (3600.0, 300.0)
+    h = Handoff(b"k" * 32)
+    body = b'{"kind":"node_seen","node":"n","ts":1}'
+    sealed_at = 1_800_000_000.0
+    sealed = h.seal(body, sealed_at)
+    for now in (sealed_at - 300, sealed_at, sealed_at + 3600):  # the bounds themselves are inside
+        assert h.open_sealed(sealed, now) == ({"kind": "node_seen", "node": "n", "ts": 1}, sealed_at)
+    with pytest.raises(HandoffError, match="^sealed 3601 s ago, more than the 3600 s a hand-off is good for: a copy "
+                                           "written again, or a fleet agent that far behind$"):
+        h.open(sealed, sealed_at + 3601)
+    with pytest.raises(HandoffError, match="more than the 3600 s a hand-off is good for"):
+        h.open(sealed, sealed_at + 3600.001)
+    with pytest.raises(HandoffError, match="^sealed 301 s ahead of this worker's clock, more than 300 s: the clocks "
+                                           "of the processor's workers disagree$"):
+        h.open(sealed, sealed_at - 301)
+    with pytest.raises(HandoffError, match="ahead of this worker's clock"):
+        h.open(sealed, sealed_at - 300.001)
+
+
+def test_a_message_of_the_format_without_a_seal_time_is_refused_on_the_fleet_topic_only():
+    import hmac as _hmac
+
+    key = b"k" * 32
+    body = b'{"kind":"node_seen","node":"n","ts":1}'
+    old = b"xs1:" + _hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b":" + body
+    with pytest.raises(HandoffError, match=r"^sealed without a seal time \(hand-off format xs1, a worker of an earlier "
+                                           r"release\): a copy of it cannot be told from it, so it is not folded$"):
+        Handoff(key).open(old, 0.0)
+    assert Handoff(key).unseal(old) == body  # a re-keyed result: its GPU's row takes each answer once
+    with pytest.raises(HandoffError, match="another key or altered"):
+        Handoff(b"o" * 32).unseal(old)
+    # a seal time the MAC covers but that is none (only a bug could make one)
+    signed = b"12x:" + body
+    bad = b"xs2:" + _hmac.new(key, signed, hashlib.sha256).hexdigest().encode() + b":" + signed
+    with pytest.raises(HandoffError, match="^sealed message without a seal time$"):
+        Handoff(key).unseal(bad)
+
+
+def _sealed_cmd(state, node, sealed_at, cid=None):
+    c = _cmd(node, "RECORD", T0)
+    if cid is not None:
+        c = c.model_copy(update={"command_id": cid})
+    return fleet_step(state, {"kind": "command", "command": c}, P, sealed_at=sealed_at), c
+
+
+def test_released_commands_are_forgotten_once_a_copy_would_be_too_old_to_open():
+    from streams.fleet import forget_released
+
+    s = FleetState()
+    for i, t in enumerate((100.0, 200.0, 150.0, 300.0)):  # received a little out of the order sealed
+        (s, _), _ = _sealed_cmd(s, "n1", t, cid=f"c{i}")
+    s.dirty_released = set()
+    forget_released(s, 200.0)  # sealed before 200: c0; c2 (150) waits behind c1 (200)
+    assert s.released == {"c1": 200.0, "c2": 150.0, "c3": 300.0} and s.dirty_released == {"c0"}
+    forget_released(s, 301.0)
+    assert s.released == {} and s.dirty_released == {"c0", "c1", "c2", "c3"}
+    unsealed = FleetState(released={"u": None, "c": 5.0})
+    forget_released(unsealed, 1e12)  # not sealed (no signing key): kept by count only
+    assert unsealed.released == {"u": None, "c": 5.0}
+
+
+def test_a_sealed_command_older_than_the_oldest_forgotten_by_count_is_refused(monkeypatch):
+    import streams.fleet as fleet
+
+    monkeypatch.setattr(fleet, "RELEASED_KEPT", 3)
+    s = FleetState()
+    for i, t in enumerate((10.0, 30.0, 20.0, 40.0)):
+        (s, out), _ = _sealed_cmd(s, "n1", t, cid=f"c{i}")
+        assert len(out) == 1
+    assert list(s.released) == ["c1", "c2", "c3"] and s.released_floor == 10.0
+    (s, out), _ = _sealed_cmd(s, "n1", 50.0, cid="c4")  # c1 (30) falls off: the floor is 30 now
+    assert list(s.released) == ["c2", "c3", "c4"] and s.released_floor == 30.0
+    (s, out), _ = _sealed_cmd(s, "n1", 60.0, cid="c5")  # c2 (20) falls off: the floor stays 30
+    assert s.released_floor == 30.0
+    with pytest.raises(fleet.ReplayError, match=r"^command c1 sealed at 30.000, not after 30.000, the newest seal time "
+                                                r"of the commands this fleet agent no longer remembers \(3 released "
+                                                r"since\): it cannot be told from a copy of one released then, so it "
+                                                r"is not released$"):
+        _sealed_cmd(s, "n1", 30.0, cid="c1")
+    (s, out), _ = _sealed_cmd(s, "n1", 30.001, cid="late")  # sealed after the floor: released
+    assert len(out) == 1
+    (s, out), _ = _sealed_cmd(s, "n1", 10.0, cid="c4")  # still remembered: nothing, and no refusal
+    assert out == []
+    (s, out), _ = _sealed_cmd(s, "n1", None, cid="c0")  # not sealed (the pure Engine): count only
+    assert len(out) == 1
+    assert "released_floor" in s.to_dict() and FleetState.from_dict(s.to_dict()).released_floor == 50.0  # c3 (40), c4 (50) fell off since

@@ -9,6 +9,7 @@ apart never shared a window, and RESET_GPU / QUARANTINE_GPU were never counted o
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -53,17 +54,22 @@ def test_a_sealed_message_opens_and_anything_else_is_refused(keys):
     sk, _, ok, ov = keys
     h = Handoff.for_processor(sk, ov)
     body = orjson.dumps({"kind": "node_seen", "node": "n1", "ts": 1.0})
-    assert h.open(h.seal(body), T0.timestamp()) == {"kind": "node_seen", "node": "n1", "ts": 1.0}
+    now = T0.timestamp()
+    assert h.open(h.seal(body, now), now) == {"kind": "node_seen", "node": "n1", "ts": 1.0}
     with pytest.raises(HandoffError, match="unsealed 'command' message"):
         h.open(orjson.dumps({"kind": "command", "command": to_dict(_cmd("kube-control-plane-1", "REBOOT_NODE", T0))}),
-               T0.timestamp())
-    sealed = h.seal(body)
+               now)
+    sealed = h.seal(body, now)
     altered = sealed.replace(b'"n1"', b'"n2"')
     with pytest.raises(HandoffError, match="another key or altered"):
-        h.open(altered, T0.timestamp())
+        h.open(altered, now)
+    later = sealed.replace(b":%d:" % (now * 1000), b":%d:" % (now * 1000 + 3_600_000))  # the seal time moved on
+    assert later != sealed
+    with pytest.raises(HandoffError, match="another key or altered"):
+        h.open(later, now + 3600)
     other = Handoff.for_processor(ok, ov)  # the operator's key is not the processor's
     with pytest.raises(HandoffError, match="another key or altered"):
-        h.open(other.seal(body), T0.timestamp())
+        h.open(other.seal(body, now), now)
 
 
 def test_a_breaker_reset_needs_an_approvers_signature(keys):
@@ -158,10 +164,10 @@ def test_the_gpu_agent_seals_what_it_hands_to_the_fleet_agent(keys):
 
     sent = asyncio.run(run())
     h = Handoff.for_processor(sk, None)
-    msgs = [h.open(v, T0.timestamp()) for _, v in sent["fleet"]]
+    msgs = [h.open(v, time.time()) for _, v in sent["fleet"]]
     assert [m["command"]["action"] for m in msgs if m["kind"] == "command"] == [
         "RECORD", "CORDON_NODE", "DRAIN_NODE", "RESET_GPU"]
-    assert all(v.startswith(b"xs1:") for _, v in sent["fleet"])
+    assert all(v.startswith(b"xs2:") for _, v in sent["fleet"])
 
 
 # -- what the breaker counts, and on which clock -------------------------------------------------
@@ -271,3 +277,90 @@ def test_settings_never_show_their_secrets():
     s = Settings(kafka_extra={"sasl.password": "hunter2-secret", "ssl.key.password": "k3y-secret"})
     assert "secret" not in repr(s) and "secret" not in str(s)
     assert s.kafka_extra["sasl.password"] == "hunter2-secret"
+
+
+# -- a replayed hand-off message -----------------------------------------------------------------
+
+def test_a_replayed_sealed_command_is_not_released_again_after_a_restart(keys):
+    """T3 with the `processor` Kafka user but not the key: a sealed fleet message copied from the
+    topic and written again. The fleet agent remembered the commands it had released in memory
+    only, so after a restart the copy was released and signed again, and counted by the breaker
+    once more. What it released is rows of its table now, read back on start."""
+    sk, sv, _, _ = keys
+    now = datetime.now(timezone.utc)
+    h = Handoff.for_processor(sk, None)
+    inventory = h.seal(orjson.dumps({"kind": "inventory", "node": "node-a", "ts": now.timestamp()}))
+    cordon = _cmd("node-a", "CORDON_NODE", now)
+    sealed = h.seal(orjson.dumps({"kind": "command", "command": to_dict(cordon)}))
+
+    async def first():
+        proc, sent = _app(keys)
+        async with proc.fleet.test_context() as agent:
+            await agent.put(inventory, key=FLEET_KEY)
+            await agent.put(sealed, key=FLEET_KEY)
+        return dict(proc.fleet_table.data.items()), sent
+
+    async def restarted(rows):
+        proc, sent = _app(keys)
+        proc.fleet_table.data.update(rows)  # what the changelog gives a restarted worker
+        async with proc.fleet.test_context() as agent:
+            await agent.put(sealed, key=FLEET_KEY)  # the copy
+        return dict(proc.fleet_table.data.items()), sent
+
+    rows, sent = asyncio.run(first())
+    (released,) = [decode_any(v) for _, v in sent["remediation"]]
+    sv.verify(released)
+    assert released.command_id == cordon.command_id
+    after, sent = asyncio.run(restarted(rows))
+    assert sent["remediation"] == [], "the replayed command was released and signed again"
+    assert len(orjson.loads(after[FLEET_KEY])["starts"]) == 1  # and not counted by the breaker again
+
+
+def test_a_copy_older_than_the_hand_off_bound_is_dead_lettered_and_what_it_named_forgotten(keys, monkeypatch):
+    """A copy written again after the hour: refused by its seal time, whatever the table still
+    holds; and the rows of the commands released an hour ago are gone from the table."""
+    import streams.app as app_module
+
+    sk = keys[0]
+    now = time.time()
+    h = Handoff.for_processor(sk, None)
+    cordon = _cmd("node-a", "CORDON_NODE", datetime.now(timezone.utc))
+    sealed = h.seal(orjson.dumps({"kind": "command", "command": to_dict(cordon)}), now)
+    row = b"released:" + cordon.command_id.encode()
+
+    async def run(rows, messages):
+        proc, sent = _app(keys)
+        proc.fleet_table.data.update(rows)
+        async with proc.fleet.test_context() as agent:
+            for m in messages:
+                await agent.put(m, key=FLEET_KEY)
+        return dict(proc.fleet_table.data.items()), sent
+
+    rows, sent = asyncio.run(run({}, [sealed]))
+    assert len(sent["remediation"]) == 1 and orjson.loads(rows[row]) == pytest.approx(now, abs=0.001)
+    monkeypatch.setattr(app_module, "time", type("Clock", (), {"time": staticmethod(lambda: now + 3601),
+                                                               "monotonic": staticmethod(time.monotonic)}))
+    later = h.seal(orjson.dumps({"kind": "node_seen", "node": "node-b", "ts": now + 3601}), now + 3601)
+    rows, sent = asyncio.run(run(rows, [sealed, later]))
+    assert sent["remediation"] == []
+    (dead,) = [decode_any(v) for _, v in sent["deadletter"]]
+    assert dead.error_type == "HandoffError" and dead.error.startswith("sealed 3601 s ago, more than the 3600 s")
+    assert row not in rows  # forgotten: a copy of it can no longer be opened
+
+
+def test_the_breaker_counts_a_sealed_message_at_its_seal_time_not_at_the_records_timestamp(keys):
+    """The record's timestamp is its producer's to choose, and whoever writes a copy chooses it;
+    the seal time is covered by the MAC."""
+    sk = keys[0]
+    now = time.time()
+    h = Handoff.for_processor(sk, None)
+    far = h.seal(orjson.dumps({"kind": "inventory", "node": "node-a", "ts": now + 10 * 86400}), now)
+
+    async def run():
+        proc, sent = _app(keys)
+        async with proc.fleet.test_context() as agent:
+            await agent.put(far, key=FLEET_KEY, timestamp=now + 9 * 86400)
+        return dict(proc.fleet_table.data.items())
+
+    rows = asyncio.run(run())
+    assert orjson.loads(rows[b"node:node-a"]) == pytest.approx(now, abs=0.001)

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 from streams.metrics import LabelledCounts, metrics_text
 
-STATS = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0}
+STATS = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0,
+         "gpu_claims_refused": 0}
 
 
 def _alert(iid: str, cls: str, state: str):
@@ -26,6 +27,8 @@ def test_every_series_is_there_at_zero_before_anything_happened():
     assert got['xidstream_processor_verdict_alerts_total{classification="GPU_HARDWARE_FAULT",state="open"}'] == 0
     assert got['xidstream_processor_action_commands_total{action="RESET_GPU",held="true"}'] == 0
     assert got["xidstream_processor_breaker_tripped"] == 0
+    assert got["xidstream_processor_gpu_claims_refused_total"] == 0
+    assert got['xidstream_processor_verdicts_raised_total{classification="GPU_CLAIM_CONFLICT"}'] == 0
 
 
 def test_a_verdict_is_raised_once_per_incident_not_per_alert():

@@ -143,7 +143,8 @@ def _samples(text: str) -> dict[str, float]:
     return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")}
 
 
-STATS = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0}
+STATS = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0,
+         "gpu_claims_refused": 0}
 
 
 def test_the_stage_histograms_are_there_at_zero_and_count_each_stage_in_its_buckets():
