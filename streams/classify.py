@@ -59,14 +59,18 @@ from streams.policy import Policy, is_app_class
 from streams.render import alert, command, describe_xid, dt, hid
 from streams.verdict import (
     PLANS,
+    PSHC_DISENGAGED,
+    PSHC_REENGAGED,
     RANK,
     XID45,
     Verdict,
     app_occurrence_verdict,
+    cancelled_disengagement,
     hardware_xid_verdict,
     pinned_verdicts,
     recovery_action_verdict,
     earliest_suspect,
+    reengaged_by,
     remap_failure_verdict,
     workload_label,
 )
@@ -413,12 +417,16 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         return
     app = is_app_class(x.xid) and x.xid not in policy.hardware_xids
     wl, pod = workload_of(state, x.pid)
-    state.xids = added(state.xids, {"ts": ts, "xid": x.xid, "kind": kind, "pid": x.pid, "app": app, "id": x.event_id})
+    fact = {"ts": ts, "xid": x.xid, "kind": kind, "pid": x.pid, "app": app, "id": x.event_id}
+    state.xids = added(state.xids, fact)
     prune(state, ts, policy)
     xentry = entry(ts, "xid", f"{describe_xid(x.xid)} pid={x.pid} name={x.process_name}",
                    xid=x.xid, name=x.xid_name, pid=x.pid, process_name=x.process_name, pod_uid=pod,
                    raw=x.raw, sources=[s.value for s in x.sources] or [x.source.value])
     inc = state.incident
+    if x.xid in (PSHC_DISENGAGED, PSHC_REENGAGED) and x.xid not in policy.hardware_xids \
+            and _power_smoothing(state, fact, xentry, policy, outputs):
+        return
     if not app:
         verdict = hardware_xid_verdict(state, x.xid, x.message, x.pci_bus_id, x.event_id, xentry)
         if verdict is None:
@@ -473,6 +481,46 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         outputs.append(("workload_fault", {"pod_uid": pod, "gpu_uuid": state.gpu_uuid, "node": state.node, "ts": ts,
                                            "xid": x.xid, "incident_id": state.incident.id if state.incident else None}))
     _check_suspect(state, policy, outputs)
+
+
+def _power_smoothing(state: GpuState, fact: dict, xentry: dict, policy: Policy, outputs: list) -> bool:
+    """Xid 163 (power smoothing disengaged) and 162 (re-engaged), the pair of NVIDIA's catalog
+    (streams.verdict): True when handled here. A 163 goes the hardware way (False) unless a 162 of
+    this GPU already read re-engaged within `pshc_cancel_s` after it: then nothing is raised. A 162 is
+    evidence, and closes the incident a 163 opened within `pshc_cancel_s` before it, alone: a
+    quarantine released, an alert saying the disengagement was cancelled, never a node-level step.
+    Both by their own times, so the pair holds in either read order."""
+    code, ts = fact["xid"], fact["ts"]
+    gpu = f"GPU {state.gpu_index} ({state.gpu_uuid or state.pci_bus_id}) on {state.node}"
+    if code == PSHC_DISENGAGED:
+        later = reengaged_by(state, ts, policy)
+        if later is None:
+            return False
+        _evidence(state, xentry, policy)
+        _evidence(state, entry(ts, "note", f"{describe_xid(PSHC_DISENGAGED)} cancelled by {describe_xid(PSHC_REENGAGED)} at "
+                               f"{dt(later['ts']).strftime('%H:%M:%S')}Z, {later['ts'] - ts:.0f} s later: power smoothing "
+                               f"re-engaged; nothing raised", cancelled_by=later.get("id")), policy)
+        return True
+    found = cancelled_disengagement(state, ts, policy)
+    inc = state.incident
+    _evidence(state, xentry, policy)
+    if found is None:
+        return True  # power smoothing re-engaged: not a fault
+    opener, within = found
+    since = f"{describe_xid(PSHC_DISENGAGED)} at {dt(opener['ts']).strftime('%H:%M:%S')}Z"
+    if not within:
+        inc.note(entry(ts, "note", f"power smoothing re-engaged {ts - opener['ts']:.0f} s after {since}, past "
+                       f"pshc_cancel_s ({policy.pshc_cancel_s:.0f} s): the incident stays open for a person"),
+                 policy.evidence_limit)
+        return True
+    what = (f"{since} cancelled by {describe_xid(PSHC_REENGAGED)} {ts - opener['ts']:.0f} s later: power smoothing "
+            f"re-engaged")
+    _close(state, inc, ts, entry(ts, "note", f"{what}: cancelled", cancelled=opener.get("id")),
+           f"{gpu}: {what}; incident cancelled", policy, outputs)
+    # kept past the close: a copy of the 163 published late (an NVML event after the merge window)
+    # is then cancelled on arrival, not raised again
+    state.xids = added(state.xids, fact)
+    return True
 
 
 def _check_suspect(state: GpuState, policy: Policy, outputs: list) -> None:
@@ -710,14 +758,20 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
         return  # healthy samples do not make a link stop recovering: open while the trend holds
     if state.remap_failure or state.recovery_action:
         return  # NVML still reports the fault (a failed row remap, a pending recovery action)
+    _close(state, inc, ts, entry(ts, "note", f"healthy for {ts - since:.0f} s with no new Xid: resolved"),
+           f"GPU {state.gpu_index} on {state.node} healthy again: incident resolved", policy, outputs)
+
+
+def _close(state: GpuState, inc: Incident, ts: float, note: dict, summary: str, policy: Policy, outputs: list) -> None:
+    """Close the open incident at `ts`: its last timeline line, the resolved alert, and the closing
+    steps of what it took (UNCORDON_NODE, RELEASE_GPU), kept until answered."""
     closing = []
     if inc.has_emitted(Action.CORDON_NODE):
         closing.append(Action.UNCORDON_NODE)
     if inc.has_emitted(Action.QUARANTINE_GPU):
         closing.append(Action.RELEASE_GPU)
-    inc.note(entry(ts, "note", f"healthy for {ts - since:.0f} s with no new Xid: resolved"), policy.evidence_limit)
-    outputs.append(("alert", alert(state, inc, ts, f"GPU {state.gpu_index} on {state.node} healthy again: incident resolved",
-                                   "resolved")))
+    inc.note(note, policy.evidence_limit)
+    outputs.append(("alert", alert(state, inc, ts, summary, "resolved")))
     cmds = [command(state, inc, a, ts, policy, "incident resolved", []) for a in closing]
     outputs.extend(("command", c) for c in cmds)
     # the closing steps are answered after the incident closed: kept until they are, for the newest

@@ -326,6 +326,8 @@ def prune(state: GpuState, ts: float, policy: Policy) -> None:
         occ.sort(key=lambda o: (o["last_ts"], o["ts"], o.get("id") or ""))
         del occ[:-_OCCURRENCES_KEPT]
     state.occurrences = occ or EMPTY_LIST
+    # an Xid 163 is kept while a 162 may still cancel it (streams.verdict, power smoothing)
+    keep = max(keep, policy.pshc_cancel_s)
     state.xids = [x for x in state.xids if ts - x["ts"] <= keep][-_XIDS_KEPT:] or EMPTY_LIST
     state.workload_failures = [w for w in state.workload_failures
                                if ts - w["ts"] <= policy.workload_failure_lookback_s][-_FAILURES_KEPT:] or EMPTY_LIST

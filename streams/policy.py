@@ -80,6 +80,12 @@ class Policy:
     # Incidents
     alert_cooldown_s: float = 300.0
     resolve_after_s: float = 300.0
+    # Xid 163 (power smoothing disengaged) re-engaged by an Xid 162 of the same GPU within this span
+    # is cancelled: the incident it opened closes (its quarantine released), and a 163 read after its
+    # 162 raises nothing (streams.verdict, "power smoothing"). NVIDIA publishes no figure: five
+    # minutes, the span resolve_after_s asks of a GPU before any incident resolves; a disengagement
+    # that lasted longer stays open for a person (NVIDIA: resolve the thermal events).
+    pshc_cancel_s: float = 300.0
     # A command expires this long after the evidence it rests on (event time), so an executor
     # refuses by its wall clock what a replay of history or a stuck queue delivers late.
     command_ttl_s: float = 900.0
@@ -231,7 +237,7 @@ def _check(policy: Policy, where: str) -> None:
     if policy.fleet_min_nodes < 1:
         raise ConfigError(f"{where}: fleet_min_nodes must be >= 1")
     for key in ("suspect_window_s", "burst_seconds", "fleet_window_s", "fleet_node_ttl_s", "alert_cooldown_s", "resolve_after_s",
-                "app_xid_lookback_s", "wedged_xid43_lookback_s", "workload_failure_lookback_s"):
+                "app_xid_lookback_s", "wedged_xid43_lookback_s", "workload_failure_lookback_s", "pshc_cancel_s"):
         if getattr(policy, key) < 0:
             raise ConfigError(f"{where}: {key} must be >= 0")
     app = sorted(x for x in policy.hardware_xids if is_app_class(x))

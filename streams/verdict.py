@@ -19,6 +19,10 @@ After ../shared/reference/incident.md "The escalation policy" (docs/architecture
   reset_required, NVML's recovery action, a row-remap failure.
 - PHANTOM_LOAD (warning): pinned with no compute and no wedge evidence or recent application
   Xid (other records, such as Xid 154 "to 0x0" or a non-fatal NVLink Xid, do not hide it). RECORD.
+- Power smoothing: Xid 163 (PSHC_DISENGAGED) raises, Xid 162 (PSHC_REENGAGED) clears. A 163 is a
+  GPU_HARDWARE_FAULT by NVIDIA's catalog (no bucket: quarantine); a 162 of the same GPU within
+  `pshc_cancel_s` after it cancels it (`cancelled_disengagement`, `reengaged_by`); a 162 is never a
+  fault by itself.
 
 Xid 45 (preemptive cleanup: one job's teardown logs it on every rank at once) is never more than
 RECORD. A live compute process keeps a GPU out of GPU_WEDGED and PHANTOM_LOAD.
@@ -36,7 +40,8 @@ from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
 from streams.render import app_xid_verdict_text, describe_xid, dt
 
 __all__ = ["Verdict", "RANK", "PLANS", "pinned_verdicts", "suspect_verdict", "earliest_suspect", "hardware_xid_verdict",
-           "recovery_action_verdict", "XID45"]
+           "recovery_action_verdict", "XID45", "PSHC_REENGAGED", "PSHC_DISENGAGED", "reengaged_by",
+           "cancelled_disengagement"]
 
 RANK = {
     Classification.APP_FAULT: 1,
@@ -53,6 +58,16 @@ PLANS = {
     REBOOT: [Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE],
 }
 XID45 = 45  # preemptive cleanup (NVIDIA catalog: ROBUST_CHANNEL_PREEMPTIVE_REMOVAL)
+# NVIDIA's Xid catalog (analyzing-xid-catalog.html): 162 PSHC_REENGAGED "Power Smoothing HW Circuitry
+# capability reengaged", 163 PSHC_DISENGAGED "... capability disengaged", whose trigger conditions say
+# "No GPU reset required. If power smoothing functionality is desired, the customer needs to resolve
+# the thermal events. If disabled due to timeout, reload the driver or reset the GPU." NVIDIA's GPU
+# Operational Events report both from one module (GPU-PSHC: "power-smoothing controller engagement,
+# disengagement"). A state and its end: the 163 raises, the 162 clears it. (NVSentinel maps 162 to
+# RESET_GPU; NVIDIA's catalog gives neither code a bucket.)
+PSHC_REENGAGED, PSHC_DISENGAGED = 162, 163
+PSHC_ADVICE = ("NVIDIA: no GPU reset required; power smoothing stays off until the thermal events are resolved; "
+               "if it was disabled by a timeout, reload the driver or reset the GPU")
 
 
 @dataclass(slots=True)
@@ -297,9 +312,47 @@ def hardware_xid_verdict(state: GpuState, code: int, message: str, pci: str | No
     if remedy == RECORD:
         return None
     rec = ("Open an NVIDIA support case with this evidence (nvidia-bug-report.sh)" if remedy == QUARANTINE else None)
+    if code == PSHC_DISENGAGED:
+        rec = PSHC_ADVICE
     return Verdict(Classification.GPU_HARDWARE_FAULT, remedy,
                    f"{describe_xid(code)} on GPU {state.gpu_index} ({state.gpu_uuid or pci}) on {state.node}: {why}",
                    [event_id], hardware=True, recommendation=rec, entry=xentry)
+
+
+def reengaged_by(state: GpuState, disengaged_at: float, policy: Policy) -> dict | None:
+    """The Xid 162 already read that re-engaged power smoothing within `pshc_cancel_s` after an Xid 163
+    at `disengaged_at` (both by their own times: a 163 read after its 162 is cancelled too)."""
+    for x in state.xids:
+        if x.get("xid") == PSHC_REENGAGED and 0 <= x["ts"] - disengaged_at <= policy.pshc_cancel_s:
+            return x
+    return None
+
+
+def cancelled_disengagement(state: GpuState, reengaged_at: float, policy: Policy) -> tuple[dict, bool] | None:
+    """(the Xid 163 that opened the GPU's open incident, whether an Xid 162 at `reengaged_at` is within
+    `pshc_cancel_s` of it), when that incident rests on power smoothing alone: a GPU_HARDWARE_FAULT
+    quarantine opened by the 163, with no other Xid, NVML fault, row-remap failure or recovery action
+    since and no node-level step taken. None otherwise: other evidence keeps an incident open whatever
+    a 162 says, and a 163 that only joined an incident opened before it did not open what it would close."""
+    inc = state.incident
+    if inc is None or inc.classification != Classification.GPU_HARDWARE_FAULT.value or inc.remedy != QUARANTINE:
+        return None
+    if reengaged_at < inc.opened_at or any(inc.has_emitted(a) for a in PLANS[RESET] + PLANS[REBOOT]):
+        return None
+    if state.status != "ok" or state.recovery_action or state.remap_failure:
+        return None
+    opener = None
+    for x in state.xids:
+        if x["ts"] < inc.opened_at:
+            continue
+        if x.get("xid") == PSHC_DISENGAGED:
+            if x["ts"] == inc.opened_at and opener is None:
+                opener = x
+        elif x.get("xid") != PSHC_REENGAGED:
+            return None  # other evidence since it opened
+    if opener is None:
+        return None
+    return opener, reengaged_at - opener["ts"] <= policy.pshc_cancel_s
 
 
 def recovery_action_verdict(state: GpuState, action: int, event_id: str, ts: float) -> Verdict | None:

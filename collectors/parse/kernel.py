@@ -46,8 +46,6 @@ from datetime import datetime, timedelta, timezone
 
 import orjson
 
-from schemas.limits import GPU_UUID_MAX
-
 __all__ = ["KernelRecord", "Parsed", "parse_line", "parse_line_checked", "extract_pci", "split_prefix",
            "sxid_continues", "merge_sxid", "REFUSALS"]
 
@@ -93,10 +91,12 @@ _XID = re.compile(
     r"(?P<xid>\d+)(?:,\s*(?P<rest>.*))?$"
 )
 _PID_NAME = re.compile(r"^pid=(?P<pid>'?<unknown>'?|\d+)(?:, name=(?P<name>.*?))?(?:, (?P<msg>.*))?$")
-# The UUID is bounded by the contract's cap (schemas.limits.GPU_UUID_MAX, NVML's buffer): a longer
-# one is no NVML UUID, and the line is no identity record.
+# The UUID has NVML's shape (nvmlDeviceGetUUID, which the driver's line prints): "GPU-" and 8-4-4-4-12
+# hex digits. Any other string names no GPU (a "GPU-123" would key a GPU's records and its reset),
+# and the line is no identity record.
 _IDENTITY = re.compile(
-    rf"NVRM: GPU at PCI:(?P<pci>{_HEX_PCI})(?:\.\d)?: (?P<uuid>GPU-[0-9a-fA-F-]{{1,{GPU_UUID_MAX - 4}}})(?![0-9a-fA-F-])")
+    rf"NVRM: GPU at PCI:(?P<pci>{_HEX_PCI})(?:\.\d)?: "
+    r"(?P<uuid>GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})(?![0-9a-zA-Z-])")
 _RATE_LIMIT = re.compile(rf"NVRM: Rate limiting GSP RPC error prints for GPU at PCI:(?P<pci>{_HEX_PCI})")
 _RECOVERY = re.compile(
     r"NVRM: (?:GPU(?P<ref>\d+) )?(?:(?P<fn>\w*refcnt\w*): Failed to enter state \d+|"

@@ -214,6 +214,24 @@ def test_bad_lines_do_not_stop_the_collector(line):
     assert 31 in [x.xid for x in _xids(sink)]
 
 
+@pytest.mark.parametrize("code", [173, 999])
+def test_an_xid_code_outside_the_catalog_is_published_with_its_raw_text(code):
+    """A code NVIDIA's catalog does not name is a record like any other: parsed, published with
+    the driver's whole line and the catalog's word for it ('unknown', no resolution), through
+    the codec the Kafka sink and the processor use, and counted under 'other' on the metrics."""
+    from schemas.codec import decode_any, encode
+
+    sink = MemorySink()
+    c, _, kernel, _ = _rig(sink, window=0.0)
+    line = f"[ 12.5] NVRM: Xid (PCI:0000:01:00): {code}, pid=77, name=python3, a message no catalog explains"
+    kernel.feed([line])
+    c.tick(T0)
+    (x,) = [decode_any(encode(r)) for r in _xids(sink)]
+    assert (x.xid, x.xid_name, x.xid_category, x.xid_resolution, x.raw, x.message, x.gpu_uuid, x.pid) == (
+        code, "unknown", "unknown", "NOT_ASSIGNED", line, "a message no catalog explains", "GPU-aaaa", 77)
+    assert c.metrics.xids.labels("other")._value.get() == 1
+
+
 def test_inventory_is_published_at_start_and_when_it_changes():
     sink = MemorySink()
     c, fake, _, clock = _rig(sink)

@@ -209,6 +209,29 @@ def test_an_identity_line_gives_the_pci_id_and_the_uuid():
                                                               f"GPU at PCI:0000:9B:00.0: {uuid}")
 
 
+@pytest.mark.parametrize("uuid", [
+    "GPU-123",  # any length from one character was taken
+    "GPU-509665ad-b600-ac93-3616-d754b23d636",  # one hex digit short of NVML's last group
+    "GPU-509665ad-b600-ac93-3616-d754b23d636d0",  # one too many (no shorter prefix of it is taken)
+    "GPU-509665adb600ac933616d754b23d636d",  # 32 hex digits without NVML's dashes
+    "GPU-509665ad-b600-ac93-3616-d754b23d636d-aaaa",  # a fifth dash: no UUID NVML prints
+    "GPU-509665ad-b600ac93-3616-d754b23d636d-",  # dashes in the wrong places
+    "GPU-509665ag-b600-ac93-3616-d754b23d636d",  # not hex
+    "GPU-" + "a" * 92,  # under the contract's cap (GPU_UUID_MAX), but no NVML UUID
+])
+def test_an_identity_line_needs_a_uuid_of_nvmls_shape(uuid):
+    """NVML's GPU UUID is ``GPU-`` and 8-4-4-4-12 hex digits (nvmlDeviceGetUUID; the driver's
+    ``GPU at PCI`` line prints the same string): anything else names no GPU, and the collector
+    would key a GPU's records, and its GPU reset, by it."""
+    assert [r.kind for r in parse_line(f"[ 1.5] NVRM: GPU at PCI:0000:9b:00: {uuid}")] == []
+
+
+@pytest.mark.parametrize("uuid", ["GPU-509665ad-b600-ac93-3616-d754b23d636d", "GPU-509665AD-B600-AC93-3616-D754B23D636D"])
+def test_an_identity_line_of_nvmls_shape_is_taken_as_printed(uuid):
+    (rec,) = parse_line(f"NVRM: GPU at PCI:0000:9b:00: {uuid}")
+    assert (rec.kind, rec.gpu_uuid) == ("gpu_identity", uuid)
+
+
 def test_a_rate_limit_line_names_its_gpu():
     (rec,) = parse_line("NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:9b:00")
     assert (rec.kind, rec.pci, rec.message) == ("gsp_rate_limit", "0000:9b:00",

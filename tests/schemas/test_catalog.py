@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import csv
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -38,14 +40,46 @@ def test_generated_module_matches_the_catalog_csv():
     assert "DO NOT EDIT" in Path(catalog_gen.OUT).read_text().splitlines()[0]
 
 
-def test_the_tests_copy_of_the_csv_is_the_shared_one():
-    """The copy in tests/data is the shared data's, byte for byte, wherever ../shared/data is there.
-    A checkout without it skips this on a developer's machine; in CI (CI=true) a missing folder
-    is a failure, so the comparison is never silently skipped there."""
-    data = catalog_gen.DEFAULT_DATA
+def _csv_rows(path: Path) -> dict[int, dict[str, str]]:
+    with path.open(newline="") as fh:
+        return {int(r["xid"]): r for r in csv.DictReader(fh)}
+
+
+def test_the_tests_copy_of_the_csv_holds_the_shared_one():
+    """tests/data holds the shared reference's catalog: each of its rows, every column as it is there
+    (the extended and NVLink5 sheets byte for byte), plus rows and a `driver_branch` column for codes
+    NVIDIA documents after it. A checkout without ../shared/data skips this on a developer's machine;
+    in CI (CI=true) a missing folder is a failure, so the comparison is never silently skipped there."""
+    data = catalog_gen.SHARED_DATA
     if not (data / CATALOG_CSVS[0]).exists():
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{data} has no {CATALOG_CSVS[0]}: CI must check tests/data against the shared catalog")
         pytest.skip(f"{data} is not beside this checkout")
-    stale = [name for name in CATALOG_CSVS if (data / name).read_bytes() != (OWN_DATA / name).read_bytes()]
+    stale = [name for name in CATALOG_CSVS[1:] if (data / name).read_bytes() != (OWN_DATA / name).read_bytes()]
     assert not stale, f"tests/data/{stale[0]} differs from {data / stale[0]}: copy it and regenerate the module"
+    shared, own = _csv_rows(data / CATALOG_CSVS[0]), _csv_rows(OWN_DATA / CATALOG_CSVS[0])
+    changed = [x for x, row in shared.items() if {k: own.get(x, {}).get(k) for k in row} != row]
+    assert not changed, f"tests/data/xid_catalog.csv differs from the shared copy at Xid {changed[:5]}"
+    assert min(set(own) - set(shared), default=max(shared) + 1) > max(shared), "rows added here are past the shared ones"
+
+
+def test_xid_185_sparing_event_is_in_the_catalog_with_its_driver_branch():
+    info = lookup(185)
+    assert (info.name, info.category, info.resolution, info.driver_branch) == (
+        "SPARING_EVENT", "memory", NOT_ASSIGNED, "R620")
+    assert "GPU Operational Events" in info.description
+
+
+def test_each_code_added_past_the_shared_catalog_names_its_source_and_driver_branch():
+    """A code the shared reference (1-172) lacks is here only with a public NVIDIA page that names
+    it and the earliest driver branch a public source ties it to; a code no public source names is
+    not made up (it passes through `lookup` as unknown)."""
+    rows = _csv_rows(OWN_DATA / CATALOG_CSVS[0])
+    added = {x: r for x, r in rows.items() if x > 172}
+    assert added, "no code past 172"
+    for x, r in added.items():
+        assert re.fullmatch(r"R\d{3}", r["driver_branch"]), (x, r["driver_branch"])
+        assert "https://docs.nvidia.com/" in r["sources"], x
+        assert XID_CATALOG[x].driver_branch == r["driver_branch"]
+    assert all(not r["driver_branch"] for x, r in rows.items() if x <= 172)  # the shared rows' is not ours to add
+    assert lookup(173).name == "unknown"  # 173-184: in no public source found

@@ -224,6 +224,23 @@ def test_contact_support_xids_quarantine_and_recommend_a_case():
     assert any("support case" in s for s in e.alerts[0].recommended_steps)
 
 
+@pytest.mark.parametrize("code", [173, 999, 2**31 - 1])
+def test_a_code_outside_the_catalog_is_kept_with_its_raw_text(code):
+    """A code NVIDIA's catalog does not name (a newer driver's, or one no source publishes) is never
+    dropped: a GPU-level verdict that names it as unknown, a quarantine and a support case (no
+    node-level action: nothing says the node is at fault), and the driver's line in the evidence."""
+    from schemas.xid_catalog import XID_CATALOG
+
+    assert code not in XID_CATALOG
+    e = run([sample(0), xid(10, code, pid=None, message="a message no catalog explains")])
+    assert classes(e) == [Classification.GPU_HARDWARE_FAULT] and actions(e) == [Action.QUARANTINE_GPU]
+    (a,) = e.alerts
+    assert f"Xid {code} (unknown" in a.summary
+    assert [(t.data["xid"], t.data["raw"]) for t in a.evidence.timeline if t.kind == "xid"] == [
+        (code, f"NVRM: Xid (PCI:{PCI}): {code}, pid=None, a message no catalog explains")]
+    assert a.evidence.xid_counts == {str(code): 1}
+
+
 @pytest.mark.parametrize("message, plan_end", [
     ("GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", Action.RESET_GPU),
     ("GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", Action.REBOOT_NODE),

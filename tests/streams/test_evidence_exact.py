@@ -263,7 +263,7 @@ def test_a_name_from_the_process_lists_is_never_taken_and_a_name_from_a_death_is
 
 # -- pruning and the caps --------------------------------------------------------------------------
 def test_prune_keeps_the_longest_of_the_three_lookbacks():
-    p = policy(app_xid_lookback_s=100.0, wedged_xid43_lookback_s=200.0, suspect_window_s=150.0)
+    p = policy(app_xid_lookback_s=100.0, wedged_xid43_lookback_s=200.0, suspect_window_s=150.0, pshc_cancel_s=0.0)
     state = gpu(occurrences=[occ(0.0, "pod:a", id="old", last_ts=799.0), occ(0.0, "pod:a", id="in", last_ts=800.0)],
                 xids=[{"ts": 799.0, "id": "x-old"}, {"ts": 800.0, "id": "x-in"}],
                 workload_failures=[failure(899.0, id="w-old"), failure(900.0, id="w-in")])
@@ -276,6 +276,16 @@ def test_prune_keeps_the_longest_of_the_three_lookbacks():
         state = gpu(occurrences=[occ(0.0, "pod:a", id="o", last_ts=800.0)], xids=[{"ts": 800.0}])
         prune(state, 1000.0, dataclasses.replace(p, **longest))
         assert len(state.occurrences) == 1 and len(state.xids) == 1
+
+
+def test_prune_keeps_the_xids_while_a_162_may_still_cancel_a_163():
+    """pshc_cancel_s past the three lookbacks keeps the GPU's Xids (not its occurrences) that long:
+    an Xid 162 finds the 163 it re-engages (streams.verdict.reengaged_by)."""
+    p = policy(app_xid_lookback_s=100.0, wedged_xid43_lookback_s=200.0, suspect_window_s=150.0, pshc_cancel_s=250.0)
+    state = gpu(occurrences=[occ(0.0, "pod:a", id="o", last_ts=760.0)],
+                xids=[{"ts": 749.0, "id": "x-old"}, {"ts": 750.0, "id": "x-in"}])
+    prune(state, 1000.0, p)
+    assert state.occurrences is EMPTY_LIST and [x["id"] for x in state.xids] == ["x-in"]
 
 
 def test_prune_leaves_the_shared_empty_lists_when_nothing_is_left():

@@ -116,7 +116,7 @@ def decisions(engine: Engine, *, everything: bool) -> tuple:
 def test_the_library_scenarios_are_all_here():
     # the scenarios this property runs: a rename or a new result-answering scenario shows up here
     assert {"motivating-incident", "recovery-failure-pinned", "busy-after-xid43", "phantom-load",
-            "skewed-dmesg-before-wedge", "xid31-three-pids", "crash-looping-pod"} <= set(NAMES)
+            "skewed-dmesg-before-wedge", "xid31-three-pids", "crash-looping-pod", "power-smoothing-cancel"} <= set(NAMES)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -149,6 +149,26 @@ def test_any_read_order_records_each_application_fault_once(name, seed, lag):
                       if c.action == Action.RECORD and "application fault" in c.reason)
     recs = records_of(name)
     assert records(fold(interleave(recs, random.Random(seed), max_lag_s=lag))) == records(fold(recs))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), lag=st.sampled_from([None, 60]))
+def test_the_power_smoothing_pair_holds_in_any_read_order(seed, lag):
+    """Xid 163 re-engaged by 162 within pshc_cancel_s (GPU 0: quarantined, then cancelled and
+    released) and past it (GPU 1: quarantined, kept), with the GPUs' samples and process lists read
+    ahead or behind: every command and first verdict at the same times, and each GPU's last alert
+    in the same state."""
+    recs = records_of("power-smoothing-cancel")
+
+    def last_states(engine: Engine) -> dict:
+        return {a.gpu_uuid: str(a.state) for a in engine.alerts}
+
+    published = fold(recs)
+    read = fold(interleave(recs, random.Random(seed), max_lag_s=lag))
+    assert decisions(read, everything=True) == decisions(published, everything=True)
+    assert last_states(read) == last_states(published) == {
+        "GPU-c1620000-0000-4000-8000-000000000000": "resolved", "GPU-c1630000-0000-4000-8000-000000000000": "open"}
+    assert [c.action.value for c in published.commands] == ["QUARANTINE_GPU", "QUARANTINE_GPU", "RELEASE_GPU"]
 
 
 # -- the issue's case: GPU 7 of 8 wedges while its neighbours run healthy jobs -------------------

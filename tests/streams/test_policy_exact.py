@@ -30,6 +30,7 @@ EDGES = [
     ({"fleet_window_s": 0}, {"fleet_window_s": -1}, "policy: fleet_window_s must be >= 0"),
     ({"burst_seconds": 0}, {"burst_seconds": -0.5}, "policy: burst_seconds must be >= 0"),
     ({"resolve_after_s": 0}, {"resolve_after_s": -1}, "policy: resolve_after_s must be >= 0"),
+    ({"pshc_cancel_s": 0}, {"pshc_cancel_s": -1}, "policy: pshc_cancel_s must be >= 0"),
     ({"workload_failure_lookback_s": 0}, {"workload_failure_lookback_s": -1},
      "policy: workload_failure_lookback_s must be >= 0"),
     ({"pinned_seconds": 10.0}, {"pinned_seconds": 9.9},

@@ -620,3 +620,77 @@ def test_a_row_leaves_out_what_is_at_its_default_and_reads_back_the_same_state()
         healthy_state, _, _ = step(healthy_state, state_key(r), r, Policy())
     full = {k: getattr(healthy_state, k) for k in GpuState.__dataclass_fields__}
     assert len(orjson.dumps(healthy_state.to_dict())) < 0.6 * len(orjson.dumps(full))
+
+
+# -- power smoothing: Xid 163 raises, 162 clears it (rule and scenario power-smoothing-cancel) ----
+def test_a_power_smoothing_disengagement_re_engaged_within_the_bound_is_cancelled():
+    e = run([sample(0), xid(10, 163, pid=None), sample(20), xid(70, 162, pid=None), sample(80)])
+    assert actions(e) == [Action.QUARANTINE_GPU, Action.RELEASE_GPU]
+    assert not DISRUPTIVE & set(actions(e))
+    opened, cancelled = e.alerts
+    assert (opened.classification, opened.state) == (Classification.GPU_HARDWARE_FAULT, "open")
+    assert "thermal events" in " ".join(opened.recommended_steps)  # NVIDIA's words for 163, not a support case
+    assert (cancelled.incident_id, cancelled.state, cancelled.ts) == (opened.incident_id, "resolved", at(70))
+    assert "Xid 163 (PSHC_DISENGAGED" in cancelled.summary and "cancelled by Xid 162 (PSHC_REENGAGED" in cancelled.summary
+    assert "60 s later" in cancelled.summary and "cancelled" in cancelled.evidence.timeline[-1].summary
+    release = e.commands[-1]
+    assert (release.incident_id, release.ts) == (opened.incident_id, at(70))
+    assert e.states[GPU].incident is None
+
+
+def test_a_power_smoothing_disengagement_read_after_its_re_engagement_raises_nothing():
+    """The two by their own times: a 163 read after the 162 that re-engaged it (within the bound)
+    is the same cancelled disengagement, with nothing to close."""
+    e = feed(Engine(), [sample(0), xid(70, 162, pid=None), xid(10, 163, pid=None), sample(80)])
+    assert e.alerts == [] and e.commands == []
+    notes = [n["summary"] for n in e.states[GPU].pending_notes]
+    assert any("Xid 163 (PSHC_DISENGAGED" in n and "cancelled by Xid 162" in n and "60 s later" in n for n in notes)
+
+
+def test_a_late_copy_of_a_cancelled_disengagement_raises_nothing():
+    """The same 163 published again after the cancel (an NVML event past the collector's merge
+    window): the 162 that cancelled it still stands."""
+    e = run([sample(0), xid(10, 163, pid=None), xid(70, 162, pid=None), sample(80)])
+    feed(e, [xid(10, 163, pid=None, message="(from NVML event; no kernel log line seen)"), sample(90)])
+    assert actions(e) == [Action.QUARANTINE_GPU, Action.RELEASE_GPU] and e.states[GPU].incident is None
+
+
+def test_a_power_smoothing_re_engagement_alone_is_only_evidence():
+    e = run([sample(0), xid(10, 162, pid=None), sample(20)])
+    assert e.alerts == [] and e.commands == []
+    assert [n["data"]["xid"] for n in e.states[GPU].pending_notes if n["kind"] == "xid"] == [162]
+
+
+def test_a_power_smoothing_disengagement_re_engaged_past_the_bound_stays_open_for_a_person():
+    e = run([sample(0), xid(10, 163, pid=None), sample(150), sample(300), xid(10 + 301, 162, pid=None), sample(400)])
+    assert actions(e) == [Action.QUARANTINE_GPU] and [a.state for a in e.alerts] == ["open"]
+    inc = e.states[GPU].incident
+    assert inc is not None and any("past pshc_cancel_s (300 s)" in n["summary"] for n in inc.timeline)
+
+
+@pytest.mark.parametrize("other", [
+    xid(20, 167, pid=None),  # PCIE_FATAL_TIMEOUT: another hardware Xid into the same quarantine
+    xid(20, 999, pid=None),  # a code outside the catalog
+    xid(20, 13, pid=4242),  # an application fault on the GPU meanwhile
+])
+def test_a_power_smoothing_disengagement_with_other_evidence_is_not_cancelled(other):
+    e = run([sample(0), xid(10, 163, pid=None), other, xid(70, 162, pid=None), sample(80)])
+    assert Action.RELEASE_GPU not in actions(e) and e.states[GPU].incident is not None
+    assert not any(a.state == "resolved" for a in e.alerts)
+
+
+def test_a_re_engagement_cancels_no_incident_it_did_not_open():
+    """A 163 that joined an incident opened before it (a wedge's reset here) closes nothing when
+    power smoothing re-engages: the incident rests on other evidence."""
+    e = run(wedge() + [xid(250, 163, pid=None), xid(260, 162, pid=None)])
+    assert Action.RESET_GPU in actions(e) and Action.RELEASE_GPU not in actions(e)
+    assert e.states[GPU].incident is not None
+
+
+def test_the_power_smoothing_pair_as_the_policy_lists_it():
+    """A code the policy lists in hardware_xids is taken as the operator says: never cancelled."""
+    policy = load_policy({"hardware_xids": [162, 163]})
+    e = run([sample(0), xid(10, 163, pid=None), xid(70, 162, pid=None)], policy)
+    assert actions(e) == [Action.QUARANTINE_GPU] and e.states[GPU].incident is not None
+    e = run([sample(0), xid(10, 163, pid=None), xid(70, 162, pid=None)], load_policy({"pshc_cancel_s": 30}))
+    assert actions(e) == [Action.QUARANTINE_GPU]  # 60 s is past a bound of 30

@@ -164,8 +164,20 @@ def test_record_stamped_hours_ahead_does_not_blind_the_gpu_to_the_wedge_that_fol
     assert all(c.ts < at(300 + 900) for c in engine.commands if c.action in wanted)
 
 
+# -- Rule: a 162 cancels the 163 it re-engages within pshc_cancel_s --------------------------------
+def test_power_smoothing_re_engaged_in_time_is_cancelled_and_later_is_kept():
+    sc, records = collected("power-smoothing-cancel")
+    bound = 300.0  # Policy().pshc_cancel_s
+    for idx, cancelled in ((0, True), (1, False)):
+        uuid = sc.gpu("gb200-tray-3", idx).uuid
+        (off,) = [x for x in xids(records, uuid) if x.xid == 163]
+        (on,) = [x for x in xids(records, uuid) if x.xid == 162]
+        assert ((on.ts - off.ts).total_seconds() <= bound) is cancelled
+    assert failures(sc, fold_in_arrival_order(records)) == []
+
+
 @pytest.mark.parametrize("name", ["crash-looping-pod", "recovery-failure-pinned", "busy-after-xid43",
-                                  "xid45-teardown-across-nodes", "skewed-dmesg-before-wedge"])
+                                  "xid45-teardown-across-nodes", "skewed-dmesg-before-wedge", "power-smoothing-cancel"])
 def test_rule_scenario_is_valid_and_says_what_it_proves(name):
     text = (SCENARIOS / f"{name}.yaml").read_text()
     assert text.startswith("#") and "What it proves (the rule \"" in text
