@@ -49,6 +49,7 @@ from schemas.limits import (
     XID_SOURCES_MAX,
 )
 from schemas.vocab import (
+    ATTESTED_XID_SOURCES,
     Action,
     Classification,
     Outcome,
@@ -330,7 +331,9 @@ class XidEvent(NodeRecord):
     compute_instance: int | None = Field(None, description="MIG compute instance (GPU-CI).")
     message: str = Field("", max_length=KERNEL_MESSAGE_MAX)
     raw: str = Field("", max_length=KERNEL_RAW_MAX)
-    source: XidSource
+    source: XidSource = Field(
+        description="Where the record was read: kmsg, journal, nvml, or file (text from a log file or stdin, "
+        "which a tenant can forge: the processor never acts on an Xid that only `file` names).")
     sources: list[XidSource] = Field(
         default_factory=list, max_length=XID_SOURCES_MAX,
         description="Every source that saw this fault (kernel log and NVML)."
@@ -350,6 +353,12 @@ class XidEvent(NodeRecord):
         True, description="False when this collector publishes no gpu.processes for the GPU (`collect "
         "--no-nvml`, or NVML failed to start): the processor then has no process list to wait for before "
         "it counts the fault's workload (its pod from gpu.workloads, else its PID).")
+
+    @property
+    def attested(self) -> bool:
+        """True when a source that the kernel or the driver vouches for saw it (kmsg, journal,
+        NVML: schemas.vocab.ATTESTED_XID_SOURCES); False for a record read only from text."""
+        return any(s in ATTESTED_XID_SOURCES for s in self.sources) or self.source in ATTESTED_XID_SOURCES
 
 
 class WorkloadEvent(NodeRecord):
