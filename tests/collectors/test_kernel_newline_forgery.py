@@ -76,6 +76,18 @@ def test_the_kmsg_record_quotes_the_driver_and_is_refused():
         assert (parsed.records, parsed.refused) == ([], "quoted")
 
 
+def test_the_journal_keeps_the_record_one_message_and_it_is_refused():
+    """journald reads /dev/kmsg and unescapes the record: one MESSAGE holding the newline (built
+    here from the capture's kmsg records; no journald where it was made)."""
+    for record in CAPTURE["kmsg"]:
+        body = record.split(";", 1)[1].replace("\\x0a", "\n")
+        assert "\nNVRM: Xid (PCI:0000:ee:00): 79" in body
+        line = orjson.dumps({"MESSAGE": body, "_TRANSPORT": "kernel", "SYSLOG_FACILITY": "0",
+                             "__REALTIME_TIMESTAMP": "1796537984528772", "__CURSOR": "s=1"}).decode()
+        parsed = parse_line_checked(line, "journal")
+        assert (parsed.records, parsed.refused) == ([], "quoted")
+
+
 @pytest.mark.parametrize("form", DMESG_FORMS)
 @pytest.mark.parametrize("source", ["file", None])
 def test_a_continuation_line_indented_by_dmesg_is_not_stripped_into_a_record(form, source):
