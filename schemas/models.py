@@ -50,6 +50,7 @@ from schemas.limits import (
     XID_SOURCES_MAX,
 )
 from schemas.vocab import (
+    ATTESTED_XID_SOURCES,
     Action,
     Classification,
     Outcome,
@@ -342,7 +343,9 @@ class XidEvent(NodeRecord):
     compute_instance: int | None = Field(None, description="MIG compute instance (GPU-CI).")
     message: str = Field("", max_length=KERNEL_MESSAGE_MAX)
     raw: str = Field("", max_length=KERNEL_RAW_MAX)
-    source: XidSource
+    source: XidSource = Field(
+        description="Where the record was read: kmsg, journal, nvml, or file (text from a log file or stdin, "
+        "which a tenant can forge: the processor never acts on an Xid that only `file` names).")
     sources: list[XidSource] = Field(
         default_factory=list, max_length=XID_SOURCES_MAX,
         description="Every source that saw this fault (kernel log and NVML)."
@@ -368,6 +371,12 @@ class XidEvent(NodeRecord):
         description="kind sxid: the PCI bus id (normalised dddd:bb:dd) of each NVSwitch that printed a line of "
         "the event, in the order first seen, each once; empty for every other kind. One event often comes "
         "from several switches within microseconds (a GPU's links going down on each).")
+
+    @property
+    def attested(self) -> bool:
+        """True when a source that the kernel or the driver vouches for saw it (kmsg, journal,
+        NVML: schemas.vocab.ATTESTED_XID_SOURCES); False for a record read only from text."""
+        return any(s in ATTESTED_XID_SOURCES for s in self.sources) or self.source in ATTESTED_XID_SOURCES
 
 
 class WorkloadEvent(NodeRecord):

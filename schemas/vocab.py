@@ -10,6 +10,7 @@ __all__ = [
     "Severity",
     "SampleStatus",
     "XidSource",
+    "ATTESTED_XID_SOURCES",
     "XidKind",
     "WorkloadEventType",
     "Outcome",
@@ -68,10 +69,17 @@ class SampleStatus(str, Enum):
 
 
 class XidSource(str, Enum):
-    kmsg = "kmsg"
-    journal = "journal"
-    file = "file"
-    nvml = "nvml"
+    kmsg = "kmsg"  # a /dev/kmsg record, facility 0: the kernel's
+    journal = "journal"  # a journal record with _TRANSPORT=kernel
+    file = "file"  # text: a log file or stdin (`collect --accept-forgeable-kernel-log`), forgeable
+    nvml = "nvml"  # an NVML Xid event: the driver's
+
+
+# Sources whose records the kernel or the driver vouches for. A line of text (`file`) is not one: the
+# syslog(2) interface that rsyslog's imklog (kern.log) and `dmesg -S` read splits a record at a newline
+# in a tenant's file name and gives the rest a kernel prefix of its own, so a crashing process can
+# write what reads as the driver's Xid line. The processor never acts on an Xid none of these saw.
+ATTESTED_XID_SOURCES = frozenset({XidSource.kmsg, XidSource.journal, XidSource.nvml})
 
 
 class XidKind(str, Enum):

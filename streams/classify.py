@@ -390,10 +390,21 @@ def _on_workload(state: GpuState, w: WorkloadEvent, ts: float, policy: Policy, o
 
 def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: list) -> None:
     kind = x.kind.value
+    attested = x.attested
     if kind in ("gpu_identity", "gsp_rate_limit", "sxid"):
-        if kind == "gsp_rate_limit" and state.incident is not None:
+        if kind == "gsp_rate_limit" and state.incident is not None and attested:
             state.incident.note(entry(ts, "note", "driver rate-limits GSP RPC error prints: later Xid counts are undercounted",
                                       raw=x.raw), policy.evidence_limit)
+        return
+    if not attested:
+        # Read from text only (a log file or stdin: `collect --accept-forgeable-kernel-log`), where a
+        # tenant's crash report can print a driver line of its own: the syslog(2) interface splits a
+        # record at a newline in a file name and prefixes the rest like any kernel line
+        # (tests/data/kernel-newline-forgery.tsv). On the timeline, never a reason to act; the same
+        # fault seen by NVML too is attested (its event names the GPU and the code).
+        _evidence(state, entry(ts, "xid", f"(unattested: read from text) {x.message or x.raw}", xid=x.xid,
+                               xid_kind=kind, raw=x.raw, sources=[s.value for s in x.sources] or [x.source.value],
+                               unattested=True), policy)
         return
     if x.backfilled:
         # History read at the collector's first start: on the timeline, never a reason to act now.

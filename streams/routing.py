@@ -64,9 +64,10 @@ def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Aler
         fleet.append({"kind": "node_seen", "node": state.node, "ts": record.ts.timestamp(), **tag})
     if isinstance(record, GpuInventory) and record.node:
         fleet.append({"kind": "inventory", "node": record.node, "ts": record.ts.timestamp(), **tag})
-    if isinstance(record, XidEvent) and "job" in groups and is_app_class(record.xid):
+    if isinstance(record, XidEvent) and "job" in groups and is_app_class(record.xid) and record.attested:
         # One job's application faults across nodes (Xid 45 included: a teardown logs it on every
-        # rank) are grouped by the fleet agent into one incident per job (streams.storms).
+        # rank) are grouped by the fleet agent into one incident per job (streams.storms). A fault
+        # only text names (schemas.vocab.ATTESTED_XID_SOURCES) is on its GPU's timeline only.
         inc = state.incident.id if state.incident else None
         fleet.append({"kind": "job_fault", "node": state.node, "gpu_uuid": state.gpu_uuid, "xid": record.xid,
                       "ts": record.ts.timestamp(), "incident_id": inc, **tag})

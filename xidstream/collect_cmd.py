@@ -28,7 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="run the node collector (NVML, processes, kernel Xids -> Kafka)")
     p.add_argument("--sink", choices=["kafka", "stdout"], default="kafka", help="where records go (stdout: JSON lines)")
     p.add_argument("--kernel-log", default="kmsg", metavar="SRC",
-                   help="kmsg (default), kmsg:PATH, journal, file:PATH, - (stdin), or none")
+                   help="kmsg (default), kmsg:PATH, journal, file:PATH, - (stdin), or none; file and stdin need "
+                        "--accept-forgeable-kernel-log")
+    p.add_argument("--accept-forgeable-kernel-log", action="store_true",
+                   help="read --kernel-log file:PATH or - (stdin), text in which any process that crashes inside a "
+                        "file it names can forge a driver Xid line (rsyslog's kern.log, dmesg output); its records "
+                        "are published with source 'file', which the processor records but never acts on alone")
     p.add_argument("--accept-injected-kmsg", action="store_true",
                    help="END-TO-END TESTS ONLY: count /dev/kmsg lines written by userspace (facility 1) as the "
                         "kernel's, so a test can inject an Xid; any root process on the node can then forge one")
@@ -315,6 +320,10 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     if args.accept_injected_kmsg:
         log.warning("--accept-injected-kmsg: lines written to /dev/kmsg by userspace count as the kernel's; "
                     "for end-to-end tests only, never on a node that runs tenants' pods")
+    if args.accept_forgeable_kernel_log and (args.kernel_log.startswith("file:") or args.kernel_log == "-"):
+        log.warning("--accept-forgeable-kernel-log: reading the kernel log from text (%s), where a tenant can forge "
+                    "a driver line; its Xid records go out with source 'file', which the processor never acts on "
+                    "alone (only where NVML saw the same fault)", args.kernel_log)
     nvml = None
     if args.fake_nvml:
         from collectors.fakes import FilePynvml
@@ -334,7 +343,8 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
     if args.kernel_log != "none":
         try:
             kernel = open_kernel_source(args.kernel_log, state, since=since.timestamp() if since else None,
-                                        accept_injected=args.accept_injected_kmsg)
+                                        accept_injected=args.accept_injected_kmsg,
+                                        accept_forgeable=args.accept_forgeable_kernel_log)
         except (OSError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
     import os

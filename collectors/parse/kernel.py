@@ -19,6 +19,9 @@ that crashes inside a file named ``NVRM: Xid (PCI:0000:ee:00): 79, ...`` gets a 
 - a record counts only where the driver writes it: its marker (``NVRM: `` or
   ``nvidia-nvswitchN: SXid``) opens the message body, right after the known prefixes; a marker
   anywhere else is quoted text, refused with the reason ``quoted``;
+- no blank is stripped before the marker: ``dmesg`` prints the second line of a record (a newline in
+  a tenant's file name, which /dev/kmsg escapes as ``\\x0a``) indented to the width of its own
+  prefix, as part of the record above it, so an indented line is never a message of its own;
 - every accepted shape is anchored and has at least 16 fixed characters before its first free-form
   field. A tenant controls the start of a kernel message only through a task name (``comm``,
   TASK_COMM_LEN 16: at most 15 characters, as in ``python3[5030]: segfault at ...``) or an interface
@@ -32,6 +35,13 @@ that crashes inside a file named ``NVRM: Xid (PCI:0000:ee:00): 79, ...`` gets a 
   records, which are one message each) are split only at a second marker that follows a timestamp
   prefix of its own (``[ 1.1] NVRM: ...``), and only after a driver message: a driver line inside a
   ``traps:`` report is not a glued line.
+
+What a line of text (a file, stdin) says about its writer stops at its prefix: the syslog(2)
+interface that rsyslog's imklog (kern.log) and ``dmesg -S`` read splits a record at an embedded
+newline and gives each line a ``<prio>[ts]`` prefix of its own, so the second line of a tenant's
+crash report is, as text, the driver's own print (tests/data/kernel-newline-forgery.tsv). No
+parser can refuse it; records from text are marked as such by the collector
+(``XidSource.file``), and the processor never acts on them alone.
 
 `parse_line` never raises: a parser bug costs the line, but `parse_line_checked` says so (reason
 ``error``) and the collector counts and logs it.
@@ -259,8 +269,9 @@ def split_prefix(line: str) -> tuple[str, dict]:
 
 def _segments(body: str, glue: bool = True) -> list[str]:
     """The driver messages of a body: none unless a marker opens it (anything else only quotes a
-    driver line); with `glue`, a second message glued on after its own timestamp prefix too."""
-    body = body.lstrip(" ")
+    driver line); with `glue`, a second message glued on after its own timestamp prefix too. A
+    body that opens with blanks is not the start of a message: it is `dmesg`'s indent of a
+    record's second line, text of the record above it."""
     if _MARKER.match(body) is None:
         return []
     if not glue:
@@ -325,7 +336,8 @@ def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
 
 # Why a line that mentions the driver gave no record (parse_line_checked's `refused`).
 REFUSALS = {
-    "quoted": "a driver marker inside another message (e.g. a traps:/segfault report quoting a file name)",
+    "quoted": "a driver marker inside another message (e.g. a traps:/segfault report quoting a file name), "
+              "or on a line indented as the continuation of another message (dmesg)",
     "facility": "a /dev/kmsg record or <N> prefix with a facility other than 0 (kernel): a userspace write; "
                 "or a kmsg line without its record header (its writer cannot be checked)",
     "transport": "a journal record whose _TRANSPORT is not kernel, or a journal line that is not a JSON record",
@@ -390,7 +402,7 @@ def parse_line_checked(line: str, source: str | None = None) -> Parsed:
                     return Parsed(out, "quoted")
                 break
             out.append(rec)
-        if not out and _MARKER.search(body.lstrip(" "), 1):
+        if not out and _MARKER.search(body, 1):
             # An unknown message that opens with a marker and carries another: text it quotes.
             return Parsed(out, "quoted")
         return Parsed(out)

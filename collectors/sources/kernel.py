@@ -8,7 +8,10 @@ nor re-sends records:
   When the ring buffer overwrote records before we read them, the kernel answers EPIPE: counted as
   `lost` and logged, never fatal.
 - journal: journalctl's ``__CURSOR``; ``journalctl -k -o json -f --after-cursor=...``.
-- file: ``{"inode": ..., "offset": ...}``; follows renames and truncation (logrotate): on a rename
+- file (and stdin): text, whose writer no line can prove (a crash report's second line reads as a
+  driver line there: FORGEABLE_TEXT); `open_kernel_source` opens them only when the operator
+  accepts that, and their records are published with source ``file``, which the processor never
+  acts on alone. ``{"inode": ..., "offset": ...}``; follows renames and truncation (logrotate): on a rename
   the old file is read to its end before the new one, and a restart whose
   cursor names a file rotated meanwhile reads that file's tail first. On the very first start it
   reads rotated ``.N`` and ``.N.gz`` files first (backfill), skipping those last written before
@@ -519,13 +522,27 @@ class MemoryKernelSource:
         pass
 
 
+# Why text is refused for live collection unless the operator accepts it (`open_kernel_source`).
+FORGEABLE_TEXT = (
+    "a line of text says nothing about who wrote it: the syslog(2) interface that rsyslog (kern.log) and "
+    "`dmesg -S` read splits a kernel record at a newline in a file name and gives the rest a kernel prefix of "
+    "its own, so any process that crashes inside a file it names can forge a driver Xid line there")
+
+
 def open_kernel_source(spec: str, state_dir: Path, since: float | None = None,
-                       accept_injected: bool = False) -> KernelSource:
+                       accept_injected: bool = False, accept_forgeable: bool = False) -> KernelSource:
     """`kmsg`, `journal`, `file:PATH` or `-` (stdin), as given to --kernel-log. `since`: how far a
     first start looks back (epoch seconds; None: the current boot; 0: everything, ``--backfill``).
-    `accept_injected` (kmsg only, end-to-end tests only): userspace writes to /dev/kmsg count."""
+    `accept_injected` (kmsg only, end-to-end tests only): userspace writes to /dev/kmsg count.
+    `accept_forgeable`: a file or stdin may be read (``--accept-forgeable-kernel-log``); refused
+    otherwise (FORGEABLE_TEXT). Their records are published with source ``file``, which the
+    processor never acts on alone (schemas.vocab.ATTESTED_XID_SOURCES)."""
     if accept_injected and not spec.startswith("kmsg"):
         raise ValueError("--accept-injected-kmsg works with --kernel-log kmsg only")
+    if (spec.startswith("file:") or spec == "-") and not accept_forgeable:
+        raise ValueError(f"--kernel-log {spec}: {FORGEABLE_TEXT}. Read kmsg or journal, whose records carry "
+                         f"their writer; or give --accept-forgeable-kernel-log, and the processor records these "
+                         f"lines but never acts on them alone (`xidstream parse` reads saved logs for a look back)")
     if spec == "kmsg":
         return KmsgSource(cursor_file=state_dir / "kmsg.cursor", accept_injected=accept_injected)
     if spec.startswith("kmsg:"):

@@ -53,7 +53,7 @@ def test_collect_backfill_flag_publishes_history_marked_backfilled(tmp_path, cap
     os.utime(tmp_path / "kern.log.1.gz", (1_755_500_000, 1_755_500_000))  # 2025-08-18
     log.write_text("")
     args = ["collect", "--sink", "stdout", "--once", "--no-nvml", "--no-kubernetes", "--node", "n1",
-            "--kernel-log", f"file:{log}", "--state-dir", str(tmp_path / "state")]
+            "--kernel-log", f"file:{log}", "--accept-forgeable-kernel-log", "--state-dir", str(tmp_path / "state")]
     assert main(args) == 0
     assert '"xid":79' not in capsys.readouterr().out  # default: the current boot only
     assert main(args[:-2] + ["--state-dir", str(tmp_path / "state2"), "--backfill"]) == 0

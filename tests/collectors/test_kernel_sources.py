@@ -106,6 +106,24 @@ def test_open_kernel_source_rejects_unknown_specs(tmp_path):
         open_kernel_source("syslog", tmp_path)
 
 
+def test_text_kernel_logs_open_only_when_the_caller_accepts_that_they_are_forgeable(tmp_path, monkeypatch):
+    import io
+
+    import pytest
+
+    from collectors.sources.kernel import FileSource, StdinSource
+
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    for spec in (f"file:{log}", "-"):
+        with pytest.raises(ValueError, match="--accept-forgeable-kernel-log") as err:
+            open_kernel_source(spec, tmp_path)
+        assert "forge a driver Xid line" in str(err.value)
+    assert isinstance(open_kernel_source(f"file:{log}", tmp_path, accept_forgeable=True), FileSource)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert isinstance(open_kernel_source("-", tmp_path, accept_forgeable=True), StdinSource)
+
+
 def test_journal_source_follows_journalctl_with_its_cursor(tmp_path):
     import json
     import time

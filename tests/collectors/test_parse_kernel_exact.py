@@ -300,7 +300,8 @@ def test_extract_pci_finds_the_one_gpu_a_driver_line_names(line, pci):
 def test_each_refusal_is_explained_in_words_the_log_shows():
     """The collector logs these (collectors.agent: "refused a ... line (<reason>; n so far)")."""
     assert REFUSALS == {
-        "quoted": "a driver marker inside another message (e.g. a traps:/segfault report quoting a file name)",
+        "quoted": "a driver marker inside another message (e.g. a traps:/segfault report quoting a file name), "
+                  "or on a line indented as the continuation of another message (dmesg)",
         "facility": "a /dev/kmsg record or <N> prefix with a facility other than 0 (kernel): a userspace write; "
                     "or a kmsg line without its record header (its writer cannot be checked)",
         "transport": "a journal record whose _TRANSPORT is not kernel, or a journal line that is not a JSON record",
@@ -448,17 +449,29 @@ def test_trailing_blanks_are_cut_off_the_message_but_kept_in_raw(source):
 
 
 @pytest.mark.parametrize("indent, records", [
-    ("   ", 1),  # the driver's continuation lines are indented with spaces
-    (" \t", 0),  # a tab is not how the driver indents: the marker does not open the message
+    (" ", 1),  # the one blank that ends a prefix
+    ("", 1),
+    ("   ", 0),  # more is an indent: dmesg's for a record's second line, text of the record above
+    (" \t", 0),
     (" X", 0),
 ])
-def test_only_spaces_may_come_before_the_marker(indent, records):
+def test_only_the_prefixs_own_blank_may_come_before_the_marker(indent, records):
     parsed = parse_line_checked(f"[ 1.0]{indent}{BODY}", "file")
     assert (len(parsed.records), parsed.refused) == (records, None if records else "quoted")
 
 
-def test_one_unknown_driver_message_indented_by_spaces_quotes_nothing():
-    assert parse_line_checked("[ 1.0]    NVRM: GPU Board Serial Number 1234", "file") == Parsed([])
+@pytest.mark.parametrize("line", [
+    "               " + BODY,  # dmesg: indented to the width of "[ 1764.528772] "
+    "                  " + BODY,  # dmesg -r: "<6>[ 1764.528772] "
+    " " + BODY,
+])
+def test_a_line_that_opens_with_blanks_is_no_record(line):
+    assert parse_line_checked(line, "file") == Parsed([], "quoted")
+    assert parse_line_checked(line) == Parsed([], "quoted")
+
+
+def test_one_unknown_driver_message_indented_by_spaces_is_refused_as_a_continuation():
+    assert parse_line_checked("[ 1.0]    NVRM: GPU Board Serial Number 1234", "file") == Parsed([], "quoted")
 
 
 @pytest.mark.parametrize("source, xids", [

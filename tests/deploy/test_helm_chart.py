@@ -276,6 +276,21 @@ def test_kmsg_without_privilege_is_refused_and_says_to_use_journal(helm):
     assert "kmsg needs collector.privileged true" in proc.stderr and "journal" in proc.stderr
 
 
+@pytest.mark.parametrize("value", ["file:/var/log/kern.log", "-"])
+def test_a_text_kernel_log_is_refused_and_says_why(helm, value):
+    """kern.log and stdin are text a tenant can forge a driver line in (docs/security.md): the chart
+    offers only the modes whose records carry their writer, and never the collector's
+    --accept-forgeable-kernel-log."""
+    _, proc = render(helm, "--set-string", f"collector.kernelLog={value}", check=False)
+    assert proc.returncode != 0
+    assert "use kmsg (privileged) or journal" in proc.stderr and "forge a driver Xid line" in proc.stderr
+    for values in ((), ("-f", str(SECURE))):
+        objs, _ = render(helm, *values)
+        args = containers(by_kind(objs)["DaemonSet"]["xs-xidstream-node"])["collector"]["args"]
+        assert args[args.index("--kernel-log") + 1] in ("kmsg", "journal")
+        assert "--accept-forgeable-kernel-log" not in args
+
+
 def test_host_library_mode_mounts_nvml_without_a_runtime_class(helm):
     objs, _ = render(helm, "--set", "nvml.mode=hostLibrary")
     ds = by_kind(objs)["DaemonSet"]["xs-xidstream-node"]
