@@ -651,6 +651,17 @@ def test_the_node_pods_may_patch_only_their_own_nodes_gpu_deploy_labels(kube, he
     assert status == 200, body
 
 
+def test_pausing_operands_without_the_admission_policy_is_refused_by_name(helm):
+    """patch on nodes is granted only under the policy that holds it to the pod's own node's
+    gpu.deploy labels: without the policy, the chart refuses rather than let any GPU node rewrite
+    any Node."""
+    _, proc = render(helm, "--set", "admissionPolicy.enabled=false", check=False)
+    assert proc.returncode != 0 and "nodeExecutor.pauseOperands needs admissionPolicy.enabled" in proc.stderr
+    kinds = by_kind(render(helm, "--set", "admissionPolicy.enabled=false", "--set", "nodeExecutor.pauseOperands=false")[0])
+    assert "ValidatingAdmissionPolicy" not in kinds
+    assert all("patch" not in r["verbs"] for r in kinds["ClusterRole"]["xs-xidstream-node"]["rules"])
+
+
 def test_node_namespace_moves_the_node_pods_and_lets_the_release_namespace_be_restricted(helm):
     """Pod Security cannot exempt one workload of a namespace; nodeNamespace.name puts the
     node DaemonSet (and what it uses) in a namespace of its own, privileged, so the release's can
