@@ -29,6 +29,8 @@ __all__ = ["Holder", "classify_holders", "Platform", "reset_scope", "NvidiaSmi",
 # Task names (/proc/<pid>/comm keeps 15 bytes) of the host daemons a reset works around.
 PERSISTENCED = "nvidia-persiste"  # nvidia-persistenced: "persistence mode counts as a client" (NVSentinel #1690)
 FABRIC_MANAGER = "nv-fabricmanage"  # nv-fabricmanager: hands off with nvidia-smi; never stop it (nvidia-smi(1))
+# The GPU Operator's driver DaemonSet runs nvidia-persistenced (and Fabric Manager) in its container.
+DRIVER_LABEL = LABEL_PREFIX + "driver"
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,14 @@ def classify_holders(pids: list[int], procfs: Any, pods: list[Any], pausable: tu
         where = f"pod {pod.metadata.namespace}/{pod.metadata.name}" if pod is not None else \
             (f"pod uid {ref.pod_uid} (not on this node's API view)" if ref.pod_uid else "the host")
         name = f"pid {pid} ({comm or '?'}) in {where}"
-        if comm == PERSISTENCED:
+        # A task name is the process's own choice (prctl PR_SET_NAME): a tenant's process may call
+        # itself nvidia-persiste. The daemons are believed only where they run: on the host (no
+        # pod in the cgroup) or in the GPU Operator's driver pod (which runs both).
+        system = (pod is None and not ref.pod_uid) or (pod is not None and DRIVER_LABEL in selected_labels(pod))
+        if comm == PERSISTENCED and system:
             out.append(Holder(pid, comm, "persistenced", f"{name}: nvidia-persistenced, persistence mode is turned "
                                                           f"off for the reset and back on after"))
-        elif comm == FABRIC_MANAGER:
+        elif comm == FABRIC_MANAGER and system:
             out.append(Holder(pid, comm, "fabricmanager", f"{name}: Fabric Manager, never stopped (it hands off with "
                                                            f"nvidia-smi; nvidia-smi(1))"))
         elif pod is not None and (labels := selected_labels(pod) & set(pausable)):

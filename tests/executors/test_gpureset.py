@@ -99,6 +99,20 @@ def test_holders_are_classified_by_task_name_and_their_pods_selector():
     assert got[16].kind == "unknown" and got[16].blocks and "the host" in got[16].what
 
 
+def test_a_tenant_naming_its_process_after_a_gpu_daemon_is_not_taken_for_one():
+    """/proc/<pid>/comm is the process's own choice: a workload's process called nvidia-persiste or
+    nv-fabricmanage is still the workload that holds the GPU; the daemons count only on the host
+    or in the GPU Operator's driver pod."""
+    pods = [_pod("team-a", "agent", "u3"), _pod("team-b", "job", "u5", {LABEL_PREFIX + "dcgm-exporter": "true"})]
+    proc = Proc({20: ("nvidia-persiste", "u3"), 21: ("nv-fabricmanage", "u3"), 22: ("nvidia-persiste", "u9"),
+                 23: ("nvidia-persiste", "u5")})
+    got = {h.pid: h for h in classify_holders([20, 21, 22, 23], proc, pods, PAUSE)}
+    assert got[20].kind == "workload" and got[20].blocks and "pod team-a/agent" in got[20].what
+    assert got[21].kind == "workload" and got[21].blocks
+    assert got[22].kind == "unknown" and got[22].blocks  # a pod this node's API view does not have
+    assert got[23].kind == "operand"  # paused with its operand, not trusted as persistenced
+
+
 def test_nvidia_smi_is_called_by_uuid_and_its_answers_read_by_return_code():
     calls = []
     answers = {"--query-gpu=persistence_mode": (0, "Enabled"), "-pm": (0, "ok"), "--gpu-reset": (3, "not available")}
