@@ -374,7 +374,9 @@ def parse_line_checked(line: str, source: str | None = None) -> Parsed:
         transport = meta.pop("transport", False)
         # The readers keep each record's header (kmsg "prio,seq,us,-;", the journal's JSON): a
         # line from them without one cannot have its writer checked, so it does not count.
-        if source == "kmsg" and facility is None:
+        if source == "kmsg" and (facility is None or "seq" not in meta):
+            # A "<N>" prefix is dmesg -r's or syslog(2)'s text, never the kmsg reader's record: its
+            # second line of a tenant's crash report carries facility 0 too (kernel-newline-forgery.tsv).
             facility = -1
         if source == INJECTED_KMSG:
             # `collect --accept-injected-kmsg`, for end-to-end tests only: a root harness writes the
