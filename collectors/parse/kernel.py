@@ -43,6 +43,12 @@ crash report is, as text, the driver's own print (tests/data/kernel-newline-forg
 parser can refuse it; records from text are marked as such by the collector
 (``XidSource.file``), and the processor never acts on them alone.
 
+A forensic mode (``parse_line_checked(..., forensic=True)``, for ``xidstream parse``) reads text as
+people paste it with the same grammar: every driver message wherever it sits in a line, each record
+saying in ``refused`` why a live source would not believe it. Only lines shaped as a live source's
+records (a /dev/kmsg record, a journal JSON record) can be believed there; the live path never
+passes the flag.
+
 `parse_line` never raises: a parser bug costs the line, but `parse_line_checked` says so (reason
 ``error``) and the collector counts and logs it.
 """
