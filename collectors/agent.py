@@ -24,8 +24,8 @@ import orjson
 
 from collectors.metrics import CollectorMetrics
 from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable, XidNotice
-from collectors.parse.kernel import (REFUSALS, KernelRecord, Parsed, continues_fallen, parse_line_checked,
-                                     sxid_continues)
+from collectors.parse.kernel import (REFUSALS, SCENARIO_TEXT, KernelRecord, Parsed, continues_fallen,
+                                     parse_line_checked, parse_scenario_line, sxid_continues)
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
 from collectors.sources.rack import valid_rack
@@ -629,7 +629,10 @@ class Collector:
         self.metrics.kernel_lines.inc(len(lines))
         for line in lines:
             line_no = self.cursors.add_line(line.cursor)
-            parsed = parse_line_checked(line.text, line.parse_as or line.source)
+            if line.parse_as == SCENARIO_TEXT:  # a scenario's lines, as their author wrote them
+                parsed = parse_scenario_line(line.text)
+            else:
+                parsed = parse_line_checked(line.text, line.parse_as or line.source)
             if parsed.refused is not None:
                 self._refused(parsed, line)
             for rec in parsed.records:

@@ -63,7 +63,7 @@ from datetime import datetime, timedelta, timezone
 import orjson
 
 __all__ = ["KernelRecord", "Parsed", "parse_line", "parse_line_checked", "extract_pci", "split_prefix",
-           "sxid_continues", "merge_sxid", "continues_fallen", "merge_more", "REFUSALS"]
+           "sxid_continues", "merge_sxid", "continues_fallen", "merge_more", "parse_scenario_line", "SCENARIO_TEXT", "REFUSALS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +390,9 @@ class Parsed:
     # lines, when the print reached the reader as several lines): `continues_fallen` and
     # `merge_more` join them to it; alone (its first line lost) they name no GPU and say nothing.
     more: tuple[KernelRecord, ...] = ()
+    # Forensic mode: the live source whose record the line is shaped as ("kmsg", "journal"), and
+    # whose rules it was held to; None: text.
+    live: str | None = None
 
 
 _NOTHING = Parsed([])
@@ -437,12 +440,12 @@ def _forensic(line: str) -> Parsed:
     strict = _checked(line, live)
     if strict.records or strict.more:
         if live is not None:
-            return strict
+            return replace(strict, live=live)
         recs = [replace(r, refused="text") for r in strict.records]
         more = tuple(replace(r, refused="text") for r in strict.more)
         return Parsed(recs, "text" if recs else None, more=more)
     if strict.refused is None and _MARKER.match(body) is not None:
-        return strict  # the driver's line, of a message this parser does not know
+        return replace(strict, live=live)  # the driver's line, of a message this parser does not know
     # Refused by the strict rules, or a marker inside other text: every driver message in the body.
     why = strict.refused or "quoted"
     raw = line.rstrip("\r\n")
@@ -466,7 +469,24 @@ def _forensic(line: str) -> Parsed:
         if rec is None:
             continue
         (more if rec.kind == _MORE else recs).append(replace(rec, refused=why))
-    return Parsed(recs, why, more=tuple(more))
+    return Parsed(recs, why, more=tuple(more), live=live)
+
+
+# The parse_as of a scenario's kernel lines (collectors.scenario): its author's text.
+SCENARIO_TEXT = "scenario"
+
+
+def parse_scenario_line(line: str) -> Parsed:
+    """A scenario's kernel line, as its author wrote it: every record the forensic mode finds is
+    taken (the author's text is no tenant's), except in a line shaped as a live source's record (a
+    /dev/kmsg record with its header, a journal JSON record), which is held to that source's
+    rules, so a scenario of a tenant's injected line tests the strict path."""
+    parsed = parse_line_checked(line, forensic=True)
+    if parsed.live is not None:
+        return replace(parsed, records=[r for r in parsed.records if r.refused is None],
+                       more=tuple(r for r in parsed.more if r.refused is None))
+    return Parsed([replace(r, refused=None) for r in parsed.records], parsed.refused if parsed.refused == "error" else None,
+                  parsed.error, tuple(replace(r, refused=None) for r in parsed.more))
 
 
 def _checked(line: str, source: str | None) -> Parsed:

@@ -146,3 +146,35 @@ def test_the_plain_fallen_off_the_bus_line_after_an_xid_79_stays_its_own_record(
         "[6781741.548783] NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
         PROBE[1], PROBE[2]])  # pieces of no print of its: not joined to it
     assert [(r["kind"], r["xid"], r["raw"].count("\n")) for r in records] == [("xid", 79, 0), ("fallen_off_bus", None, 0)]
+
+
+# -- scenarios: their author's text --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, line, kind, xid, pci, refused", WRAPPERS, ids=[r[0] for r in WRAPPERS])
+def test_a_scenarios_line_is_read_as_xidstream_parse_reads_it(shape, line, kind, xid, pci, refused):
+    from collectors.parse.kernel import parse_scenario_line
+
+    (rec,) = parse_scenario_line(line).records
+    assert (rec.kind, rec.xid, rec.pci, rec.refused) == (kind, int(xid), pci, None)
+
+
+@pytest.mark.parametrize("line", [r[0] for r in rows("kernel-forgeries.tsv")]
+                         + [r[1] for r in rows("kernel-newline-forgery.tsv") if r[0] == "kmsg"])
+def test_a_scenarios_line_shaped_as_a_kmsg_record_is_held_to_the_live_rules(line):
+    from collectors.parse.kernel import parse_scenario_line
+
+    assert parse_scenario_line(line).records == []
+
+
+def test_a_fleet_storm_written_in_the_kernel_tag_shape_raises_its_alerts():
+    from collectors.scenario import ScenarioRunner
+    from collectors.sink import MemorySink
+    from schemas import XidEvent, load_scenario
+
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "fleet-storm-kernel-tag.yaml")
+    assert all(line.startswith("kernel: [") for e in sc.timeline for line in e.kernel or [])
+    sink = MemorySink()
+    ScenarioRunner(sc, sink).run()
+    xids = [r for r in sink.records if isinstance(r, XidEvent) and r.kind == "xid"]
+    assert len(xids) == 6 and all(r.xid == 119 and r.resolved for r in xids)
