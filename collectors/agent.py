@@ -24,7 +24,8 @@ import orjson
 
 from collectors.metrics import CollectorMetrics
 from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable, XidNotice
-from collectors.parse.kernel import REFUSALS, KernelRecord, Parsed, parse_line_checked, sxid_continues
+from collectors.parse.kernel import (REFUSALS, SCENARIO_TEXT, KernelRecord, Parsed, continues_fallen,
+                                     parse_line_checked, parse_scenario_line, sxid_continues)
 from collectors.sink import Sink
 from collectors.sources.kernel import KernelSource
 from collectors.sources.rack import valid_rack
@@ -315,6 +316,20 @@ class XidMerger:
                         self.merged += 1
                         return False
         self.queue.append(_Pending(now + (self.window if key else 0.0), fields, [source], line_no, key))
+        return True
+
+    def add_more(self, piece: KernelRecord) -> bool:
+        """Join a later line of a print (`Parsed.more`: the probe-time fallen-off-the-bus message)
+        to the queued record of its first line; False when there is none (the first line was lost,
+        or already sent): the piece names no GPU and is dropped."""
+        if not self.queue:
+            return False
+        f = self.queue[-1].fields
+        head = KernelRecord(kind=f.get("kind") or "", raw="", message=f.get("message") or "", mono_us=f.get("_mono_us"))
+        if not continues_fallen(head, piece):
+            return False
+        _append_capped(f, "raw", "\n" + piece.raw, KERNEL_RAW_MAX)
+        _append_capped(f, "message", " " + piece.message, KERNEL_MESSAGE_MAX)
         return True
 
     def due(self, now: float, flush_all: bool = False) -> list[_Pending]:
@@ -614,7 +629,10 @@ class Collector:
         self.metrics.kernel_lines.inc(len(lines))
         for line in lines:
             line_no = self.cursors.add_line(line.cursor)
-            parsed = parse_line_checked(line.text, line.parse_as or line.source)
+            if line.parse_as == SCENARIO_TEXT:  # a scenario's lines, as their author wrote them
+                parsed = parse_scenario_line(line.text)
+            else:
+                parsed = parse_line_checked(line.text, line.parse_as or line.source)
             if parsed.refused is not None:
                 self._refused(parsed, line)
             for rec in parsed.records:
@@ -628,6 +646,8 @@ class Collector:
                     self.metrics.xids.labels(str(rec.xid) if rec.xid in XID_CATALOG else "other").inc()
                 if self.merger.add(mono, fields, line.source, line_no, rec):
                     self.cursors.hold(line_no)
+            for piece in parsed.more:
+                self.merger.add_more(piece)
 
     def _refused(self, parsed: Parsed, line: Any) -> None:
         """Count and log a line that names the driver but is not its record (a forgery, or a

@@ -25,7 +25,7 @@ from typing import Callable, Protocol
 from collectors.agent import Collector, CollectorConfig
 from collectors.fakes import FakeGpu, FakeProcess, FakePynvml
 from collectors.nvml import NvmlReader
-from collectors.parse.kernel import parse_line
+from collectors.parse.kernel import parse_scenario_line
 from collectors.sink import Sink
 from collectors.sources.kernel import MemoryKernelSource
 from collectors.sources.procfs import PodRef
@@ -133,7 +133,7 @@ class ScenarioRunner:
                          memory_total_mib=g.memory_total_mib) for g in node.gpus],
                 driver_version=node.driver_version or "590.44.01", cuda_version=node.cuda_version or "13.1",
             )
-            kernel = MemoryKernelSource("kmsg")
+            kernel = MemoryKernelSource("kmsg", scenario=True)
             procfs = FakeProcFs()
             workloads = MemoryWorkloadSource()
             collector = Collector(
@@ -169,7 +169,7 @@ class ScenarioRunner:
             # The driver signals an NVML Xid event for each Xid it prints.
             by_pci = {normalize_pci(g.pci_bus_id): g for g in rig.fake.gpus}
             for line in entry.kernel:
-                for rec in parse_line(line):
+                for rec in parse_scenario_line(line).records:
                     if rec.kind == "xid" and rec.pci in by_pci:
                         rig.fake.inject_xid(by_pci[rec.pci].uuid, rec.xid)
         if entry.workload is not None:

@@ -86,6 +86,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="*", help="files (.gz too); default: stdin")
     p.add_argument("--node", default=None, help="node name for the records (default: hostname)")
     p.add_argument("--xid-only", action="store_true", help="only Xid records, not identity/SXid/... lines")
+    p.add_argument("--strict", action="store_true",
+                   help="only records a live source would believe (/dev/kmsg records of facility 0, journal "
+                        "records of transport kernel); default: every driver record wherever it sits in a line, "
+                        "each saying whether a live source would believe it and why not")
+    p.add_argument("-v", "--verbose", action="store_true", help="name each refused line on stderr")
     p.set_defaults(handler=_parse)
 
     p = sub.add_parser("gpu-check", help="read every NVML field through the real pynvml and print it")
@@ -104,29 +109,43 @@ def _open_text(path: str):
 
 
 def _parse(args: argparse.Namespace, settings: Settings) -> int:
+    """Kernel log text as people paste it (saved logs, tickets, a tool's output): one parser, the
+    live rules (`parse_line_checked`) in forensic mode. Each record says whether a live source
+    would believe it (`believed`, and `refused` with its reason when not); --strict prints only
+    those it would. Lines refused (a live source would believe nothing of them) are counted on
+    stderr by reason, and named with -v."""
     import os
 
     from collectors.agent import IdentityMap, line_time, xid_fields
-    from collectors.parse.kernel import merge_sxid, parse_line, sxid_continues
+    from collectors.parse.kernel import (REFUSALS, continues_fallen, merge_more, merge_sxid, parse_line_checked,
+                                         sxid_continues)
     from schemas.models import XidEvent
     from schemas.codec import to_dict
 
     node = require_node_name(args.node or default_node_name())
-    ident = IdentityMap()
+    # GPU identity from believed lines only resolves believed records; a paste's own identity lines
+    # resolve its other records.
+    ident, ident_any = IdentityMap(), IdentityMap()
     lines = found = 0
     kinds: dict[str, int] = {}
+    refused: dict[str, int] = {}
     out = sys.stdout
-    pending = None  # an SXid event that later lines may continue
+    pending = None  # an SXid event, or a print's first line, that later lines may continue
 
     ref_ts = None  # the file's mtime: the year of a syslog stamp
 
     def emit(rec) -> None:
         nonlocal found
-        uuid, index, pci = ident.resolve(rec.pci, rec.gpu_ref)
+        uuid, index, pci = (ident if rec.refused is None else ident_any).resolve(rec.pci, rec.gpu_ref)
         ts, ts_source = line_time(rec, ref_ts, datetime.now(timezone.utc))
         event = XidEvent(**xid_fields(rec, node=node, ts=ts, gpu_uuid=uuid, gpu_index=index, pci_bus_id=pci),
                          source="file", sources=["file"], ts_source=ts_source)
-        out.write(orjson.dumps(to_dict(event)).decode() + "\n")
+        doc = to_dict(event)
+        doc["believed"] = rec.refused is None
+        if rec.refused is not None:
+            doc["refused"] = rec.refused
+            doc["refused_why"] = REFUSALS[rec.refused]
+        out.write(orjson.dumps(doc).decode() + "\n")
         found += 1
         kinds[rec.kind] = kinds.get(rec.kind, 0) + 1
 
@@ -139,25 +158,43 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
         with fh:
             for line in fh:
                 lines += 1
-                for rec in parse_line(line):
+                parsed = parse_line_checked(line, forensic=True)
+                if parsed.refused is not None:
+                    refused[parsed.refused] = refused.get(parsed.refused, 0) + 1
+                    if args.verbose:
+                        print(f"xidstream parse: {path}:{lines}: refused ({parsed.refused}: {REFUSALS[parsed.refused]})"
+                              f"{': ' + parsed.error if parsed.error else ''}: {line.rstrip()[:300]!r}", file=sys.stderr)
+                for rec in parsed.records:
+                    if args.strict and rec.refused is not None:
+                        continue
                     if args.xid_only and rec.kind != "xid":
                         continue
                     if rec.kind == "gpu_identity" and rec.pci and rec.gpu_uuid:
-                        ident.learn_identity(rec.pci, rec.gpu_uuid)
+                        ident_any.learn_identity(rec.pci, rec.gpu_uuid)
+                        if rec.refused is None:
+                            ident.learn_identity(rec.pci, rec.gpu_uuid)
                     if pending is not None and sxid_continues(pending.xid, pending.mono_us, rec):
                         pending = merge_sxid(pending, rec)
                         continue
                     if pending is not None:
                         emit(pending)
                         pending = None
-                    if rec.kind == "sxid":
+                    if rec.kind in ("sxid", "fallen_off_bus"):
                         pending = rec
                     else:
                         emit(rec)
+                for piece in parsed.more:
+                    if args.strict and piece.refused is not None:
+                        continue
+                    if continues_fallen(pending, piece):
+                        pending = merge_more(pending, piece)
     if pending is not None:
         emit(pending)
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
-    print(f"xidstream parse: {lines} lines, {found} records ({summary})", file=sys.stderr)
+    why = ", ".join(f"{n} {k}" for k, n in sorted(refused.items())) or "none"
+    print(f"xidstream parse: {lines} lines, {found} records ({summary}){' believed by a live source' if args.strict else ''}; "
+          f"{sum(refused.values())} lines refused by a live source's rules ({why})"
+          + ("" if args.verbose or not refused else "; -v names each"), file=sys.stderr)
     return 0
 
 

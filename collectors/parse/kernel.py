@@ -43,6 +43,12 @@ crash report is, as text, the driver's own print (tests/data/kernel-newline-forg
 parser can refuse it; records from text are marked as such by the collector
 (``XidSource.file``), and the processor never acts on them alone.
 
+A forensic mode (``parse_line_checked(..., forensic=True)``, for ``xidstream parse``) reads text as
+people paste it with the same grammar: every driver message wherever it sits in a line, each record
+saying in ``refused`` why a live source would not believe it. Only lines shaped as a live source's
+records (a /dev/kmsg record, a journal JSON record) can be believed there; the live path never
+passes the flag.
+
 `parse_line` never raises: a parser bug costs the line, but `parse_line_checked` says so (reason
 ``error``) and the collector counts and logs it.
 """
@@ -51,13 +57,13 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 
 import orjson
 
 __all__ = ["KernelRecord", "Parsed", "parse_line", "parse_line_checked", "extract_pci", "split_prefix",
-           "sxid_continues", "merge_sxid", "REFUSALS"]
+           "sxid_continues", "merge_sxid", "continues_fallen", "merge_more", "parse_scenario_line", "SCENARIO_TEXT", "REFUSALS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,10 @@ class KernelRecord:
     mono_us: int | None = None  # microseconds since boot (kmsg, journal, dmesg)
     seq: int | None = None  # /dev/kmsg sequence number
     device: str | None = None  # NVSwitch device for SXid records
+    # Forensic mode only (`parse_line_checked(..., forensic=True)`): why a live source would not
+    # believe this record (a REFUSALS key); None: it would. Always None in strict mode, which
+    # returns only what it believes.
+    refused: str | None = None
 
 
 _HEX_PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
@@ -115,16 +125,28 @@ _RECOVERY = re.compile(
 _SXID = re.compile(
     rf"(?P<dev>nvidia-nvswitch\d*): SXid \((?:PCI:)?(?P<pci>{_HEX_PCI})(?:\.\d)?\): (?P<code>\d+),?\s*(?P<msg>.*)$"
 )
-# The driver's fallen-off-the-bus prints (nv.c): "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus."
-# and the two-line "NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system
-# has" + "NVRM: fallen off the bus and is not responding to commands." (the second names no GPU and is
-# not a record of its own). Anchored: a substring test let any NVRM-opened text that a tenant's
-# file name completes ("NVRM: x[5030]: segfault ... in GPU has fallen off the bus 0000:ee:00") pass.
+# The driver's fallen-off-the-bus prints: "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus." (after
+# an Xid 79), and the probe-time message of open-gpu-kernel-modules (kernel-open/nvidia/nv.c, when RM
+# cannot read the GPU at probe; no Xid 79 comes with it), one print of three lines:
+#   "NVRM: The NVIDIA GPU %04x:%02x:%02x.%x\n"
+#   "NVRM: (PCI ID: %04x:%04x) installed in this system has\n"
+#   "NVRM: fallen off the bus and is not responding to commands.\n"
+# The first line names the GPU and is the record; the other two name none (`_PROBE_MORE`: pieces the
+# caller joins to the record above, never records of their own). /dev/kmsg keeps one print as one
+# record with the newlines escaped (\x0a) and journald keeps it whole: the whole record is one match.
+# A line that also carries "(PCI ID: ...) installed in this system has" is taken too (earlier
+# versions of this parser expected it there). Anchored: a substring test let any NVRM-opened text
+# that a tenant's file name completes ("NVRM: x[5030]: segfault ... in GPU has fallen off the bus
+# 0000:ee:00") pass.
+_NL = r"(?:\\x0a|\n)"
+_PCI_ID = r"\(PCI ID: [0-9a-fA-F]{4}:[0-9a-fA-F]{4}\) installed in this system has"
 _FALLEN = re.compile(
     rf"NVRM: (?:GPU (?P<pci>{_HEX_PCI})(?:\.\d)?: GPU has fallen off the bus\.?|"
-    rf"The NVIDIA GPU (?P<pci2>{_HEX_PCI})(?:\.\d)? \(PCI ID: [0-9a-fA-F]{{4}}:[0-9a-fA-F]{{4}}\) installed in this "
-    r"system has(?: fallen off the bus.*)?)\s*$"
+    rf"The NVIDIA GPU (?P<pci2>{_HEX_PCI})(?:\.\d)?(?:(?: |{_NL}NVRM: ){_PCI_ID}"
+    rf"(?:(?: |{_NL}NVRM: )fallen off the bus(?: and is not responding to commands\.)?)?)?)\s*$"
 )
+_PROBE_MORE = re.compile(
+    rf"NVRM: (?:{_PCI_ID}|fallen off the bus and is not responding to commands\.)\s*$")
 _ANY_PCI = re.compile(rf"(?<![0-9a-fA-F:]){_HEX_PCI}(?:\.\d)?(?![0-9a-fA-F])")
 
 # Prefixes, tried in order at the start of the line.
@@ -326,6 +348,9 @@ def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
     m = _FALLEN.match(seg)
     if m:
         return KernelRecord(kind="fallen_off_bus", raw=raw, message=seg[6:], pci=_norm(m["pci"] or m["pci2"]), **meta)
+    if _PROBE_MORE.match(seg):
+        # The probe-time message's second or third line: a piece of the record above (`Parsed.more`).
+        return KernelRecord(kind=_MORE, raw=raw, message=seg[6:], **meta)
     m = _RECOVERY.match(seg)
     if m:
         return KernelRecord(kind="recovery_failure", raw=raw, message=seg[6:],
@@ -342,7 +367,18 @@ REFUSALS = {
                 "or a kmsg line without its record header (its writer cannot be checked)",
     "transport": "a journal record whose _TRANSPORT is not kernel, or a journal line that is not a JSON record",
     "error": "the parser raised (a bug): the line is skipped and counted",
+    # Forensic mode only (`xidstream parse`): the driver's line as text prints it, where no live
+    # source reads it. Text says nothing about its writer: the syslog(2) interface (kern.log,
+    # dmesg -S) gives the second line of a tenant's crash report its own prefix, byte for byte a
+    # driver line (tests/data/kernel-newline-forgery.tsv). Live collection reads /dev/kmsg records
+    # (facility 0) and journal records (_TRANSPORT=kernel).
+    "text": "a line of text (dmesg, syslog, kern.log, a paste): its writer cannot be checked; "
+            "a live source believes only /dev/kmsg records of facility 0 and journal records of transport kernel",
 }
+
+# The kind of a piece that continues the record above it and names no GPU (the probe-time
+# fallen-off-the-bus message's second and third lines). Never a record: `Parsed.more`.
+_MORE = "more"
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +386,13 @@ class Parsed:
     records: list[KernelRecord]
     refused: str | None = None  # a REFUSALS key, when a line naming the driver gave nothing
     error: str | None = None  # the exception's text, for refused == "error"
+    # Pieces of the record above this line (the probe-time fallen-off-the-bus message's later
+    # lines, when the print reached the reader as several lines): `continues_fallen` and
+    # `merge_more` join them to it; alone (its first line lost) they name no GPU and say nothing.
+    more: tuple[KernelRecord, ...] = ()
+    # Forensic mode: the live source whose record the line is shaped as ("kmsg", "journal"), and
+    # whose rules it was held to; None: text.
+    live: str | None = None
 
 
 _NOTHING = Parsed([])
@@ -359,11 +402,94 @@ _NOTHING = Parsed([])
 INJECTED_KMSG = "kmsg-accept-injected"
 
 
-def parse_line_checked(line: str, source: str | None = None) -> Parsed:
+def parse_line_checked(line: str, source: str | None = None, *, forensic: bool = False) -> Parsed:
     """`parse_line`, saying why a line that names the driver gave no record. `source` is the
     `LogLine.source` the line came from: "kmsg" and "journal" lines are single kernel records (no
     glued messages; kmsg's facility and the journal's transport checked); anything else (files,
-    stdin, tests) is text whose writer the host trusts, so glued messages are split."""
+    stdin, tests) is text whose writer the host trusts, so glued messages are split.
+
+    `forensic` (``xidstream parse``: text as people paste it, never a live source): the same
+    grammar, and every driver record wherever it sits in the line, each saying in `refused` why a
+    live source would not believe it (None: it would). A line shaped as a live source's record (a
+    /dev/kmsg record, a journal JSON record) is held to that source's rules; any other line is
+    text (`source` is ignored). `Parsed.refused` is then the reason of the line's first record
+    that is not believed, or why the strict rules gave none."""
+    if not forensic:
+        return _checked(line, source)
+    try:
+        return _forensic(line)
+    except Exception as exc:  # noqa: BLE001 - as `_checked`: a parser bug costs the line, counted
+        return Parsed([], "error", f"{type(exc).__name__}: {exc}")
+
+
+# Forensic mode: a stamp just before a driver marker found inside other text ("kernel: [16450076.435595] ",
+# talosctl's "[2026-04-22T21:25:20.505406921Z]: "), for the record's time.
+_STAMP_BEFORE = re.compile(r"\[\s*(?:(?P<mono>\d+\.\d+)|(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)))\]:?\s?$")
+
+
+def _forensic(line: str) -> Parsed:
+    body, meta = split_prefix(line)
+    if "seq" in meta:
+        live = "kmsg"
+    elif "transport" in meta:
+        live = "journal"
+    else:
+        live = None
+    meta.pop("facility", None)
+    meta.pop("transport", None)
+    strict = _checked(line, live)
+    if strict.records or strict.more:
+        if live is not None:
+            return replace(strict, live=live)
+        recs = [replace(r, refused="text") for r in strict.records]
+        more = tuple(replace(r, refused="text") for r in strict.more)
+        return Parsed(recs, "text" if recs else None, more=more)
+    if strict.refused is None and _MARKER.match(body) is not None:
+        return replace(strict, live=live)  # the driver's line, of a message this parser does not know
+    # Refused by the strict rules, or a marker inside other text: every driver message in the body.
+    why = strict.refused or "quoted"
+    raw = line.rstrip("\r\n")
+    starts = [m.start() for m in _MARKER.finditer(body)]
+    recs: list[KernelRecord] = []
+    more: list[KernelRecord] = []
+    for i, at in enumerate(starts):
+        seg = body[at:starts[i + 1] if i + 1 < len(starts) else len(body)].rstrip()
+        here = dict(meta)
+        stamp = _STAMP_BEFORE.search(body, 0, at)
+        if stamp and not here.get("ts_kind"):
+            if stamp["mono"]:
+                here.update(kernel_ts=stamp["mono"], mono_us=_us(stamp["mono"]), ts_kind="mono")
+            else:
+                try:
+                    wall = datetime.fromisoformat(stamp["iso"])
+                    here.update(kernel_ts=stamp["iso"], wall_ts=wall.astimezone(timezone.utc), ts_kind="iso")
+                except ValueError:
+                    pass
+        rec = _parse_segment(seg, raw, here)
+        if rec is None:
+            continue
+        (more if rec.kind == _MORE else recs).append(replace(rec, refused=why))
+    return Parsed(recs, why, more=tuple(more), live=live)
+
+
+# The parse_as of a scenario's kernel lines (collectors.scenario): its author's text.
+SCENARIO_TEXT = "scenario"
+
+
+def parse_scenario_line(line: str) -> Parsed:
+    """A scenario's kernel line, as its author wrote it: every record the forensic mode finds is
+    taken (the author's text is no tenant's), except in a line shaped as a live source's record (a
+    /dev/kmsg record with its header, a journal JSON record), which is held to that source's
+    rules, so a scenario of a tenant's injected line tests the strict path."""
+    parsed = parse_line_checked(line, forensic=True)
+    if parsed.live is not None:
+        return replace(parsed, records=[r for r in parsed.records if r.refused is None],
+                       more=tuple(r for r in parsed.more if r.refused is None))
+    return Parsed([replace(r, refused=None) for r in parsed.records], parsed.refused if parsed.refused == "error" else None,
+                  parsed.error, tuple(replace(r, refused=None) for r in parsed.more))
+
+
+def _checked(line: str, source: str | None) -> Parsed:
     # Fast path: most kernel lines are not the driver's. A journal record may carry its message as
     # a byte array, so JSON lines always take the slow path.
     if "NVRM" not in line and "SXid" not in line and not line.startswith("{"):
@@ -374,7 +500,9 @@ def parse_line_checked(line: str, source: str | None = None) -> Parsed:
         transport = meta.pop("transport", False)
         # The readers keep each record's header (kmsg "prio,seq,us,-;", the journal's JSON): a
         # line from them without one cannot have its writer checked, so it does not count.
-        if source == "kmsg" and facility is None:
+        if source == "kmsg" and (facility is None or "seq" not in meta):
+            # A "<N>" prefix is dmesg -r's or syslog(2)'s text, never the kmsg reader's record: its
+            # second line of a tenant's crash report carries facility 0 too (kernel-newline-forgery.tsv).
             facility = -1
         if source == INJECTED_KMSG:
             # `collect --accept-injected-kmsg`, for end-to-end tests only: a root harness writes the
@@ -402,10 +530,13 @@ def parse_line_checked(line: str, source: str | None = None) -> Parsed:
                     return Parsed(out, "quoted")
                 break
             out.append(rec)
-        if not out and _MARKER.search(body, 1):
+        more = tuple(r for r in out if r.kind == _MORE)
+        if more:
+            out = [r for r in out if r.kind != _MORE]
+        if not out and not more and _MARKER.search(body, 1):
             # An unknown message that opens with a marker and carries another: text it quotes.
             return Parsed(out, "quoted")
-        return Parsed(out)
+        return Parsed(out, more=more)
     except Exception as exc:  # noqa: BLE001 - a parser bug must not cost the collector, but it is counted
         return Parsed([], "error", f"{type(exc).__name__}: {exc}")
 
@@ -444,6 +575,25 @@ def sxid_continues(prev_code: int | None, prev_mono_us: int | None, rec: KernelR
     if prev_mono_us is None or rec.mono_us is None:
         return True
     return abs(rec.mono_us - prev_mono_us) <= SXID_EVENT_SPAN_US
+
+
+def continues_fallen(prev: KernelRecord | None, piece: KernelRecord) -> bool:
+    """True when `piece` (from `Parsed.more`) is another line of `prev`'s print: the probe-time
+    fallen-off-the-bus message, whose later lines come right after its first, within the span of
+    one SXid event's lines (a print reaches the log at once)."""
+    if prev is None or prev.kind != "fallen_off_bus" or not prev.message.startswith("The NVIDIA GPU "):
+        return False
+    if prev.message.rstrip().endswith(("commands.", "bus")):
+        return False  # the print is complete
+    if prev.mono_us is None or piece.mono_us is None:
+        return True
+    return abs(piece.mono_us - prev.mono_us) <= SXID_EVENT_SPAN_US
+
+
+def merge_more(first: KernelRecord, more: KernelRecord) -> KernelRecord:
+    """The record `first` with the later line `more` of its print: raw joined by a newline, the
+    message by a blank (the driver's one sentence)."""
+    return replace(first, raw=f"{first.raw}\n{more.raw}", message=f"{first.message} {more.message}")
 
 
 def merge_sxid(first: KernelRecord, more: KernelRecord) -> KernelRecord:

@@ -498,8 +498,10 @@ class MemoryKernelSource:
     header); `checked=True` has the parser check them as the real `source` reader's lines are
     (a kmsg line without its header, or with a facility other than 0, is refused)."""
 
-    def __init__(self, source: str = "kmsg", *, checked: bool = False) -> None:
-        self.parse_as = None if checked else "memory"
+    def __init__(self, source: str = "kmsg", *, checked: bool = False, scenario: bool = False) -> None:
+        # scenario: a scenario's lines, read as `xidstream parse` reads text (its author's), except
+        # those shaped as a live source's record (collectors.parse.kernel.parse_scenario_line)
+        self.parse_as = None if checked else "scenario" if scenario else "memory"
         self.name = source
         self.lost = 0
         self._lines: list[LogLine] = []

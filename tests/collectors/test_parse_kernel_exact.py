@@ -306,6 +306,8 @@ def test_each_refusal_is_explained_in_words_the_log_shows():
                     "or a kmsg line without its record header (its writer cannot be checked)",
         "transport": "a journal record whose _TRANSPORT is not kernel, or a journal line that is not a JSON record",
         "error": "the parser raised (a bug): the line is skipped and counted",
+        "text": "a line of text (dmesg, syslog, kern.log, a paste): its writer cannot be checked; "
+                "a live source believes only /dev/kmsg records of facility 0 and journal records of transport kernel",
     }
 
 
