@@ -104,6 +104,8 @@ class NvmlGpuOps:
             self._ensure()
         except NvmlUnavailable:
             return None
+        if pci and normalize_pci(pci).startswith("ffff:"):
+            pci = None  # the collector's stand-in for a GPU NVML refused on a first start: its index names it
         for g in self.reader.gpus:
             if (uuid and g.uuid == uuid) or (not uuid and pci and g.pci_bus_id == normalize_pci(pci)) or \
                     (not uuid and not pci and index is not None and g.index == index):
@@ -130,7 +132,10 @@ class NvmlGpuOps:
             self._up = False
 
     def holders(self, gpu: GpuIdentity) -> list[int]:
+        """A full scan (a fresh ProcFs: the collector's incremental one can miss a descriptor
+        re-pointed with dup2 until its periodic full read); it decides whether a reset may run."""
         minor = gpu.minor if gpu.minor is not None else gpu.index
+        self.procfs = ProcFs(root=self.procfs.root, dev_prefix=self.procfs.dev_prefix)
         return sorted(self.procfs.device_holders().get(f"/dev/nvidia{minor}", []))
 
     def unreadable(self) -> list[int]:
@@ -147,7 +152,9 @@ class NvmlGpuOps:
             return None
         if "1" not in pids:
             return None
-        return any(self.procfs.comm(int(p)) == FABRIC_MANAGER for p in pids)
+        # a task name is the process's own choice: only a host process (no pod in its cgroup) counts
+        return any(self.procfs.comm(int(p)) == FABRIC_MANAGER and self.procfs.pod_of(int(p)).pod_uid is None
+                   for p in pids)
 
     def platform(self, gpu: GpuIdentity) -> Platform:
         try:
@@ -223,7 +230,7 @@ class NodeActions:
     def __init__(self, client: Client | None, node: str, gpu_ops: GpuOps | None,
                  reboot_sentinel: str | Path = DEFAULT_REBOOT_SENTINEL, *,
                  collector_release: NvmlRelease | None = None, release_timeout: float = 10.0,
-                 release_hold: float = 600.0, precondition_wait: float = DEFAULT_PRECONDITION_WAIT,
+                 release_hold: float | None = None, precondition_wait: float = DEFAULT_PRECONDITION_WAIT,
                  precondition_poll: float = 2.0, keep_namespaces: tuple[str, ...] = (),
                  state_dir: str | Path | None = None, operand_wait: float = DEFAULT_OPERAND_WAIT,
                  reboot_backend: Any = None, reboot_confirm_s: float | None = None,
@@ -239,8 +246,10 @@ class NodeActions:
         # (the holder scan still finds a collector that holds /dev/nvidia<minor>).
         self.collector_release = collector_release
         self.release_timeout = release_timeout
-        # the collector stays released at most this long (the operands' wait and the reset fit in it)
-        self.release_hold = release_hold
+        # the collector stays released at most this long: the longest reset fits in it (another
+        # controller's pause and the operands' leaving, each up to operand_wait; four nvidia-smi
+        # calls of up to 120 s; the verification), else its NVML handles would come back mid-reset
+        self.release_hold = release_hold if release_hold is not None else 2 * operand_wait + 4 * 120 + 60
         # RESET_GPU waits up to this long (polling every precondition_poll s) for the node to be
         # cordoned and drained: the commands that do it leave the processor with it.
         self.precondition_wait = precondition_wait
@@ -429,7 +438,7 @@ class NodeActions:
     def _reset(self, cmd: RemediationCommand, dry_run: bool) -> Answer:
         if not dry_run:
             left = self.recover()
-            if left:
+            if self.operands is not None and self.operands.pending() is not None:  # something of ours is still out
                 detail = ("an earlier reset's operands or persistence mode could not be restored: " + "; ".join(left)
                           + "; the GPU was not reset")
                 self._event(cmd, "XidstreamGpuResetRefused", detail)
@@ -476,7 +485,7 @@ class NodeActions:
         labels = ops.labels() if ops is not None else {}
         conflicts = ops.conflicts(labels) if ops is not None else []
         if conflicts and not dry_run:
-            conflicts = self._wait_conflicts(conflicts)
+            conflicts, labels = self._wait_conflicts(conflicts)
         if conflicts:
             return self._refuse(cmd, steps, "another controller is changing this node's GPU stack: "
                                 + "; ".join(conflicts) + "; retry when it is done", dry_run)
@@ -507,13 +516,17 @@ class NodeActions:
         unrestored = "".join(f"; NOT RESTORED: {p}" for p in left + problems)
         return Answer(answer.outcome, answer.detail + unrestored, tuple(steps.items), answer.final)
 
-    def _wait_conflicts(self, conflicts: list[str]) -> list[str]:
-        """Another controller's pause or upgrade: wait for it, bounded by the operands' wait."""
+    def _wait_conflicts(self, conflicts: list[str]) -> tuple[list[str], dict[str, str]]:
+        """Another controller's pause or upgrade: wait for it, bounded by the operands' wait.
+        Returns what is still in the way and the labels as they are now (what to pause is decided
+        on these: an operand the upgrade brought back is "true" again and must be paused too)."""
         deadline = time.monotonic() + self.operands.wait_s
+        labels = self.operands.labels()
         while conflicts and time.monotonic() < deadline:
             time.sleep(min(self.precondition_poll, max(0.0, deadline - time.monotonic())))
-            conflicts = self.operands.conflicts(self.operands.labels())
-        return [c + f" (still after {self.operands.wait_s:g} s)" for c in conflicts]
+            labels = self.operands.labels()
+            conflicts = self.operands.conflicts(labels)
+        return [c + f" (still after {self.operands.wait_s:g} s)" for c in conflicts], labels
 
     def _reset_paused(self, cmd: RemediationCommand, gpu: GpuIdentity, steps: _Steps, keys: list[str],
                       pause: Any) -> Answer:
@@ -625,6 +638,11 @@ class NodeActions:
         if not force and now < self._next_due:
             return []
         self._next_due = now + 10.0
+        if self.operands is not None and self.operands.journal.exists():
+            try:
+                self.recover()  # a restore an API error cut short: tried again until it is done
+            except Exception as exc:  # noqa: BLE001 - the next round tries again; never the loop's end
+                log.warning("node %s: restoring the operands again failed: %s", self.node, exc)
         out = []
         for cid, e in self.reboots.entries().items():
             try:
@@ -650,11 +668,16 @@ class NodeActions:
                 return None
             detail = (f"node {self.node} was not seen to reboot within {waited:.0f} s: its bootID is still "
                       f"{e.get('boot_id')} ({e.get('backend')} backend)")
+            withdraw = getattr(self.reboot_backend, "withdraw", None)
+            if withdraw is not None:  # a request left standing would reboot the node later, unasked
+                detail += "; " + withdraw()
             self._event(cmd, "XidstreamRebootFailed", detail)
             return steps.answer("failed", detail)
         if not any(s.step == "rebooted" for s in steps.items):
             steps.add("rebooted", detail=f"bootID {e.get('boot_id')} -> {boot}")
         ready = self._ready()
+        if self.gpu_ops is not None:
+            self.gpu_ops.release()  # a fresh NVML session: a GPU that came up after our first read counts
         gpu = self.gpu_ops.find(cmd.gpu_uuid, cmd.gpu_index, cmd.pci_bus_id) if self.gpu_ops is not None else None
         back = gpu is not None and gpu.status == "ok"
         if not (ready and back):

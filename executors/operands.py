@@ -122,7 +122,7 @@ class Operands:
         for k, v in sorted(labels.items()):
             if k.startswith(LABEL_PREFIX) and "paused-for-" in v and v != PAUSE_VALUE:
                 why.append(f"{k}={v} (another controller's pause)")
-            elif k.startswith(LABEL_PREFIX) and v == PAUSE_VALUE and not self.journal.exists():
+            elif k.startswith(LABEL_PREFIX) and v == PAUSE_VALUE and self.pending() is None:
                 why.append(f"{k}={v} with no journal of ours: its value before is unknown (restore it by hand)")
         state = labels.get(UPGRADE_STATE_LABEL, "")
         if state not in UPGRADE_IDLE:
@@ -154,8 +154,10 @@ class Operands:
             self.client.patch(Node, self.node, ops, patch_type=PatchType.JSON)
         except ApiError as exc:
             now = self.labels().get(key)
-            raise OperandError(f"{key} changed under us: expected {old!r}, found {now!r} "
-                               f"(API: {exc.status.code} {exc.status.message})") from None
+            why = (f"changed under us: {old!r} expected, {now!r} found" if now != old else
+                   "refused by the API server (RBAC: nodeExecutor.pauseOperands; or the admission policy "
+                   "node-operand-labels)")
+            raise OperandError(f"{key} not written ({new!r}): {why} (API: {exc.status.code} {exc.status.message})") from None
 
     def _save(self, pause: OperandPause) -> None:
         self.journal.parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +213,7 @@ class Operands:
         the operand off for good, so such a label gets the value that manager would have written
         over the original ("true" -> ``paused-for-driver-upgrade``)."""
         problems = []
+        retry = {}  # labels still ours to restore: kept in the journal
         labels = self.labels()
         for k, old in pause.before.items():
             now = labels.get(k)
@@ -220,16 +223,23 @@ class Operands:
                 elif now == PAUSE_VALUE + "_paused-for-driver-upgrade":
                     self._cas(k, now, "paused-for-driver-upgrade" if old == "true" else old + "_paused-for-driver-upgrade")
                 elif now != old:
+                    # someone else's now: theirs to restore, not ours (kept, it would refuse every
+                    # later reset on this node for good)
                     problems.append(f"{k} is {now!r}, set by someone else while paused: left as it is "
                                     f"(it was {old!r})")
             except OperandError as exc:
                 problems.append(str(exc))
-        if not problems and not pause.persistence_off:  # persistence mode is restored first (NodeActions)
+                retry[k] = old
+        if retry != pause.before:
+            pause.before = retry
+            if retry or pause.persistence_off:
+                self._save(pause)
+        if not retry and not pause.persistence_off:  # persistence mode is restored first (NodeActions)
             try:
                 self.journal.unlink()
             except FileNotFoundError:
                 pass
-        else:
+        if problems:
             log.error("node %s: operand labels not all restored: %s", self.node, "; ".join(problems))
         return problems
 

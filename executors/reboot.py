@@ -13,8 +13,10 @@ backend's bound is answered `failed`, and the processor climbs to REPLACE_NODE.
   xidstream cordoned stays cordoned until the incident's closing UNCORDON_NODE. Time to repair:
   up to one period plus the reboot, which is why its bound is 90 minutes.
 - ``logind``: asks the host's systemd-logind to reboot now, over the host's D-Bus system socket
-  (``org.freedesktop.login1.Manager.Reboot``; busctl, from the image's systemd package). Privilege: uid 0 and that one socket
-  mounted (read-write) into the node pod; no privileged container, no hostPID, no capability. Safe
+  (``org.freedesktop.login1.Manager.Reboot``; busctl, from the image's systemd package). Privilege:
+  uid 0 and that one socket mounted (read-write) into the node pod; no privileged container, no
+  capability, but uid 0 on the host's system bus can ask systemd for anything (a transient unit runs
+  as host root): host root in all but name, so it is not the default. Safe
   because it runs only for an authentic, fresh REBOOT_NODE of this node, only once the node is
   cordoned and drained (checked on the API server at the moment of acting, as for a reset), and
   logind runs the host's ordinary shutdown (services stopped, filesystems synced). Bound: 15 min.
@@ -119,6 +121,17 @@ class KuredReboot:
             return Requested(False, f"cannot write the reboot sentinel {self.sentinel}: {exc.strerror}")
         return Requested(True, f"wrote the reboot sentinel {self.sentinel}: kured reboots the node at its next check "
                                f"(every {getattr(self, 'period', '1h')}) inside its reboot window")
+
+    def withdraw(self) -> str:
+        """The reboot was not seen in time: the sentinel goes, so kured does not reboot the node
+        later, after it was handed over for replacement or put back into service."""
+        try:
+            self.sentinel.unlink()
+        except FileNotFoundError:
+            return f"the sentinel {self.sentinel} was already gone"
+        except OSError as exc:
+            return f"the sentinel {self.sentinel} could not be removed: {exc.strerror}"
+        return f"removed the sentinel {self.sentinel}"
 
 
 class LogindReboot:

@@ -162,7 +162,12 @@ class Executor:
         now = self.clock()
         confirm = getattr(self.actions, "due", None)
         if confirm is not None:  # actions under way that have their answer now (a reboot seen, or not in time)
-            out.extend(self._finish(cmd, answer) for cmd, answer in confirm())
+            try:
+                answered = confirm()
+            except Exception:  # noqa: BLE001 - an API error: asked again at the next poll, never the loop's end
+                log.exception("checking the actions under way failed; trying again")
+                answered = []
+            out.extend(self._finish(cmd, answer) for cmd, answer in answered)
         for cid, cmd in list(self._held.items()):
             if self.approvals.valid_for(cid, now) is not None and cmd.expires_at > now:
                 del self._held[cid]

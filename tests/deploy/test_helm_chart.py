@@ -641,6 +641,10 @@ def test_the_node_pods_may_patch_only_their_own_nodes_gpu_deploy_labels(kube, he
                    {"metadata": {"labels": {"feature.node.kubernetes.io/x": "y"}}},
                    {"metadata": {"annotations": {"a": "b"}}},
                    {"spec": {"unschedulable": True}},
+                   # an owner that does not exist: the garbage collector would delete the Node
+                   {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Namespace", "name": "x",
+                                                      "uid": "00000000-0000-0000-0000-000000000001"}]}},
+                   {"metadata": {"finalizers": ["example.com/keep"]}},  # would block its deletion
                    {"metadata": {"labels": {"nvidia.com/gpu.deploy.device-plugin": "false", "other": "x"}}}):
         status, body = patch(mine, denied)
         assert status in (403, 422) and "gpu.deploy" in str(body), (denied, status, body)

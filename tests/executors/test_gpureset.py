@@ -170,3 +170,26 @@ def test_kured_is_found_on_the_node_by_its_label_or_image_with_its_period():
     assert p is not None and period == "10m"
     p, period = kured_on_node(Client([pod({}, "registry.example/mirror/kured@sha256:abc")]), "n")
     assert p is not None and period.startswith("1h")
+
+
+def test_fabric_manager_counts_only_as_a_host_process(tmp_path):
+    """nv-fabricmanager is seen through hostPID by its task name, which any process may take: a
+    tenant's process in a pod named nv-fabricmanage is not Fabric Manager (else an HGX A100 without
+    it would get a single-GPU reset that nvidia-smi(1) says needs every NVLink peer)."""
+    from collectors.fakes import FakePynvml
+    from collectors.sources.procfs import ProcFs
+    from executors.node import NvmlGpuOps
+
+    def proc(pid, comm, pod=None):
+        d = tmp_path / "proc" / str(pid)
+        d.mkdir(parents=True)
+        (d / "comm").write_text(comm + "\n")
+        (d / "cgroup").write_text(f"0::/kubepods.slice/kubepods-pod{pod.replace('-', '_')}.slice/cri-containerd-{'b' * 64}.scope\n"
+                                  if pod else "0::/system.slice/x.service\n")
+
+    proc(1, "systemd")
+    proc(400, "nv-fabricmanage", pod="11111111-2222-3333-4444-555555555555")
+    ops = NvmlGpuOps(FakePynvml([]), ProcFs(root=tmp_path / "proc"))
+    assert ops.fabric_manager_running() is False
+    proc(401, "nv-fabricmanage")
+    assert ops.fabric_manager_running() is True

@@ -577,3 +577,88 @@ def test_logind_backend_waits_for_the_drain_and_refuses_without_it(kube, ns, tmp
     r = rig.ex.handle(rig.key.sign(command(node, "REBOOT_NODE")))
     assert r.outcome == Outcome.refused and "not cordoned" in r.detail and f"busy-{RUN}" in r.detail, r.detail
     assert asked == []
+
+
+# -- found by a review (attack) of the above --------------------------------------------------------
+
+def test_an_operand_a_driver_upgrade_gives_back_while_the_reset_waits_is_paused_too(kube, ns, tmp_path):
+    """The labels to pause are read after the wait for another controller, not before it: an operand
+    the upgrade brings back to "true" meanwhile holds the GPU again and must be paused with the rest
+    (read before, it was not, and the reset was refused for good: a reboot for nothing)."""
+    import threading
+    import time
+
+    node, rig, op = operator_rig(kube, ns, tmp_path, "op-waited", {LABEL + "device-plugin": "paused-for-driver-upgrade"})
+    done = threading.Timer(1.0, lambda: label_node(kube, node, {LABEL + "device-plugin": "true"}))
+    try:
+        done.start()
+        t0 = time.monotonic()
+        r = rig.ex.handle(rig.key.sign(command(node, "RESET_GPU")))
+        assert r.outcome == Outcome.succeeded, r.detail
+        assert time.monotonic() - t0 >= 1.0
+        assert LABEL + "device-plugin: true -> paused-for-gpu-reset" in next(s for s in r.steps if s.step == "operands_paused").detail
+        assert op.labels()[LABEL + "device-plugin"] == "true"
+    finally:
+        done.cancel()
+        op.close()
+
+
+def test_a_label_taken_over_by_another_controller_does_not_keep_the_journal_or_refuse_the_next_reset(kube, ns, tmp_path):
+    node, rig, op = operator_rig(kube, ns, tmp_path, "op-taken")
+    inner = rig.ops.reset
+
+    def meanwhile(gpu):
+        label_node(kube, node, {LABEL + "gpu-feature-discovery": "false"})  # an admin turns GFD off
+        return inner(gpu)
+
+    rig.ops.reset = meanwhile
+    try:
+        r = rig.ex.handle(rig.key.sign(command(node, "RESET_GPU")))
+        assert r.outcome == Outcome.succeeded and "NOT RESTORED" in r.detail, r.detail
+        assert not list((tmp_path / "s").glob("operands-*.json"))  # theirs now: nothing of ours is left out
+        rig.ops.reset = inner
+        rig.gpu.utilization_gpu_pct = 100.0
+        again = rig.ex.handle(rig.key.sign(command(node, "RESET_GPU")))
+        assert again.outcome == Outcome.succeeded, again.detail  # not refused over someone else's label
+    finally:
+        op.close()
+
+
+def test_a_reboot_of_a_gpu_known_only_by_its_index_is_confirmed_by_that_index(kube, tmp_path):
+    """The collector publishes a GPU NVML refused on a first start under a stand-in PCI id
+    (ffff:00:<index>); the REBOOT_NODE planned for it names that id and no UUID. Matched by PCI, the
+    GPU was never found after the reboot and a reboot that worked was answered failed."""
+    node = make_node(kube, "reboot-index")
+    set_boot(kube, node, "boot-1")
+    rig = Rig(kube, tmp_path, node)
+    clock = [1000.0]
+    actions = NodeActions(make_client(kube.kubeconfig), node, rig.ops, state_dir=tmp_path / "s", clock=lambda: clock[0],
+                          reboot_backend=__import__("executors.reboot", fromlist=["x"]).LogindReboot(run=lambda argv: (0, "")))
+    actions.precondition_wait = 0.0
+    cordon(kube, node)
+    rig.ex.actions = actions
+    cmd = rig.key.sign(command(node, "REBOOT_NODE", gpu_uuid=None, pci_bus_id="ffff:00:01", gpu_index=1))
+    assert rig.ex.handle(cmd) is None
+    set_boot(kube, node, "boot-2")
+    rig.gpu.status = "ok"
+    clock[0] += 30
+    (r,) = rig.ex.due()
+    assert r.outcome == Outcome.succeeded and "GPU 1 back" in r.detail, r.detail
+
+
+def test_a_kured_reboot_not_seen_in_time_takes_its_sentinel_back(kube, ns, tmp_path):
+    node = make_node(kube, "reboot-kured-late")
+    set_boot(kube, node, "boot-1")
+    status, body = kube.request("POST", f"/api/v1/namespaces/{ns}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"kured-late-{RUN}", "labels": {"name": "kured"}},
+        "spec": {"nodeName": node, "containers": [{"name": "kured", "image": "ghcr.io/kubereboot/kured:1.17.1"}]}})
+    assert status == 201, body
+    rig = Rig(kube, tmp_path, node)
+    clock = [1000.0]
+    rig.ex.actions = NodeActions(make_client(kube.kubeconfig), node, rig.ops, reboot_sentinel=rig.sentinel,
+                                 state_dir=tmp_path / "s", clock=lambda: clock[0])
+    assert rig.ex.handle(rig.key.sign(command(node, "REBOOT_NODE"))) is None and rig.sentinel.exists()
+    clock[0] += 5400
+    (r,) = rig.ex.due()
+    assert r.outcome == Outcome.failed and "removed the sentinel" in r.detail, r.detail
+    assert not rig.sentinel.exists()  # kured must not reboot the node later, unasked
