@@ -447,9 +447,11 @@ def _forensic(line: str) -> Parsed:
     if strict.refused is None and _MARKER.match(body) is not None:
         return replace(strict, live=live)  # the driver's line, of a message this parser does not know
     # Refused by the strict rules, or a marker inside other text: every driver message in the body.
+    starts = [m.start() for m in _MARKER.finditer(body)]
+    if not starts and strict.refused is None:
+        return replace(strict, live=live)  # no driver message anywhere in it: nothing refused
     why = strict.refused or "quoted"
     raw = line.rstrip("\r\n")
-    starts = [m.start() for m in _MARKER.finditer(body)]
     recs: list[KernelRecord] = []
     more: list[KernelRecord] = []
     for i, at in enumerate(starts):

@@ -178,3 +178,12 @@ def test_a_fleet_storm_written_in_the_kernel_tag_shape_raises_its_alerts():
     ScenarioRunner(sc, sink).run()
     xids = [r for r in sink.records if isinstance(r, XidEvent) and r.kind == "xid"]
     assert len(xids) == 6 and all(r.xid == 119 and r.resolved for r in xids)
+
+
+@pytest.mark.parametrize("line", ["hello world", "Dec  6 17:49:03 host sshd[1]: Accepted publickey for root",
+                                  "[ 12.345678] e1000e: eth0 NIC Link is Up", ""])
+def test_a_line_that_names_no_driver_message_is_not_counted_as_refused(line):
+    """`xidstream parse` counts the lines a live source would refuse; a line with no driver message
+    in it was counted as refused ("quoted"), so a paste of a whole log read as mostly forged."""
+    parsed = parse_line_checked(line, forensic=True)
+    assert parsed.records == [] and parsed.refused is None
