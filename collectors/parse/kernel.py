@@ -309,16 +309,25 @@ def _segments(body: str, glue: bool = True) -> list[str]:
     return out
 
 
+# The driver prints the code, the pid and the instance ids with %d / %u (kernel_rc.c): a number past
+# 32 bits is no print of the driver's, and past 64 bits it would not even encode for Kafka.
+_INT_MAX = 2**32 - 1
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() and len(text) <= 10 and int(text) <= _INT_MAX else None
+
+
 def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
     if seg.startswith("NVRM: Xid"):
         m = _XID.match(seg)
-        if not m:
+        if not m or _int(m["xid"]) is None:
             return None
         pid = name = None
         message = m["rest"] or ""
         pm = _PID_NAME.match(message)
         if pm:
-            pid = int(pm["pid"]) if pm["pid"].isdigit() else None
+            pid = _int(pm["pid"])
             name = pm["name"]
             if name == "<unknown>":
                 name = None
@@ -326,12 +335,11 @@ def _parse_segment(seg: str, raw: str, meta: dict) -> KernelRecord | None:
         return KernelRecord(
             kind="xid", raw=raw, message=message, xid=int(m["xid"]), pci=_norm(m["pci"]), pid=pid,
             process_name=name or None,
-            gpu_instance=int(m["gi"]) if m["gi"] else None,
-            compute_instance=int(m["ci"]) if m["ci"] else None, **meta,
+            gpu_instance=_int(m["gi"]), compute_instance=_int(m["ci"]), **meta,
         )
     if seg.startswith("nvidia-nvswitch"):
         m = _SXID.match(seg)
-        if not m:
+        if not m or _int(m["code"]) is None:
             return None
         # The NVSwitch's own PCI id goes in `nvswitch_pcis`, not in `pci`: it names no GPU, and
         # the collector would otherwise try to resolve it to one (and key the record by it).

@@ -187,3 +187,17 @@ def test_a_line_that_names_no_driver_message_is_not_counted_as_refused(line):
     in it was counted as refused ("quoted"), so a paste of a whole log read as mostly forged."""
     parsed = parse_line_checked(line, forensic=True)
     assert parsed.records == [] and parsed.refused is None
+
+
+def test_a_number_no_driver_prints_gives_no_record_and_never_an_unencodable_one():
+    """The driver prints the code and the pid with %d: a code past 32 bits is no driver line, and one
+    past 64 bits made a record that failed to encode for Kafka outside the collector's error
+    handling (and `xidstream parse`'s output)."""
+    from collectors.parse.kernel import parse_line
+
+    huge = "9" * 25
+    assert parse_line(f"NVRM: Xid (PCI:0000:3b:00): {huge}, pid=1, name=x, y") == []
+    assert parse_line(f"nvidia-nvswitch0: SXid (PCI:0000:05:00.0): {huge}, Non-fatal, Link 1") == []
+    [rec] = parse_line(f"NVRM: Xid (PCI:0000:3b:00): 13, pid={huge}, name=python3, Graphics Exception")
+    assert rec.xid == 13 and rec.pid is None
+    assert parse_line_checked(f"> kernel: NVRM: Xid (PCI:0000:3b:00): {huge}, pid=1, name=x, y", forensic=True).records == []
