@@ -398,7 +398,7 @@ class NodeActions:
                                   f"or a privileged container")
         return failed, gpu
 
-    def _holders(self, gpu: GpuIdentity) -> list:
+    def _holders(self, gpu: GpuIdentity, again: bool = True) -> list:
         pids = [p for p in self.gpu_ops.holders(gpu) if p != os.getpid()]
         procfs = getattr(self.gpu_ops, "procfs", None)
         pods = pods_on_node(self.client, self.node) if self.client is not None and pids else []
@@ -406,7 +406,13 @@ class NodeActions:
         if procfs is None:
             from executors.gpureset import Holder
             return [Holder(p, None, "unknown", f"pid {p}: not classified (no /proc access)") for p in pids]
-        return classify_holders(pids, procfs, pods, pausable)
+        found = classify_holders(pids, procfs, pods, pausable)
+        if again and any(h.blocks and h.comm is None for h in found):
+            # A holder with no readable name is one exiting as we read it (its /proc entry half
+            # gone): looked at again, once, rather than refuse the reset for good over it.
+            time.sleep(0.5)
+            return self._holders(gpu, again=False)
+        return found
 
     def _collector_releases(self, cmd: RemediationCommand, gpu: GpuIdentity, dry_run: bool, failed: list[str],
                             notes: list[str]) -> None:

@@ -287,6 +287,17 @@ def check_copartitioning(settings: KafkaConfig, existing: dict[str, int]) -> Non
         )
 
 
+def _lost_request(err: Any) -> bool:
+    """A request lost with its connection rather than answered: librdkafka drops the bootstrap
+    brokers' handles once the metadata names the real ones, and a CreateTopics queued on one fails
+    with _DESTROY_BROKER ("Broker handle destroyed without termination"; seen on a fresh
+    three-broker cluster), or the connection broke (_TRANSPORT)."""
+    from confluent_kafka import KafkaError
+
+    code = getattr(err, "code", lambda: None)()
+    return code in (KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT) or bool(getattr(err, "retriable", lambda: False)())
+
+
 def create_topics(settings: KafkaConfig, names: Iterable[str] | None = None, timeout: float = 30.0) -> dict[str, str]:
     """Create the registry's topics that do not exist; check those that do.
 
@@ -306,22 +317,31 @@ def create_topics(settings: KafkaConfig, names: Iterable[str] | None = None, tim
         for n in wanted if reg.name(n) not in existing
     ]
     result = {reg.name(n): "exists" for n in wanted if reg.name(n) in existing}
-    if new:
+    for attempt in range(3):
+        if not new:
+            break
         futures = client.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
-        for name, fut in futures.items():
+        again = []
+        for topic in new:
+            name = topic.topic
             try:
-                fut.result()
+                futures[name].result()
                 result[name] = "created"
             except KafkaException as exc:
                 err = exc.args[0]
                 if getattr(err, "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
                     result[name] = "exists"
+                elif _lost_request(err) and attempt < 2:
+                    again.append(topic)  # creating is idempotent: asked again (exists, if it got there)
                 else:
                     raise TopicError(f"cannot create topic {name}: {err}") from None
+        new = again
+        if new:
+            logging.getLogger("xidstream.kafka").info("creating %d topic(s) again: the request was lost with its "
+                                                      "connection", len(new))
+            time.sleep(0.5 * (attempt + 1))
     # Wait until the broker's metadata shows them (a fresh KRaft broker lags the controller by a
     # moment, and the next client to ask must not be told they are missing).
-    import time
-
     deadline = time.monotonic() + timeout
     wanted_names = {reg.name(n) for n in wanted}
     while True:

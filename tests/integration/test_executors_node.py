@@ -62,9 +62,13 @@ class Rig:
                 f"cri-containerd-{'a' * 64}.scope\n")
 
     def release_device(self, pid: int) -> None:
+        """The process exits: its /proc entry goes at once (renamed away, then removed), never half
+        (a scan that met a half-removed entry saw a holder with no name and no pod)."""
         import shutil
 
-        shutil.rmtree(self.proc / str(pid))
+        gone = self.proc.parent / f"gone-{pid}-{uuid.uuid4().hex[:6]}"
+        os.rename(self.proc / str(pid), gone)
+        shutil.rmtree(gone)
 
 
 class FakeSmi:
@@ -297,8 +301,9 @@ class OperatorNode:
                     self.history.append((op, "back"))
                 elif not want and key in self.pods and self.leave:
                     name, pid = self.pods.pop(key)
-                    self.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods/{name}?gracePeriodSeconds=0")
+                    # as the kubelet does: the pod's processes stop before the pod object goes
                     self.rig.release_device(pid)
+                    self.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods/{name}?gracePeriodSeconds=0")
                     self.history.append((op, "gone"))
 
     def _run(self) -> None:

@@ -140,3 +140,27 @@ def test_the_commands_take_an_explicit_replication_and_none_by_default(monkeypat
     args = build_parser().parse_args(["simulate", "--create-topics", "--replication-factor", "1"])
     assert _settings(args).replication_factor == 1
     assert Settings.from_env({"XIDSTREAM_REPLICATION": "2"}).replication_factor == 2
+
+
+def test_a_create_request_lost_with_its_broker_handle_is_asked_again(cluster):
+    """librdkafka drops the bootstrap brokers' handles once the metadata names the real ones; a
+    CreateTopics queued on one failed with _DESTROY_BROKER on a fresh three-broker cluster (the
+    cluster tier's first test, in a clean-clone CI run). Creating is idempotent: asked again."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    fake = cluster([1, 2, 3])
+    inner = fake.create_topics
+    calls = []
+
+    def flaky(new, **kw):
+        calls.append([t.topic for t in new])
+        if len(calls) > 1:
+            return inner(new, **kw)
+
+        def lost(timeout=None):
+            raise KafkaException(KafkaError(KafkaError._DESTROY_BROKER))
+        return {t.topic: SimpleNamespace(result=lost) for t in new}
+
+    fake.create_topics = flaky
+    result = create_topics(Settings(topic_prefix="p.", node="n1"))
+    assert set(result.values()) == {"created"} and len(calls) == 2 and len(fake.created) == len(TOPICS)
