@@ -389,14 +389,17 @@ class NodeActions:
                 self.gpu_ops.release()  # our own handles must not count as holders, nor block the reset
                 if not failed:
                     self._collector_releases(cmd, gpu, dry_run, failed, notes)
-                self.gpu_ops.holders(gpu)  # a scan now: the next line asks what it could not read
-                blind = getattr(self.gpu_ops, "unreadable", lambda: [])()
-                if blind:
-                    # Unknown is not "none": a process whose descriptors we cannot read may hold the GPU.
-                    failed.append(f"the /dev/nvidia holder scan could not read /proc/<pid>/fd of {len(blind)} process(es) "
-                                  f"(pid {', '.join(map(str, blind[:10]))}): the node executor needs CAP_DAC_READ_SEARCH "
-                                  f"or a privileged container")
         return failed, gpu
+
+    def _blind(self) -> str | None:
+        """What the last holder scan could not look into, in words (None: it read every process).
+        Unknown is not "none": a process whose descriptors we cannot read may hold the GPU."""
+        blind = getattr(self.gpu_ops, "unreadable", lambda: [])()
+        if not blind:
+            return None
+        return (f"the /dev/nvidia holder scan could not read /proc/<pid>/fd of {len(blind)} process(es) "
+                f"(pid {', '.join(map(str, blind[:10]))}): the node executor needs CAP_DAC_READ_SEARCH "
+                f"or a privileged container")
 
     def _holders(self, gpu: GpuIdentity, again: bool = True) -> list:
         pids = [p for p in self.gpu_ops.holders(gpu) if p != os.getpid()]
@@ -475,9 +478,13 @@ class NodeActions:
                      if waited is not None and waited >= self.precondition_wait else "")
             return self._refuse(cmd, steps, f"precondition failed{after}: " + "; ".join(failed), dry_run)
         assert gpu is not None and self.gpu_ops is not None
-        steps.add("cordoned_drained", detail=f"node {self.node} cordoned and drained; no compute process on GPU {gpu.index}")
-        # Who holds the GPU: a workload or an unknown process will not go away by itself.
+        # Who holds the GPU (one scan, after our own NVML handles and the collector's were let go):
+        # a workload or an unknown process will not go away by itself.
         holders = self._holders(gpu)
+        blind = self._blind()
+        if blind:
+            return self._refuse(cmd, steps, f"precondition failed: {blind}", dry_run)
+        steps.add("cordoned_drained", detail=f"node {self.node} cordoned and drained; no compute process on GPU {gpu.index}")
         blocking = [h for h in holders if h.blocks]
         steps.add("holders_classified", ok=not blocking,
                   detail="; ".join(h.what for h in holders) or f"nobody holds /dev/nvidia{gpu.minor if gpu.minor is not None else gpu.index}")

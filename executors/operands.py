@@ -31,7 +31,6 @@ holds a GPU for the reset's purpose, and the driver-upgrade manager owns their l
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
+from collectors.spool import write_durably
 from executors.kube import node_or_none, pods_on_node
 
 __all__ = ["LABEL_PREFIX", "PAUSE_VALUE", "PAUSABLE", "Operands", "OperandPause", "OperandError", "selected_labels"]
@@ -161,13 +161,9 @@ class Operands:
 
     def _save(self, pause: OperandPause) -> None:
         self.journal.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.journal.with_name(self.journal.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(orjson.dumps({"node": pause.node, "before": pause.before,
-                                   "persistence_off": pause.persistence_off, "command_id": pause.command_id}))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.journal)
+        write_durably(self.journal, orjson.dumps({"node": pause.node, "before": pause.before,
+                                                  "persistence_off": pause.persistence_off,
+                                                  "command_id": pause.command_id}))
 
     def note_persistence_off(self, pause: OperandPause, uuid: str) -> None:
         pause.persistence_off.append(uuid)

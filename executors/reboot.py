@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import orjson
 
+from collectors.spool import write_durably
 from executors.kube import pods_on_node
 
 __all__ = ["REBOOT_BACKENDS", "DEFAULT_REBOOT_BACKEND", "KuredReboot", "LogindReboot", "RebootJournal",
@@ -185,12 +186,7 @@ class RebootJournal:
 
     def _write(self, doc: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(orjson.dumps(doc))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        write_durably(self.path, orjson.dumps(doc))
 
     def add(self, command_id: str, entry: dict) -> None:
         doc = self.entries()

@@ -531,10 +531,12 @@ class _Topics:
     def fresh(self, recs: list) -> list:
         return [r for r in recs if r.event_id not in self.seen]
 
-    def result(self, action: Any) -> Callable[[], Any]:
+    def result(self, action: Any, gpu_uuid: str | None = None) -> Callable[[], Any]:
+        """A check for this run's first result of `action` (of that GPU, if named)."""
         def check() -> Any:
             self.reader.read(0.2)
-            return next((r for r in self.fresh(self.loop.results) if r.action == action), None)
+            return next((r for r in self.fresh(self.loop.results)
+                         if r.action == action and (gpu_uuid is None or r.gpu_uuid == gpu_uuid)), None)
         return check
 
     def timeline(self, tl: Timeline, extra: list[tuple[float, str]]) -> None:
@@ -782,13 +784,6 @@ def _wedge_lines(gpu: dict) -> list[str]:
         [line.replace("PCI:0000:02:00", f"PCI:0000:{bus}:00").replace("GPU1 ", f"GPU{gpu['index']} ") for line in WEDGE]
 
 
-def _result_for(topics: _Topics, action: Any, uuid: str) -> Callable[[], Any]:
-    def check() -> Any:
-        topics.reader.read(0.2)
-        return next((r for r in topics.fresh(topics.loop.results) if r.action == action and r.gpu_uuid == uuid), None)
-    return check
-
-
 def stage_times(alert_ts: float, results: dict[str, Any]) -> list[dict[str, Any]]:
     """The repair's milestones (streams.repair, as `xidstream incident` and the processor's
     histograms count them) from the verdict's alert and the executors' answers and steps."""
@@ -832,7 +827,7 @@ def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, w
     fake.set(2, utilization_gpu_pct=100, utilization_memory_pct=0, memory_used_mib=0, power_w=110, processes=[])
     tl.mark("reset run 1: the motivating incident's Xid 13/31/43 on GPU 2 (/dev/kmsg); NVML: 100% SM, 0 MiB, no process",
             kernel_at)
-    reset = _wait("a result for GPU 2's RESET_GPU", _result_for(topics, Action.RESET_GPU, GPU2["uuid"]), 300, 0)
+    reset = _wait("a result for GPU 2's RESET_GPU", topics.result(Action.RESET_GPU, GPU2["uuid"]), 300, 0)
     outcomes[reset.outcome.value] = outcomes.get(reset.outcome.value, 0) + 1
     steps = [st.step for st in reset.steps]
     for st in reset.steps:
@@ -854,7 +849,7 @@ def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, w
     tl.mark(f"operand labels back exactly ({', '.join(f'{k.removeprefix(DEPLOY)}={v}' for k, v in sorted(before.items()))}); "
             f"operand pods Running again")
     uncordon = _wait("GPU 2's UNCORDON_NODE once it was healthy for resolve_after_s (150 s)",
-                     _result_for(topics, Action.UNCORDON_NODE, uuid), 400, 0)
+                     topics.result(Action.UNCORDON_NODE, uuid), 400, 0)
     if uncordon.outcome.value != "succeeded":
         raise E2eError(f"UNCORDON_NODE: {uncordon.outcome.value}: {uncordon.detail}")
     fresh = [r for r in topics.fresh(topics.loop.results) if r.gpu_uuid == uuid]
@@ -883,7 +878,7 @@ def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, w
     kernel_at = write_kmsg(_wedge_lines(GPU3))
     fake.set(3, utilization_gpu_pct=100, utilization_memory_pct=0, memory_used_mib=0, power_w=110, processes=[])
     tl.mark("reset run 2: GPU 3 wedges while nvidia.com/gpu.deploy.dcgm-exporter=paused-for-driver-upgrade", kernel_at)
-    reset = _wait("a result for GPU 3's RESET_GPU", _result_for(topics, Action.RESET_GPU, GPU3["uuid"]), 300, 0)
+    reset = _wait("a result for GPU 3's RESET_GPU", topics.result(Action.RESET_GPU, GPU3["uuid"]), 300, 0)
     outcomes[reset.outcome.value] = outcomes.get(reset.outcome.value, 0) + 1
     if reset.outcome.value != "refused" or reset.final or "paused-for-driver-upgrade (another controller's pause)" \
             not in reset.detail:

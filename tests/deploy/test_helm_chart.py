@@ -520,6 +520,25 @@ def test_network_policies_admit_only_the_served_ports(helm):
 
 
 @pytest.mark.kube
+def _policy_and_node_patch_grant(kube, kinds: dict, policy: str, ns: str, sa: str, role: str) -> None:
+    """The chart's admission policy `policy` and its binding on the API server, and service account
+    `sa` in `ns` granted get and patch on nodes (what the chart's own ClusterRole gives it): what
+    the policy alone must then hold back."""
+    for kind, path in (("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+                       ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings")):
+        status, body = kube.request("POST", f"/apis/admissionregistration.k8s.io/v1/{path}", kinds[kind][policy])
+        assert status == 201, body
+    assert kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
+                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})[0] == 201
+    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]})[0] == 201
+    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})[0] == 201
+
+
 def test_the_admission_policy_confines_the_cluster_executor_to_managed_gpu_nodes(kube, helm):
     """The chart's ValidatingAdmissionPolicy on the real API server: with the cluster executor's
     own service-account token, a cordon patch goes through on a GPU node and is denied by the API
@@ -531,21 +550,8 @@ def test_the_admission_policy_confines_the_cluster_executor_to_managed_gpu_nodes
     objs, _ = render(helm, namespace=ns, release=release)
     kinds = by_kind(objs)
     sa = f"{release}-xidstream-cluster-executor"
-    for kind, path in (("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-                       ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings")):
-        obj = kinds[kind][f"{release}-xidstream-cluster-executor-managed-nodes"]
-        status, body = kube.request("POST", f"/apis/admissionregistration.k8s.io/v1/{path}", obj)
-        assert status == 201, body
-    assert kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
-                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})[0] == 201
-    role = f"xs-vap-{RUN}"
-    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
-        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]})[0] == 201
-    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})[0] == 201
+    _policy_and_node_patch_grant(kube, kinds, f"{release}-xidstream-cluster-executor-managed-nodes", ns, sa,
+                                 f"xs-vap-{RUN}")
     status, tr = kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}})
     assert status == 201, tr
@@ -593,21 +599,7 @@ def test_the_node_pods_may_patch_only_their_own_nodes_gpu_deploy_labels(kube, he
     kinds = by_kind(objs)
     sa = f"{release}-xidstream-node"
     assert "patch" in kinds["ClusterRole"][sa]["rules"][1]["verbs"]
-    for kind, path in (("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-                       ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings")):
-        status, body = kube.request("POST", f"/apis/admissionregistration.k8s.io/v1/{path}",
-                                    kinds[kind][f"{release}-xidstream-node-operand-labels"])
-        assert status == 201, body
-    assert kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts",
-                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})[0] == 201
-    role = f"xs-vapn-{RUN}"
-    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role},
-        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]})[0] == 201
-    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})[0] == 201
+    _policy_and_node_patch_grant(kube, kinds, f"{release}-xidstream-node-operand-labels", ns, sa, f"xs-vapn-{RUN}")
     mine, other = f"vapn-{RUN}-a", f"vapn-{RUN}-b"
     for n in (mine, other):
         assert kube.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
