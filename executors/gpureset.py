@@ -19,6 +19,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from executors.operands import LABEL_PREFIX, selected_labels
@@ -168,6 +169,29 @@ class SmiAnswer:
 
 
 Runner = Callable[[list[str], float], tuple[int, str]]
+
+# The driver's resource manager answers `--gpu-reset` and `-pm` only to an administrator, which on
+# Linux is capable(CAP_SYS_ADMIN) (open-gpu-kernel-modules: osIsAdministrator() is NV_IS_SUSER());
+# uid 0 without it gets "Insufficient Permissions". Bit 21 of the effective set (linux/capability.h).
+CAP_SYS_ADMIN = 21
+PROC_STATUS = "/proc/self/status"
+
+
+def lacks_admin(status: str | None = None) -> bool | None:
+    """True when this process's effective capabilities (the CapEff line of /proc/self/status, or
+    `status`) lack CAP_SYS_ADMIN; None when they cannot be read."""
+    if status is None:
+        try:
+            status = Path(PROC_STATUS).read_text()
+        except OSError:
+            return None
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            try:
+                return not int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1
+            except (IndexError, ValueError):
+                return None
+    return None
 
 
 def _run(argv: list[str], timeout: float) -> tuple[int, str]:

@@ -172,6 +172,14 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
                               keep_namespaces=tuple(args.drain_keep_namespace), state_dir=args.state_dir,
                               operand_wait=args.operand_wait, reboot_backend=backend,
                               reboot_confirm_s=args.reboot_confirm_timeout)
+        if args.apply and not args.fake_nvml:
+            from executors.gpureset import lacks_admin
+
+            if lacks_admin():
+                print("xidstream execute: this process lacks CAP_SYS_ADMIN: the driver answers nvidia-smi --gpu-reset "
+                      "and -pm only to an administrator, so RESET_GPU will fail (Insufficient Permissions) and climb "
+                      "to a reboot. The chart grants it with nodeExecutor.apply; elsewhere add the capability.",
+                      file=sys.stderr, flush=True)
         if args.apply:
             left = actions.recover()  # a reset this executor died in: its operands and persistence mode back
             if left:

@@ -329,6 +329,12 @@ def _container(pod: dict, name: str) -> dict:
     return next(c for c in pod["spec"]["containers"] if c["name"] == name)
 
 
+# What the chart grants the node executor when it carries commands out (values.yaml says why), and
+# their numbers in the kernel's capability sets (linux/capability.h).
+NODE_EXECUTOR_CAPS = ("SYS_PTRACE", "DAC_READ_SEARCH", "SYS_ADMIN")
+CAP_NUMBERS = {"DAC_READ_SEARCH": 2, "SYS_PTRACE": 19, "SYS_ADMIN": 21}
+
+
 def check_privileges(node: LocalNode, tl: Timeline) -> None:
     """What each container runs with, read back from the live pods, and the real admission and
     kernel refusing what the chart does not grant."""
@@ -346,16 +352,18 @@ def check_privileges(node: LocalNode, tl: Timeline) -> None:
         problems += [f"{component}: not {k}" for k, ok in want.items() if not ok]
     node_pod = _pod_of(kube, "node")
     nsc = _container(node_pod, "node-executor").get("securityContext") or {}
-    if nsc.get("privileged") or (nsc.get("capabilities") or {}).get("add") != ["SYS_PTRACE", "DAC_READ_SEARCH"] or \
+    # The chart's default: unprivileged, the capabilities named (SYS_ADMIN since this run carries
+    # commands out: nvidia-smi --gpu-reset is the driver's administrator call).
+    if nsc.get("privileged") or (nsc.get("capabilities") or {}).get("add") != list(NODE_EXECUTOR_CAPS) or \
             (node_pod["spec"].get("securityContext") or {}).get("seccompProfile", {}).get("type") != "RuntimeDefault":
-        problems.append(f"node-executor: expected unprivileged, SYS_PTRACE and DAC_READ_SEARCH only, RuntimeDefault "
+        problems.append(f"node-executor: expected unprivileged, {', '.join(NODE_EXECUTOR_CAPS)} only, RuntimeDefault "
                         f"seccomp: {nsc}")
     if any(v["hostPath"]["path"] in ("/var/run", "/run") for v in node_pod["spec"]["volumes"] if "hostPath" in v):
         problems.append("the node pod mounts the host's /var/run (the container runtime's socket)")
     if problems:
         raise E2eError("; ".join(problems))
     tl.mark("live pods: processor and cluster executor non-root, RuntimeDefault seccomp, no capabilities, read-only "
-            "root; node executor unprivileged with SYS_PTRACE and DAC_READ_SEARCH only; no host /var/run mounted")
+            f"root; node executor unprivileged with {', '.join(NODE_EXECUTOR_CAPS)} only; no host /var/run mounted")
 
     # Pod Security admission on the release's namespace refuses what the node pod needs.
     status, body = kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
@@ -398,6 +406,37 @@ def check_privileges(node: LocalNode, tl: Timeline) -> None:
         raise E2eError(f"SYS_PTRACE alone listed a non-root process's /proc/<pid>/fd: {blind}")
     tl.mark("the holder scan with the node executor's privileges lists non-root processes' /proc/<pid>/fd; with "
             "SYS_PTRACE alone: PermissionError")
+    # ... and reads where each descriptor points (what the scan matches against /dev/nvidia*), which
+    # DAC_READ_SEARCH alone does not: the link is ptrace-guarded (proc_fd_access_allowed).
+    links = scan.replace("print(len(fds), sorted(fds))",
+                         "n = 0\n"
+                         "for p in pids:\n"
+                         "    for fd in gone(os.listdir, f'/proc/{p}/fd') or []:\n"
+                         "        if gone(os.readlink, f'/proc/{p}/fd/{fd}') is not None:\n"
+                         "            n += 1\n"
+                         "assert n, 'no descriptor link read'\n"
+                         "print('links read', n)")
+    done = _probe(node, node_pod, "link-probe", nsc, links)
+    if done.get("exitCode") != 0:
+        raise E2eError(f"the node executor's privileges cannot read a non-root process's fd links: {done}")
+    dac_only = dict(nsc, capabilities={"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]})
+    blind = _probe(node, node_pod, "link-probe-dac", dac_only, links)
+    if blind.get("exitCode") == 0 or "Permission denied" not in (blind.get("message") or ""):
+        raise E2eError(f"DAC_READ_SEARCH alone read a non-root process's fd links: {blind}")
+    tl.mark("the holder scan reads non-root processes' descriptor links with the node executor's privileges; with "
+            "DAC_READ_SEARCH alone: PermissionError")
+    # The runtime grants exactly what the chart names: the container's effective set, read back.
+    caps = _probe(node, node_pod, "caps-probe", nsc,
+                  # the termination message: a pod that succeeded has no log fallback
+                  "open('/dev/termination-log', 'w').write("
+                  "next(l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')))")
+    want = sum(1 << CAP_NUMBERS[c] for c in NODE_EXECUTOR_CAPS)
+    got = (caps.get("message") or "").strip().splitlines()[-1:]
+    if caps.get("exitCode") != 0 or not got or int(got[0], 16) != want:
+        raise E2eError(f"the node executor's effective capabilities are not exactly {NODE_EXECUTOR_CAPS} "
+                       f"({want:#x}): {caps}")
+    tl.mark(f"the node executor's effective capabilities read back: {int(got[0], 16):#x} = "
+            f"{', '.join(NODE_EXECUTOR_CAPS)}, nothing else")
 
 
 def _probe(node: LocalNode, node_pod: dict, name: str, security: dict, code: str, kmsg: bool = False) -> dict:

@@ -102,8 +102,9 @@ def test_default_values_render_every_component(helm):
 
     c = containers(ds)
     col = c["collector"]
-    assert col["args"][:3] == ["collect", "--kernel-log", "kmsg"]
-    assert col["securityContext"]["privileged"] is True  # /dev/kmsg opens only privileged
+    # the host's journal, read by root with two named capabilities: no privileged container
+    assert col["args"][:3] == ["collect", "--kernel-log", "journal"]
+    assert col["securityContext"]["privileged"] is False
     assert col["resources"] == {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "200m", "memory": "192Mi"}}
     assert col["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert col["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
@@ -270,8 +271,55 @@ def test_more_processor_replicas_than_partitions_is_refused(helm):
     assert by_kind(objs)["Deployment"]["xs-xidstream-processor"]["spec"]["replicas"] == 8
 
 
+def _node_security(objs: list[dict]) -> dict[str, dict]:
+    return {name: c.get("securityContext") or {}
+            for name, c in containers(by_kind(objs)["DaemonSet"]["xs-xidstream-node"]).items()}
+
+
+def test_a_default_install_runs_no_privileged_container_and_names_each_capability(helm):
+    """Issue 42: the node pod was privileged by default (both containers), close to node root on every
+    GPU node. Now: no privileged container anywhere, no privilege escalation, RuntimeDefault seccomp,
+    and the node containers' capabilities exactly those their code needs (values.yaml says why)."""
+    objs, _ = render(helm)
+    for obj in objs:
+        if obj["kind"] in ("DaemonSet", "Deployment", "Job"):
+            for name, c in containers(obj).items():
+                sc = c.get("securityContext") or {}
+                assert not sc.get("privileged"), (obj["metadata"]["name"], name)
+                assert sc.get("allowPrivilegeEscalation") is False, (obj["metadata"]["name"], name)
+    ds = by_kind(objs)["DaemonSet"]["xs-xidstream-node"]
+    assert pod_spec(ds)["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sec = _node_security(objs)
+    assert sec["collector"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
+    # a dry run carries out nothing: no SYS_ADMIN for a reset it will not run
+    assert sec["node-executor"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
+    assert "/dev/kmsg" not in {m["mountPath"] for m in containers(ds)["collector"]["volumeMounts"]}
+
+
+def test_the_node_executor_gets_sys_admin_only_when_it_carries_out_commands(helm):
+    """nvidia-smi --gpu-reset and -pm are the driver's administrator calls (capable(CAP_SYS_ADMIN)):
+    granted with nodeExecutor.apply only, never to the collector."""
+    objs, _ = render(helm, "--set", "nodeExecutor.apply=true")
+    sec = _node_security(objs)
+    assert sec["node-executor"]["capabilities"]["add"] == ["SYS_PTRACE", "DAC_READ_SEARCH", "SYS_ADMIN"]
+    assert sec["node-executor"]["privileged"] is False
+    assert "SYS_ADMIN" not in sec["collector"]["capabilities"]["add"]
+    objs, _ = render(helm, "--set", "nodeExecutor.apply=true", "--set", "nodeExecutor.privileged=true")
+    assert _node_security(objs)["node-executor"] == {"privileged": True, "runAsUser": 0, "readOnlyRootFilesystem": True}
+
+
+def test_host_library_without_privileged_node_containers_is_refused_by_name(helm):
+    """hostLibrary mounts the library only; the device cgroup admits the GPUs to a privileged container
+    alone, so an unprivileged collector would run NVML-blind: refused, naming both values."""
+    _, proc = render(helm, "--set", "nvml.mode=hostLibrary", check=False)
+    assert proc.returncode != 0
+    assert "nvml.mode hostLibrary needs collector.privileged true and nodeExecutor.privileged true" in proc.stderr
+    render(helm, "--set", "nvml.mode=hostLibrary", "--set", "collector.privileged=true",
+           "--set", "nodeExecutor.privileged=true")
+
+
 def test_kmsg_without_privilege_is_refused_and_says_to_use_journal(helm):
-    _, proc = render(helm, "--set", "collector.privileged=false", check=False)
+    _, proc = render(helm, "--set", "collector.kernelLog=kmsg", check=False)
     assert proc.returncode != 0
     assert "kmsg needs collector.privileged true" in proc.stderr and "journal" in proc.stderr
 
@@ -292,7 +340,8 @@ def test_a_text_kernel_log_is_refused_and_says_why(helm, value):
 
 
 def test_host_library_mode_mounts_nvml_without_a_runtime_class(helm):
-    objs, _ = render(helm, "--set", "nvml.mode=hostLibrary")
+    objs, _ = render(helm, "--set", "nvml.mode=hostLibrary", "--set", "collector.privileged=true",
+                     "--set", "nodeExecutor.privileged=true")
     ds = by_kind(objs)["DaemonSet"]["xs-xidstream-node"]
     assert "runtimeClassName" not in pod_spec(ds)
     col = containers(ds)["collector"]

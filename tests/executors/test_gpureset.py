@@ -193,3 +193,35 @@ def test_fabric_manager_counts_only_as_a_host_process(tmp_path):
     assert ops.fabric_manager_running() is False
     proc(401, "nv-fabricmanage")
     assert ops.fabric_manager_running() is True
+
+
+def test_the_administrator_capability_is_read_from_the_effective_set():
+    """nvidia-smi --gpu-reset and -pm are the driver's administrator calls (capable(CAP_SYS_ADMIN));
+    root without the capability is refused them, so the effective set is what counts, not the uid."""
+    from executors.gpureset import lacks_admin
+
+    status = "Name:\tpython3\nUid:\t0\t0\t0\t0\nCapEff:\t{}\n"
+    assert lacks_admin(status.format("00000000a80425fb")) is True  # runc's default set: no SYS_ADMIN
+    assert lacks_admin(status.format("0000000000280004")) is False  # SYS_PTRACE, DAC_READ_SEARCH, SYS_ADMIN
+    assert lacks_admin(status.format("000001ffffffffff")) is False  # privileged
+    assert lacks_admin("Name:\tpython3\n") is None and lacks_admin("CapEff:\tzz\n") is None
+
+
+def test_an_applying_node_executor_without_cap_sys_admin_says_its_resets_will_fail(tmp_path, monkeypatch, capsys):
+    """The default chart grants SYS_ADMIN only with apply; an executor started elsewhere without it
+    would have failed every reset after the drain, and only then. Now it says so at start."""
+    from xidstream.cli import main
+
+    assert main(["keys", "generate", "--out", str(tmp_path / "keys")]) == 0
+    status = tmp_path / "status"
+    monkeypatch.setattr("executors.gpureset.PROC_STATUS", str(status))
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    argv = ["execute", "--scope", "node", "--node", "gpu-node-1", "--no-kube", "--stdin", "--apply",
+            "--verify-key", str(tmp_path / "keys" / "signing.pub"), "--state-dir", str(tmp_path / "x")]
+    for caps, warned in (("0000000000080004", True), ("0000000000280004", False)):
+        status.write_text(f"CapEff:\t{caps}\n")
+        capsys.readouterr()
+        main(argv)
+        assert ("lacks CAP_SYS_ADMIN" in capsys.readouterr().err) is warned, caps
