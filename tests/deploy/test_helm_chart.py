@@ -151,6 +151,7 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
         ("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"),
         ("", "pods", "list"), ("", "pods/eviction", "create"),
         ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "delete"),
+        ("certificates.k8s.io", "certificatesigningrequests", "list"),  # the enroller (identity, on by default)
     }
     assert kinds["ClusterRole"]["xs-xidstream-events"]["rules"] == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -160,11 +161,12 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
     node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
     # nodes patch: the node executor pauses its own node's GPU Operator labels for a reset (held to
     # that by the admission policy node-operand-labels); without pauseOperands, get alone
+    # certificatesigningrequests create: the node's identity enrollment (identity, on by default)
     assert {(r["resources"][0], tuple(r["verbs"])) for r in node_rules} == {
-        ("pods", ("get", "list", "watch")), ("nodes", ("get", "patch"))}
+        ("pods", ("get", "list", "watch")), ("nodes", ("get", "patch")), ("certificatesigningrequests", ("create",))}
     kinds = by_kind(render(helm, "--set", "nodeExecutor.pauseOperands=false")[0])
     assert {(r["resources"][0], tuple(r["verbs"])) for r in kinds["ClusterRole"]["xs-xidstream-node"]["rules"]} == {
-        ("pods", ("get", "list", "watch")), ("nodes", ("get",))}
+        ("pods", ("get", "list", "watch")), ("nodes", ("get",)), ("certificatesigningrequests", ("create",))}
     assert "xs-xidstream-node-operand-labels" not in kinds["ValidatingAdmissionPolicy"]
 
 
@@ -198,7 +200,7 @@ def test_each_replace_backend_adds_exactly_its_rules_and_its_flag(helm, backend,
     grants = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     base = {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"), ("", "pods", "list"),
             ("", "pods/eviction", "create"), ("resource.k8s.io", "devicetaintrules", "create"),
-            ("resource.k8s.io", "devicetaintrules", "delete")}
+            ("resource.k8s.io", "devicetaintrules", "delete"), ("certificates.k8s.io", "certificatesigningrequests", "list")}
     assert grants == base | extra
     args = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
     assert args[args.index("--replace-backend") + 1] == backend and "--replace-kubeconfig" not in args
@@ -475,15 +477,15 @@ def test_every_container_command_line_parses_with_the_real_cli(helm, values):
 
 
 def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
-    """identity.enabled: the node pod may create CSRs and MACs its records and results; the cluster
-    executor enrolls (reads CSRs, holds the enroller key) and MACs its results; the processor
-    believes records by the enrollments. Without processorKey the install fails, naming the value."""
-    objs, _ = render(helm, "--set", "identity.enabled=true", "--set", "identity.processorKey=" + "ab" * 32)
+    """identity.processorKey given as hex: the node pod may create CSRs and MACs its records and
+    results with that key; the cluster executor enrolls (lists CSRs, holds the enroller key) and
+    MACs its results; the processor believes records by the enrollments."""
+    objs, _ = render(helm, "--set", "identity.processorKey=" + "ab" * 32)
     kinds = by_kind(objs)
     node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
     assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create"]} in node_rules
     cx_rules = kinds["ClusterRole"]["xs-xidstream-cluster-executor"]["rules"]
-    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list"]} in cx_rules
+    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["list"]} in cx_rules
     ds = containers(kinds["DaemonSet"]["xs-xidstream-node"])
     for name in ("collector", "node-executor"):
         args = ds[name]["args"]
@@ -495,11 +497,36 @@ def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
     assert cx[cx.index("--node-service-account") + 1] == "xidstream/xs-xidstream-node"
     proc = containers(kinds["Deployment"]["xs-xidstream-processor"])["processor"]["args"]
     assert proc[proc.index("--enroller-key") + 1] == "/etc/xidstream/verify/enroller.pub"
-    _, done = render(helm, "--set", "identity.enabled=true", check=False)
-    assert done.returncode != 0 and "identity.processorKey" in done.stderr
-    # off by default: nothing of it rendered
-    objs, _ = render(helm)
-    assert all("--enroller-key" not in c["args"] for c in containers(by_kind(objs)["Deployment"]["xs-xidstream-processor"]).values())
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(SECURE)]], ids=["default", "secure"])
+def test_default_and_secure_values_render_identity_on_from_the_verify_secret(helm, values):
+    """Per-node identity is on by default (it was off, and one node's Kafka credentials could forge
+    any node's records): every component gets its identity args with no hex copied by hand, the
+    processor's X25519 key read from identity.pub in the verify Secret the node pods mount, and the
+    processor checks the enrollments. identity.enabled=false renders the processor's flag that names
+    what it gives up."""
+    from xidstream.cli import build_parser
+
+    kinds = by_kind(render(helm, *values)[0])
+    ds = kinds["DaemonSet"]["xs-xidstream-node"]
+    col = containers(ds)
+    for name in ("collector", "node-executor"):
+        args = col[name]["args"]
+        assert args[args.index("--processor-identity") + 1] == "/etc/xidstream/verify/identity.pub"
+        mounts = {m["name"]: m["mountPath"] for m in col[name]["volumeMounts"]}
+        assert mounts["verify-keys"] == "/etc/xidstream/verify"
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod_spec(ds)["volumes"]}["verify-keys"] == "xidstream-verify"
+    cx = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
+    assert cx[cx.index("--processor-identity") + 1] == "/etc/xidstream/verify/identity.pub" and "--enroll-key" in cx
+    proc = containers(kinds["Deployment"]["xs-xidstream-processor"])["processor"]["args"]
+    parsed = build_parser().parse_args(proc)
+    assert parsed.enroller_key == ["/etc/xidstream/verify/enroller.pub"] and parsed.signing_key
+    assert not parsed.records_not_tied_to_nodes
+    off = by_kind(render(helm, *values, "--set", "identity.enabled=false")[0])
+    proc = containers(off["Deployment"]["xs-xidstream-processor"])["processor"]["args"]
+    assert "--records-not-tied-to-nodes" in proc and "--enroller-key" not in proc
+    assert all("--identity-dir" not in c["args"] for c in containers(off["DaemonSet"]["xs-xidstream-node"]).values())
 
 
 def test_network_policies_admit_only_the_served_ports(helm):
