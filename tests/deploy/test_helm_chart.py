@@ -732,8 +732,9 @@ def test_install_without_the_runtime_class_fails_naming_the_value_to_set(kube, h
     node pod at `RuntimeClass "nvidia" not found`; an install now fails at once and says what to set.
     `helm template` (no cluster) still renders."""
     missing = f"xs-missing-{RUN}"
+    # identity off: this namespace has no enroller Secret (that refusal is the next test's)
     cmd = [helm, "install", f"xsrc{RUN}", str(CHART), "-n", "default", "--kubeconfig", str(kube.kubeconfig),
-           "--set", f"nvml.runtimeClassName={missing}", "--dry-run=server"]
+           "--set", "identity.enabled=false", "--set", f"nvml.runtimeClassName={missing}", "--dry-run=server"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert f'this cluster has no RuntimeClass "{missing}"' in proc.stderr
@@ -742,6 +743,40 @@ def test_install_without_the_runtime_class_fails_naming_the_value_to_set(kube, h
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     render(helm, "--set", f"nvml.runtimeClassName={missing}")  # no cluster: no lookup, renders
+
+
+def test_install_with_identity_on_and_no_enroller_secret_fails_naming_the_commands(kube, runtime_class, helm, tmp_path):
+    """Identity is on by default; on a cluster whose namespace lacks the enroller's Secret, or whose
+    verify Secret lacks identity.pub or enroller.pub, the install fails at once and names the
+    commands that make them (a pod would otherwise wait on a missing Secret). With them, it installs."""
+    import base64
+
+    ns = f"xs-idpre-{RUN}"
+    kube.ensure_namespace(ns)
+    cmd = [helm, "install", f"xsid{RUN}", str(CHART), "-n", ns, "--kubeconfig", str(kube.kubeconfig), "--dry-run=server"]
+
+    def install() -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    proc = install()
+    assert proc.returncode != 0
+    assert f'namespace {ns} has no Secret "xidstream-enroller"' in proc.stderr
+    assert "xidstream keys generate --out enroller/" in proc.stderr and "identity.enabled=false" in proc.stderr
+
+    def secret(name: str, files: dict[str, bytes]) -> None:
+        status, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "data": {k: base64.b64encode(v).decode() for k, v in files.items()}})
+        assert status == 201, body
+
+    secret("xidstream-enroller", {"enroller.key": b"k"})
+    secret("xidstream-verify", {"signing.pub": b"p", "enroller.pub": b"e"})
+    proc = install()
+    assert proc.returncode != 0 and f'the verify Secret {ns}/xidstream-verify has no file "identity.pub"' in proc.stderr
+    assert kube.request("DELETE", f"/api/v1/namespaces/{ns}/secrets/xidstream-verify")[0] == 200
+    secret("xidstream-verify", {"signing.pub": b"p", "enroller.pub": b"e", "identity.pub": b"i"})
+    proc = install()
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_the_exporter_runs_as_the_exporter_role_ocsf_to_a_topic_and_parquet_to_a_claim(helm):
