@@ -453,6 +453,8 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         fleet_table=app.Table(FLEET_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes),
         max_request=app.conf.producer_max_request_size,
     )
+    # Signing commands for records no node identity vouches for: on /metrics for the worker's life.
+    ctx.labelled.identity_off = int(signing_key is not None and verifier is None)
 
     @app.on_partitions_revoked.connect
     async def _drop_cache(sender: Any, revoked: Any = None, **kwargs: Any) -> None:

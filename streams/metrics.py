@@ -35,11 +35,12 @@ ACTION_COMMANDS = "xidstream_processor_action_commands_total"
 BREAKER = "xidstream_processor_breaker_tripped"
 REPAIR_STAGE = "xidstream_processor_repair_stage_seconds"
 UNCONFIRMED = "xidstream_processor_reboots_unconfirmed"
+IDENTITY_OFF = "xidstream_processor_node_identity_off"
 # Seconds a stage of a repair took: a cordon takes a second, a drain minutes to hours (PDBs), a
 # reset under a minute, a reboot through kured up to its period (an hour) and more.
 STAGE_BUCKETS = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 PROCESSOR_METRICS = frozenset({f"xidstream_processor_{n}_total" for n, _ in _TOTALS}
-                              | {VERDICT_ALERTS, VERDICTS_RAISED, ACTION_COMMANDS, BREAKER, UNCONFIRMED}
+                              | {VERDICT_ALERTS, VERDICTS_RAISED, ACTION_COMMANDS, BREAKER, UNCONFIRMED, IDENTITY_OFF}
                               | {REPAIR_STAGE + s for s in ("_bucket", "_sum", "_count")})
 _STATES = ("open", "updated", "resolved")
 # Incidents remembered for "raised": the newest, per worker (an incident's alerts come from the one
@@ -67,6 +68,9 @@ class LabelledCounts:
         self.stage_sum: Counter = Counter({st: 0.0 for st in STAGES[1:]})
         self.stage_count: Counter = Counter({st: 0 for st in STAGES[1:]})
         self.unconfirmed = 0  # GPUs whose REBOOT_NODE went unanswered past reboot_confirm_s (streams.app)
+        # 1 for the worker's life when it signs commands but believes records without per-node
+        # identity (`xidstream process --records-not-tied-to-nodes`): an alert rule fires on it.
+        self.identity_off = 0
 
     def alert(self, a: Any) -> None:
         cls = _value(a.classification)
@@ -124,4 +128,7 @@ def metrics_text(stats: dict, labelled: LabelledCounts) -> str:
     lines += [f"# HELP {UNCONFIRMED} GPUs of this worker whose REBOOT_NODE has had no answer for longer than the "
               f"policy's reboot_confirm_s (the node may not have come back)", f"# TYPE {UNCONFIRMED} gauge",
               f"{UNCONFIRMED} {labelled.unconfirmed}"]
+    lines += [f"# HELP {IDENTITY_OFF} 1 while this worker signs commands for records not tied to the node they are "
+              f"about (no per-node identity: one node's Kafka credentials can forge any node's records)",
+              f"# TYPE {IDENTITY_OFF} gauge", f"{IDENTITY_OFF} {labelled.identity_off}"]
     return "\n".join(lines) + "\n"

@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterable, Mapping
 from schemas.errors import ConfigError
 
 __all__ = ["NodeIdentity", "ProcessorIdentity", "RecordAuth", "RecordVerifier", "AuthError", "HEADER",
-           "SIGNER_NAME", "CLUSTER_IDENTITY", "record_mac", "validate_csr", "CsrCheck"]
+           "SIGNER_NAME", "CLUSTER_IDENTITY", "IDENTITY_PUB", "record_mac", "validate_csr", "CsrCheck",
+           "read_processor_public"]
 
 HEADER = "xidstream-auth"
 SIGNER_NAME = "xidstream.io/node-identity"
@@ -51,6 +52,31 @@ _NODE_NAME = "authentication.kubernetes.io/node-name"
 _POD_NAME = "authentication.kubernetes.io/pod-name"
 _POD_UID = "authentication.kubernetes.io/pod-uid"
 _IDENTITY = re.compile(r"^@?[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_X25519_HEX = re.compile(r"^[0-9a-f]{64}$")
+# The file `xidstream keys generate` / `keys identity --out` writes beside signing.pub; the chart
+# reads it from the verify Secret every node pod mounts already, so no hex is copied by hand.
+IDENTITY_PUB = "identity.pub"
+
+
+def read_processor_public(value: str) -> str:
+    """`--processor-identity`: the processor's X25519 public key as 64 hex digits, or a file that
+    holds them (identity.pub). A file whose content is not such a key is refused by name: a node
+    that agreed a record key with the wrong value would have every record dead-lettered."""
+    text = value.strip().lower()
+    if _X25519_HEX.match(text):
+        return text
+    path = Path(value)
+    try:
+        content = path.read_text(encoding="ascii").strip().lower()
+    except FileNotFoundError:
+        raise ConfigError(f"--processor-identity {value!r}: neither 64 hex digits nor an existing file "
+                          f"(`xidstream keys identity --key signing.key --out {IDENTITY_PUB}` writes one)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--processor-identity {value}: cannot read it ({exc})") from None
+    if not _X25519_HEX.match(content):
+        raise ConfigError(f"--processor-identity {value}: holds no X25519 public key (64 hex digits, as "
+                          f"`xidstream keys identity --key signing.key` prints)")
+    return content
 
 
 class AuthError(ValueError):

@@ -63,8 +63,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--identity-dir", metavar="DIR",
                    help="this node's identity keys (made once; `xidstream identity request` enrolls them): every record "
                         "carries the node's MAC, and a processor with --enroller-key believes only such records")
-    p.add_argument("--processor-identity", metavar="HEX",
-                   help="the processor's identity key (`xidstream keys identity --key signing.key`), with --identity-dir")
+    p.add_argument("--processor-identity", metavar="HEX|FILE",
+                   help="the processor's identity key, 64 hex digits or a file holding them (identity.pub, which "
+                        "`xidstream keys generate` and `keys identity --key signing.key --out FILE` write), with --identity-dir")
     p.add_argument("--request-enrollment", action="store_true",
                    help="with --identity-dir, in a pod: ask the API server to enroll this node's identity at start "
                         "(as `xidstream identity request`), again every 30 s until it is asked")
@@ -244,10 +245,10 @@ def node_auth(args: argparse.Namespace, identity: str):  # -> transport.identity
             raise ConfigError("--processor-identity needs --identity-dir (where this node's keys are kept)")
         return None
     if not args.processor_identity:
-        raise ConfigError("--identity-dir needs --processor-identity HEX (`xidstream keys identity --key signing.key`)")
-    from transport.identity import NodeIdentity
+        raise ConfigError("--identity-dir needs --processor-identity HEX|FILE (`xidstream keys identity --key signing.key`)")
+    from transport.identity import NodeIdentity, read_processor_public
 
-    return NodeIdentity.load_or_create(args.identity_dir, identity).record_auth(args.processor_identity)
+    return NodeIdentity.load_or_create(args.identity_dir, identity).record_auth(read_processor_public(args.processor_identity))
 
 
 def _request_enrollment_until_done(identity_dir: str | None, node: str) -> None:

@@ -20,6 +20,13 @@ be cordoned and drained before checking RESET_GPU's other preconditions. No kube
 evicted pod stays terminating; the loop plays the kubelet's part and deletes it once the drain is
 answered (`finish_evictions`).
 
+Per-node identity is on, as in the chart: the collector's DaemonSet pod runs as the node service
+account `xidstream-node`, and its pod-bound token (a TokenRequest bound to that pod, what the
+kubelet projects) creates the node's CertificateSigningRequest; the API server marks it with the
+pod's node. The cluster executor enrolls it (`--enroll-key`) and itself, the processor starts once
+both enrollments are on `xidstream.identities` and believes only records and results carrying the
+enrolled MAC (`--enroller-key`); the scenario's records carry the node's MAC.
+
 `run_closed_loop` is also what tests/integration/test_closed_loop.py runs and checks.
 """
 
@@ -47,6 +54,7 @@ __all__ = ["ClosedLoop", "run_closed_loop", "render", "register", "SCENARIO"]
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "motivating-incident.yaml"
 NODE = "gpu-node-7"
+NODE_SA = "xidstream-node"  # the chart's node service account (its name without the release prefix)
 NODE_ACTIONS = (Action.RESET_GPU, Action.REBOOT_NODE)
 
 
@@ -116,6 +124,25 @@ def prepare_node(kube: Any, node: str, namespace: str) -> None:
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node, "nvidia.com/gpu.present": "true"}}}),
         f"creating node {node}")
+    # The node service account the collector's pod runs as, allowed to create CSRs (the chart's node
+    # ClusterRole grants the same): its pod-bound token enrolls the node's identity.
+    if kube.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/{NODE_SA}")[0] == 404:
+        _ok(*kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NODE_SA}}),
+            f"creating service account {namespace}/{NODE_SA}")
+    role = f"xidstream-demo-node-csr-{namespace}"
+    for path, obj in (("clusterroles", {"metadata": {"name": role}, "kind": "ClusterRole",
+                                        "rules": [{"apiGroups": ["certificates.k8s.io"],
+                                                   "resources": ["certificatesigningrequests"], "verbs": ["create"]}]}),
+                      ("clusterrolebindings", {"metadata": {"name": role}, "kind": "ClusterRoleBinding",
+                                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                           "name": role},
+                                               "subjects": [{"kind": "ServiceAccount", "name": NODE_SA,
+                                                             "namespace": namespace}]})):
+        status, body = kube.request("POST", f"/apis/rbac.authorization.k8s.io/v1/{path}",
+                                    {"apiVersion": "rbac.authorization.k8s.io/v1", **obj})
+        if status != 409:
+            _ok(status, body, f"creating {path[:-1]} {role}")
     pods = [(f"vllm-1-{node}", {"app": "vllm"}, None),
             (f"xidstream-collector-{node}", {"app": "xidstream-collector"},
              [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "xidstream-collector",
@@ -127,12 +154,61 @@ def prepare_node(kube: Any, node: str, namespace: str) -> None:
         for _ in range(50):  # the previous run's pod of that name may still be going away
             status, body = kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
                 "apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}})
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                         **({"serviceAccountName": NODE_SA} if owners else {})}})
             if status != 409:
                 break
             time.sleep(0.1)
         _ok(status, body, f"creating pod {namespace}/{name}")
         kube.mark_pod_running_ready(namespace, name)
+
+
+def node_pod_kubeconfig(kube: Any, node: str, namespace: str, path: Path) -> Path:
+    """A kubeconfig holding what the collector's pod on `node` holds: a service-account token bound
+    to that pod (TokenRequest with boundObjectRef, as the kubelet projects it), which the API server
+    marks with the pod's node in every request it authenticates."""
+    import yaml
+
+    pod = f"xidstream-collector-{node}"
+    meta = _ok(*kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}"), f"reading pod {pod}")["metadata"]
+    body = _ok(*kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{NODE_SA}/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 600,
+                 "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod, "uid": meta["uid"]}}}),
+        f"a token bound to pod {pod}")
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "node",
+        "clusters": [{"name": "k", "cluster": {"server": kube.server, "certificate-authority": str(kube.ca_file)}}],
+        "users": [{"name": "node", "user": {"token": body["status"]["token"]}}],
+        "contexts": [{"name": "node", "context": {"cluster": "k", "user": "node"}}]}))
+    path.chmod(0o600)
+    return path
+
+
+def wait_enrolled(settings: Any, identities: set[str], timeout: float) -> None:
+    """Until each identity has an enrollment on xidstream.identities (the processor started after
+    reads them all before it folds a record, so none of the scenario's is dead-lettered as 'not
+    enrolled')."""
+    from confluent_kafka import Consumer
+
+    from schemas.codec import decode_any
+    from transport.kafka import consumer_config
+
+    consumer = Consumer({**consumer_config(settings, f"{settings.topic_prefix}demo-enrolled-{uuid.uuid4().hex[:6]}"),
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([settings.topics.name("xidstream.identities")])
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while not identities <= seen:
+            if time.monotonic() > deadline:
+                raise XidstreamError(f"closed loop: enrollments of {sorted(identities - seen)} did not appear on "
+                                     f"xidstream.identities within {timeout:g} s (see executor-cluster.log)")
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                seen.add(decode_any(msg.value()).node)
+    finally:
+        consumer.close()
 
 
 def finish_evictions(kube: Any, node: str) -> list[str]:
@@ -213,7 +289,10 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
     server show. Everything it started is stopped and its topics deleted (the API objects stay)."""
     from collectors.scenario import ScenarioRunner
     from collectors.sink import KafkaSink
-    from schemas.signing import generate_keys
+    from executors.enroll import request_enrollment
+    from executors.kube import make_client
+    from schemas.signing import SigningKey, generate_keys
+    from transport.identity import CLUSTER_IDENTITY, NodeIdentity, ProcessorIdentity
     from transport.kafka import create_topics, delete_run
     from xidstream.runner import WorkerProcess
     from xidstream.settings import Settings
@@ -228,24 +307,37 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
     sc = load_scenario(SCENARIO)
     start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=sc.duration + 5)
     sc = _scenario_for(node, start)
+    for stale in ("identity", "identity-cluster"):  # a new run is a new install: fresh identities
+        shutil.rmtree(workdir / stale, ignore_errors=True)
     priv, pub, _ = generate_keys(workdir / "keys")
+    en_priv, en_pub, _ = generate_keys(workdir / "enroller")
+    processor_identity = ProcessorIdentity(SigningKey.load(priv)).public
     prepare_node(kube, node, namespace)
+    # The node's identity, enrolled as the collector's pod does it (--request-enrollment)
+    ident = NodeIdentity.load_or_create(workdir / "identity", node)
+    request_enrollment(make_client(node_pod_kubeconfig(kube, node, namespace, workdir / "node-pod.kubeconfig")), ident)
     loop = ClosedLoop(node=node, namespace=namespace, t0=time.time(), sentinel=workdir / "reboot-required")
     kafka = ["--bootstrap", bootstrap, "--topic-prefix", settings.topic_prefix]
-    execute = ["execute", "--apply", "--verify-key", str(pub), "--kubeconfig", str(kube.kubeconfig), *kafka]
+    execute = ["execute", "--apply", "--verify-key", str(pub), "--kubeconfig", str(kube.kubeconfig),
+               "--processor-identity", processor_identity, *kafka]
     worker = cluster = nodex = None
     reader = None
     try:
         create_topics(settings)
-        worker = WorkerProcess(settings, workdir, name="processor", extra_args=["--signing-key", str(priv)]).start()
         cluster = _spawn([*execute, "--scope", "cluster", "--drain-timeout", "10",
+                          "--enroll-key", str(en_priv), "--node-service-account", f"{namespace}/{NODE_SA}",
+                          "--identity-dir", str(workdir / "identity-cluster"),
                           "--state-dir", str(workdir / "executor-cluster")], workdir / "executor-cluster.log")
+        wait_enrolled(settings, {node, CLUSTER_IDENTITY}, max(timeout, 30))
+        say(f"node {node} and the cluster executor enrolled (a CSR from the collector pod's bound token)")
+        worker = WorkerProcess(settings, workdir, name="processor",
+                               extra_args=["--signing-key", str(priv), "--enroller-key", str(en_pub)]).start()
         # RESET_GPU arrives with CORDON_NODE and DRAIN_NODE: the node executor waits for them
         nodex = _spawn([*execute, "--scope", "node", "--node", node, "--reboot-sentinel", str(loop.sentinel),
-                        "--precondition-wait", f"{max(timeout, 15):g}",
+                        "--precondition-wait", f"{max(timeout, 15):g}", "--identity-dir", str(workdir / "identity"),
                         "--state-dir", str(workdir / "executor-node")], workdir / "executor-node.log")
-        say(f"processor (signing), cluster and node executors started; feeding {sc.duration:.0f} s of the "
-            f"incident through the collectors")
+        say(f"processor (signing, per-node identity on), cluster and node executors started; feeding "
+            f"{sc.duration:.0f} s of the incident through the collectors")
 
         def alive() -> str | None:
             for name, proc, path in (("the processor", worker.proc, worker.log_path),
@@ -256,7 +348,7 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
                     return f"{name} exited (code {proc.returncode}):\n{tail}"
             return None
 
-        sink = KafkaSink(settings, workdir / "spool")
+        sink = KafkaSink(settings, workdir / "spool", auth=ident.record_auth(processor_identity))
         loop.t0 = time.time()
         ScenarioRunner(sc, sink, start=start).run()
         if not sink.flush(30):

@@ -34,15 +34,27 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError("keys identity needs --key FILE (the processor's signing key)")
         from transport.identity import ProcessorIdentity
 
-        print(ProcessorIdentity(SigningKey.load(args.key)).public)  # what nodes get as --processor-identity
+        public = ProcessorIdentity(SigningKey.load(args.key)).public  # what nodes get as --processor-identity
+        if args.out:
+            _write_public(Path(args.out), public)
+            print(f"processor identity {public} -> {args.out} (put it in the verify Secret as identity.pub)")
+        else:
+            print(public)
         return 0
 
     if args.action == "generate":
         if not args.out:
             raise ConfigError("keys generate needs --out DIR")
+        from transport.identity import IDENTITY_PUB, ProcessorIdentity
+
         priv, pub, kid = generate_keys(args.out)
+        # The processor's X25519 identity key follows from its signing key: written beside it, so
+        # the verify Secret the node pods mount carries it (the chart's identity.processorKey "").
+        ident = Path(args.out) / IDENTITY_PUB
+        _write_public(ident, ProcessorIdentity(SigningKey.load(priv)).public)
         print(f"key id {kid}\nprivate key {priv} (keep it with the processor; mode 0600)\n"
-              f"public key  {pub} (give it to every executor: --verify-key {shlex.quote(str(pub))})")
+              f"public key  {pub} (give it to every executor: --verify-key {shlex.quote(str(pub))})\n"
+              f"identity    {ident} (the processor's node-identity key: every node's --processor-identity)")
         return 0
     if not args.key:
         raise ConfigError("keys sign needs --key FILE (a private key from `xidstream keys generate`)")
@@ -69,6 +81,13 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.buffer.write(encode(key.sign(rec)) + b"\n")
     sys.stdout.flush()
     return 1 if bad else 0
+
+
+def _write_public(path: Path, public: str) -> None:
+    """A public key file, replaced whole (a reader never sees half of it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(public + "\n", encoding="ascii")
+    tmp.replace(path)
 
 
 def _identity(args: argparse.Namespace, settings: Settings) -> int:
@@ -274,7 +293,8 @@ def _enroller(args: argparse.Namespace, settings: Settings):
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="Ed25519 keys that sign remediation commands and approvals")
     p.add_argument("action", choices=["generate", "sign", "identity"])
-    p.add_argument("--out", help="generate: the folder for signing.key and signing.pub")
+    p.add_argument("--out", help="generate: the folder for signing.key, signing.pub and identity.pub (the processor's "
+                                 "node-identity key); identity: the file to write the identity key to (default: print it)")
     p.add_argument("--key", help="sign: the private key file; command/approval JSON lines stdin -> signed lines stdout")
     p.set_defaults(handler=_keys)
 
@@ -309,7 +329,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--identity-dir", metavar="DIR",
                    help="this executor's identity keys (node scope: the node's, shared with its collector; cluster "
                         "scope: @cluster-executor's): each result carries its MAC")
-    p.add_argument("--processor-identity", metavar="HEX", help="the processor's identity key, with --identity-dir")
+    p.add_argument("--processor-identity", metavar="HEX|FILE",
+                   help="the processor's identity key, 64 hex digits or a file holding them (identity.pub), with --identity-dir")
     p.add_argument("--enroll-key", metavar="FILE",
                    help="cluster scope: enroll node identities (CSRs for xidstream.io/node-identity) and sign the "
                         "enrollments with this private key (the processor's --enroller-key is its public half)")

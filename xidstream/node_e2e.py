@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -263,8 +264,10 @@ def _helm_cmd(node: LocalNode, workdir: Path, verb: str, *extra: str) -> subproc
 def check_runtime_class_refused(node: LocalNode, workdir: Path, tl: Timeline) -> None:
     """The chart's default nvml.mode (runtimeClass) on a cluster without that RuntimeClass fails at
     install, naming the value to set, instead of leaving every node pod unstartable."""
+    # identity off here only: no Secret exists yet, and the identity preflight's own refusal is
+    # tested in tests/deploy (this check is about the RuntimeClass alone)
     proc = _helm_cmd(node, workdir, "install", "-f", str(_values(node, workdir)), "--set", "nvml.mode=runtimeClass",
-                     "--set", "nvml.runtimeClassName=nvidia", "--dry-run=server")
+                     "--set", "nvml.runtimeClassName=nvidia", "--set", "identity.enabled=false", "--dry-run=server")
     out = proc.stdout + proc.stderr
     if proc.returncode == 0 or 'no RuntimeClass "nvidia"' not in out or "nvml.mode=none" not in out:
         raise E2eError(f"helm install with nvml.mode runtimeClass and no RuntimeClass did not fail as it should "
@@ -465,20 +468,34 @@ def _probe(node: LocalNode, node_pod: dict, name: str, security: dict, code: str
         kube.request("DELETE", f"/api/v1/namespaces/{NODE_NAMESPACE}/pods/{name}?gracePeriodSeconds=0")
 
 
-def install(node: LocalNode, workdir: Path, tl: Timeline) -> None:
-    from schemas.signing import generate_keys
+def _keys_generate(out: Path) -> None:
+    """`xidstream keys generate --out DIR`, the command the install steps give an operator."""
+    proc = subprocess.run([sys.executable, "-m", "xidstream.cli", "keys", "generate", "--out", str(out)],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+    if proc.returncode != 0:
+        raise E2eError(f"xidstream keys generate --out {out} failed: {proc.stderr[-800:]}")
 
+
+def install(node: LocalNode, workdir: Path, tl: Timeline) -> None:
     kube = node.kube.handle()
-    priv, pub, _ = generate_keys(workdir / "keys")
+    # As README "Install on Kubernetes" says: the processor's keys (signing.key, signing.pub and
+    # identity.pub) and the enroller's; per-node identity is on by the chart's defaults.
+    keys, enroller = workdir / "keys", workdir / "enroller"
+    _keys_generate(keys)
+    _keys_generate(enroller)
+    verify = {"signing.pub": keys / "signing.pub", "identity.pub": keys / "identity.pub",
+              "enroller.pub": enroller / "signing.pub"}
     for ns, level in ((NAMESPACE, "restricted"), (NODE_NAMESPACE, "privileged")):
         _ok(*kube.request("POST", "/api/v1/namespaces", {
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": ns, "labels": {f"pod-security.kubernetes.io/{m}": level
                                                 for m in ("enforce", "warn", "audit")}}}), f"namespace {ns}")
-        _ok(*kube.request("POST", f"/api/v1/namespaces/{ns}/secrets",
-                          _secret("xidstream-verify", {"signing.pub": pub})), "verify secret")
+        _ok(*kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", _secret("xidstream-verify", verify)),
+            "verify secret")
     _ok(*kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets",
-                      _secret("xidstream-signing", {"signing.key": priv})), "signing secret")
+                      _secret("xidstream-signing", {"signing.key": keys / "signing.key"})), "signing secret")
+    _ok(*kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets",
+                      _secret("xidstream-enroller", {"enroller.key": enroller / "signing.key"})), "enroller secret")
     _ok(*kube.request("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
         "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS}, "handler": "runc"}),
         "runtime class")
@@ -488,6 +505,50 @@ def install(node: LocalNode, workdir: Path, tl: Timeline) -> None:
                        f"{_pods_report(kube)}")
     tl.mark(f"helm install: the DaemonSet ({NODE_NAMESPACE}, Pod Security privileged) and both Deployments "
             f"({NAMESPACE}, restricted) Ready")
+    check_enrolled(node, workdir, tl, f"{BRIDGE_IP}:{BROKER_PORT}", {})
+
+
+def check_enrolled(node: LocalNode, workdir: Path, tl: Timeline, bootstrap: str, kafka_extra: dict) -> None:
+    """Per-node identity is on by the chart's defaults and works: the node's key and the cluster
+    executor's are enrolled on xidstream.identities, signed by the enroller's key, the node's with
+    the key the node pod made (its CSR, made with the pod's bound token, names this node), and the
+    processor runs with --enroller-key. The later runs then show the processor
+    believing the node's records (a record without the node's MAC is dead-lettered, not acted on)."""
+    from confluent_kafka import Consumer
+
+    from schemas.codec import decode_any
+    from schemas.signing import VerifyKeys
+    from transport.identity import CLUSTER_IDENTITY
+    from transport.kafka import consumer_config
+    from xidstream.settings import Settings
+
+    settings = Settings(bootstrap=bootstrap, partitions=2, node=node.node, kafka_extra=dict(kafka_extra))
+    verify = VerifyKeys.load([workdir / "enroller" / "signing.pub"])
+    consumer = Consumer({**consumer_config(settings, f"xidstream-e2e-enrolled-{uuid.uuid4().hex[:6]}"),
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([settings.topics.name("xidstream.identities")])
+    got: dict[str, Any] = {}
+
+    def enrolled() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            rec = decode_any(msg.value())
+            verify.verify(rec)  # an enrollment not signed by the enroller's key fails the run
+            got[rec.node] = rec
+        return {node.node, CLUSTER_IDENTITY} <= set(got)
+
+    try:
+        _wait(f"enrollments of {node.node} and {CLUSTER_IDENTITY} on xidstream.identities", enrolled, 120, 0)
+    finally:
+        consumer.close()
+    if f"on node {node.node}" not in got[node.node].vouched:
+        raise E2eError(f"{node.node}'s enrollment is not vouched for by its node: {got[node.node].vouched!r}")
+    proc = _pod_of(node.kube.handle(), "processor") or {}
+    args = next((c["args"] for c in proc.get("spec", {}).get("containers", []) if c["name"] == "processor"), [])
+    if "--enroller-key" not in args or "--records-not-tied-to-nodes" in args:
+        raise E2eError(f"the processor does not check enrollments by the chart's defaults: args {args}")
+    tl.mark(f"per-node identity on (chart defaults): {node.node} enrolled by its pod's CSR "
+            f"({got[node.node].vouched[:120]}), and {CLUSTER_IDENTITY}; both signed by the enroller's key")
 
 
 def _pods_report(kube: Any) -> str:
@@ -994,6 +1055,8 @@ def secure_phase(node: LocalNode, workdir: Path, tl: Timeline) -> LocalBroker:
         raise E2eError(f"helm install with values-secure.yaml failed: {(proc.stdout + proc.stderr)[-2000:]}\n"
                        f"{_pods_report(kube)}")
     tl.mark("helm install with values-secure.yaml: every component Ready on the SASL_SSL broker")
+    check_enrolled(node, workdir, tl, secure.bootstrap,
+                   {k: v for k, v in secure.client_config("admin").items() if k != "bootstrap.servers"})
     return secure
 
 

@@ -42,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the enroller's public key (the cluster executor's --enroll-key): believe an input record only "
                         "with the MAC of the node it is about, and a result only from the executor entitled to send it, "
                         "by the enrollments on xidstream.identities (needs --signing-key)")
+    p.add_argument("--records-not-tied-to-nodes", action="store_true",
+                   help="with --signing-key and no --enroller-key: sign commands for records that no node identity "
+                        "vouches for, so one node's Kafka credentials can forge any node's telemetry and results. "
+                        "Refused without this flag; with it, a warning at start and "
+                        "xidstream_processor_node_identity_off 1 on /metrics (alert XidstreamNodeIdentityOff)")
     p.add_argument("--fast-rebalance", action="store_true", help="short session timeouts, for a one-broker test setup")
     add_kafka_args(p)
     add_replication_args(p)
@@ -70,6 +75,30 @@ def _load_config(path: str | None) -> dict:
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     return data
+
+
+def _check_identity_choice(args: argparse.Namespace, signing_key: object) -> None:
+    """A processor that signs commands acts on what it believes: without per-node identity it
+    believes a record about any node from any holder of a node's Kafka credentials (every GPU
+    node holds them), so it refuses to start unless the operator says so by name. Without a
+    signing key nothing it plans is carried out (executors refuse unsigned commands)."""
+    if args.enroller_key:
+        if args.records_not_tied_to_nodes:
+            raise ConfigError("--records-not-tied-to-nodes contradicts --enroller-key: choose one")
+        return
+    if signing_key is None:
+        return
+    if not args.records_not_tied_to_nodes:
+        raise ConfigError(
+            "--signing-key without --enroller-key: the commands this worker would sign could be steered by any node "
+            "that holds the collector's or executor's Kafka credentials, about any other node. Either turn on per-node "
+            "identity (--enroller-key FILE, the enroller's public key; docs/security.md \"Per-node identity\"), or "
+            "accept that records are not tied to nodes with --records-not-tied-to-nodes")
+    log.warning("per-node identity is OFF (--records-not-tied-to-nodes): records are believed whichever node sent "
+                "them; one node's Kafka credentials can forge any node's telemetry and results")
+    print("xidstream process: WARNING: per-node identity is off (--records-not-tied-to-nodes): a record about a node "
+          "is believed whichever node sent it; /metrics says xidstream_processor_node_identity_off 1 while this runs",
+          file=sys.stderr, flush=True)
 
 
 def _process(args: argparse.Namespace, settings: Settings) -> int:
@@ -108,6 +137,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         if signing_key is not None and signing_key.key_id in approver_keys.key_ids:
             raise ConfigError(f"--approver-key {signing_key.key_id} is the signing key's own: a reset must be "
                               f"approved by someone else's key")
+    _check_identity_choice(args, signing_key)
     from streams.app import create_app, internal_topics
     from transport.kafka import ensure_processor_topics, settle_replication
 

@@ -152,6 +152,7 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
         ("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"),
         ("", "pods", "list"), ("", "pods/eviction", "create"),
         ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "delete"),
+        ("certificates.k8s.io", "certificatesigningrequests", "list"),  # the enroller (identity, on by default)
     }
     assert kinds["ClusterRole"]["xs-xidstream-events"]["rules"] == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -161,11 +162,12 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
     node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
     # nodes patch: the node executor pauses its own node's GPU Operator labels for a reset (held to
     # that by the admission policy node-operand-labels); without pauseOperands, get alone
+    # certificatesigningrequests create: the node's identity enrollment (identity, on by default)
     assert {(r["resources"][0], tuple(r["verbs"])) for r in node_rules} == {
-        ("pods", ("get", "list", "watch")), ("nodes", ("get", "patch"))}
+        ("pods", ("get", "list", "watch")), ("nodes", ("get", "patch")), ("certificatesigningrequests", ("create",))}
     kinds = by_kind(render(helm, "--set", "nodeExecutor.pauseOperands=false")[0])
     assert {(r["resources"][0], tuple(r["verbs"])) for r in kinds["ClusterRole"]["xs-xidstream-node"]["rules"]} == {
-        ("pods", ("get", "list", "watch")), ("nodes", ("get",))}
+        ("pods", ("get", "list", "watch")), ("nodes", ("get",)), ("certificatesigningrequests", ("create",))}
     assert "xs-xidstream-node-operand-labels" not in kinds["ValidatingAdmissionPolicy"]
 
 
@@ -199,7 +201,7 @@ def test_each_replace_backend_adds_exactly_its_rules_and_its_flag(helm, backend,
     grants = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     base = {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"), ("", "pods", "list"),
             ("", "pods/eviction", "create"), ("resource.k8s.io", "devicetaintrules", "create"),
-            ("resource.k8s.io", "devicetaintrules", "delete")}
+            ("resource.k8s.io", "devicetaintrules", "delete"), ("certificates.k8s.io", "certificatesigningrequests", "list")}
     assert grants == base | extra
     args = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
     assert args[args.index("--replace-backend") + 1] == backend and "--replace-kubeconfig" not in args
@@ -524,15 +526,15 @@ def test_every_container_command_line_parses_with_the_real_cli(helm, values):
 
 
 def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
-    """identity.enabled: the node pod may create CSRs and MACs its records and results; the cluster
-    executor enrolls (reads CSRs, holds the enroller key) and MACs its results; the processor
-    believes records by the enrollments. Without processorKey the install fails, naming the value."""
-    objs, _ = render(helm, "--set", "identity.enabled=true", "--set", "identity.processorKey=" + "ab" * 32)
+    """identity.processorKey given as hex: the node pod may create CSRs and MACs its records and
+    results with that key; the cluster executor enrolls (lists CSRs, holds the enroller key) and
+    MACs its results; the processor believes records by the enrollments."""
+    objs, _ = render(helm, "--set", "identity.processorKey=" + "ab" * 32)
     kinds = by_kind(objs)
     node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
     assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["create"]} in node_rules
     cx_rules = kinds["ClusterRole"]["xs-xidstream-cluster-executor"]["rules"]
-    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list"]} in cx_rules
+    assert {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["list"]} in cx_rules
     ds = containers(kinds["DaemonSet"]["xs-xidstream-node"])
     for name in ("collector", "node-executor"):
         args = ds[name]["args"]
@@ -544,11 +546,36 @@ def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
     assert cx[cx.index("--node-service-account") + 1] == "xidstream/xs-xidstream-node"
     proc = containers(kinds["Deployment"]["xs-xidstream-processor"])["processor"]["args"]
     assert proc[proc.index("--enroller-key") + 1] == "/etc/xidstream/verify/enroller.pub"
-    _, done = render(helm, "--set", "identity.enabled=true", check=False)
-    assert done.returncode != 0 and "identity.processorKey" in done.stderr
-    # off by default: nothing of it rendered
-    objs, _ = render(helm)
-    assert all("--enroller-key" not in c["args"] for c in containers(by_kind(objs)["Deployment"]["xs-xidstream-processor"]).values())
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(SECURE)]], ids=["default", "secure"])
+def test_default_and_secure_values_render_identity_on_from_the_verify_secret(helm, values):
+    """Per-node identity is on by default (it was off, and one node's Kafka credentials could forge
+    any node's records): every component gets its identity args with no hex copied by hand, the
+    processor's X25519 key read from identity.pub in the verify Secret the node pods mount, and the
+    processor checks the enrollments. identity.enabled=false renders the processor's flag that names
+    what it gives up."""
+    from xidstream.cli import build_parser
+
+    kinds = by_kind(render(helm, *values)[0])
+    ds = kinds["DaemonSet"]["xs-xidstream-node"]
+    col = containers(ds)
+    for name in ("collector", "node-executor"):
+        args = col[name]["args"]
+        assert args[args.index("--processor-identity") + 1] == "/etc/xidstream/verify/identity.pub"
+        mounts = {m["name"]: m["mountPath"] for m in col[name]["volumeMounts"]}
+        assert mounts["verify-keys"] == "/etc/xidstream/verify"
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod_spec(ds)["volumes"]}["verify-keys"] == "xidstream-verify"
+    cx = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
+    assert cx[cx.index("--processor-identity") + 1] == "/etc/xidstream/verify/identity.pub" and "--enroll-key" in cx
+    proc = containers(kinds["Deployment"]["xs-xidstream-processor"])["processor"]["args"]
+    parsed = build_parser().parse_args(proc)
+    assert parsed.enroller_key == ["/etc/xidstream/verify/enroller.pub"] and parsed.signing_key
+    assert not parsed.records_not_tied_to_nodes
+    off = by_kind(render(helm, *values, "--set", "identity.enabled=false")[0])
+    proc = containers(off["Deployment"]["xs-xidstream-processor"])["processor"]["args"]
+    assert "--records-not-tied-to-nodes" in proc and "--enroller-key" not in proc
+    assert all("--identity-dir" not in c["args"] for c in containers(off["DaemonSet"]["xs-xidstream-node"]).values())
 
 
 def test_network_policies_admit_only_the_served_ports(helm):
@@ -754,8 +781,9 @@ def test_install_without_the_runtime_class_fails_naming_the_value_to_set(kube, h
     node pod at `RuntimeClass "nvidia" not found`; an install now fails at once and says what to set.
     `helm template` (no cluster) still renders."""
     missing = f"xs-missing-{RUN}"
+    # identity off: this namespace has no enroller Secret (that refusal is the next test's)
     cmd = [helm, "install", f"xsrc{RUN}", str(CHART), "-n", "default", "--kubeconfig", str(kube.kubeconfig),
-           "--set", f"nvml.runtimeClassName={missing}", "--dry-run=server"]
+           "--set", "identity.enabled=false", "--set", f"nvml.runtimeClassName={missing}", "--dry-run=server"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert f'this cluster has no RuntimeClass "{missing}"' in proc.stderr
@@ -764,6 +792,40 @@ def test_install_without_the_runtime_class_fails_naming_the_value_to_set(kube, h
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     render(helm, "--set", f"nvml.runtimeClassName={missing}")  # no cluster: no lookup, renders
+
+
+def test_install_with_identity_on_and_no_enroller_secret_fails_naming_the_commands(kube, runtime_class, helm, tmp_path):
+    """Identity is on by default; on a cluster whose namespace lacks the enroller's Secret, or whose
+    verify Secret lacks identity.pub or enroller.pub, the install fails at once and names the
+    commands that make them (a pod would otherwise wait on a missing Secret). With them, it installs."""
+    import base64
+
+    ns = f"xs-idpre-{RUN}"
+    kube.ensure_namespace(ns)
+    cmd = [helm, "install", f"xsid{RUN}", str(CHART), "-n", ns, "--kubeconfig", str(kube.kubeconfig), "--dry-run=server"]
+
+    def install() -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    proc = install()
+    assert proc.returncode != 0
+    assert f'namespace {ns} has no Secret "xidstream-enroller"' in proc.stderr
+    assert "xidstream keys generate --out enroller/" in proc.stderr and "identity.enabled=false" in proc.stderr
+
+    def secret(name: str, files: dict[str, bytes]) -> None:
+        status, body = kube.request("POST", f"/api/v1/namespaces/{ns}/secrets", {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "data": {k: base64.b64encode(v).decode() for k, v in files.items()}})
+        assert status == 201, body
+
+    secret("xidstream-enroller", {"enroller.key": b"k"})
+    secret("xidstream-verify", {"signing.pub": b"p", "enroller.pub": b"e"})
+    proc = install()
+    assert proc.returncode != 0 and f'the verify Secret {ns}/xidstream-verify has no file "identity.pub"' in proc.stderr
+    assert kube.request("DELETE", f"/api/v1/namespaces/{ns}/secrets/xidstream-verify")[0] == 200
+    secret("xidstream-verify", {"signing.pub": b"p", "enroller.pub": b"e", "identity.pub": b"i"})
+    proc = install()
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_the_exporter_runs_as_the_exporter_role_ocsf_to_a_topic_and_parquet_to_a_claim(helm):

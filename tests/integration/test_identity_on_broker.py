@@ -49,7 +49,7 @@ def _send(settings, items):
 
 def test_node_a_credentials_cannot_move_node_b(kafka_settings, tmp_path):
     s = kafka_settings
-    run_forgeries(lambda role: s, lambda extra: _plain_worker(s, tmp_path, extra), tmp_path)
+    run_forgeries(lambda role: s, lambda extra, files: _plain_worker(s, tmp_path, extra), tmp_path)
 
 
 def _plain_worker(s, tmp_path, extra):
@@ -61,11 +61,42 @@ def _plain_worker(s, tmp_path, extra):
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
 
 
+# The processor's flags that decide what it believes and signs; the rest of its chart args (web
+# port, store, data dir, policy file, Kafka file) are the pod's plumbing, given by the test harness.
+TRUST_FLAGS = {"--signing-key": True, "--enroller-key": True, "--approver-key": True, "--records-not-tied-to-nodes": False}
+
+
+def chart_trust_args(helm: str, files: dict[str, str], *values: str) -> list[str]:
+    """The processor's trust flags as `helm template` renders them with the chart's DEFAULT values
+    (plus `values`), each mounted file replaced by the test's own file (`files`: chart path -> local
+    path; a path the test does not hold fails the test)."""
+    from tests.deploy.test_helm_chart import by_kind, containers, render
+
+    [dep] = [d for n, d in by_kind(render(helm, *values)[0])["Deployment"].items() if n.endswith("-processor")]
+    args = containers(dep)["processor"]["args"]
+    out, i = [], 0
+    while i < len(args):
+        flag = args[i]
+        if flag in TRUST_FLAGS:
+            out.append(flag)
+            if TRUST_FLAGS[flag]:
+                assert args[i + 1] in files, f"the chart's {flag} {args[i + 1]}: no such file in the test"
+                out.append(files[args[i + 1]])
+                i += 1
+        i += 1
+    return out
+
+
 def run_forgeries(role, start_worker, tmp_path):
-    """`role(name)`: the Settings (credentials) of a Kafka role; `start_worker(extra_args)`: a real
-    processor worker with the processor's credentials, its log in tmp_path/w.log. Node A holds the
+    """`role(name)`: the Settings (credentials) of a Kafka role; `start_worker(extra_args, files)`:
+    a real processor worker with the processor's credentials and `extra_args` (or the chart's
+    trust flags, `files` mapping the chart's mounted paths to this run's keys), its log in
+    tmp_path/w.log. Node A holds the
     collector's and the node executor's credentials (every node does) and its own identity keys."""
     s = role("admin")
+    # GPUs of this run only: the secure module's topics keep other runs' commands and rows
+    tag = uuid.uuid4().hex[:8]
+    GPU_A, GPU_B = f"GPU-aaaaaaaa-0000-0000-0000-{tag}0001", f"GPU-bbbbbbbb-0000-0000-0000-{tag}0002"  # noqa: N806
     sk_path, _, _ = generate_keys(tmp_path / "processor")
     en_path, en_pub, _ = generate_keys(tmp_path / "enroller")
     signing, enroller = SigningKey.load(sk_path), SigningKey.load(en_path)
@@ -86,7 +117,10 @@ def run_forgeries(role, start_worker, tmp_path):
     def mac(auth):
         return lambda topic, key, value: [auth.header(topic, key, value)]
 
-    worker = start_worker(["--signing-key", str(sk_path), "--enroller-key", str(en_pub)])
+    # what the processor's signing key and the enroller's public key are called where the chart mounts them
+    worker = start_worker(["--signing-key", str(sk_path), "--enroller-key", str(en_pub)],
+                          {"/etc/xidstream/signing/signing.key": str(sk_path),
+                           "/etc/xidstream/verify/enroller.pub": str(en_pub)})
     try:
         # Node B's own inventory and healthy samples (so it is a known GPU node), genuinely MAC'd.
         collector, executor, processor = role("collector"), role("executor"), role("processor")

@@ -27,6 +27,7 @@ from schemas.errors import ConfigError, TopicError
 from transport.config import KafkaConfig
 from transport.faust_auth import faust_kwargs
 from xidstream.settings import Settings, read_kafka_properties
+from tests.deploy.test_helm_chart import helm  # noqa: F401 - the helm fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU1 = "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"
@@ -467,5 +468,22 @@ def test_node_a_credentials_cannot_move_node_b_on_the_secure_broker(secure, secu
     every forgery dead-lettered with its reason; node A's Xid 79 still gets its plan."""
     from tests.integration.test_identity_on_broker import run_forgeries
 
-    run_forgeries(secure, lambda extra: _start_worker(secure_kafka.client_file("processor"), secure("processor"),
-                                                      tmp_path, extra=extra), tmp_path)
+    run_forgeries(secure, lambda extra, files: _start_worker(secure_kafka.client_file("processor"), secure("processor"),
+                                                             tmp_path, extra=extra), tmp_path)
+
+
+@pytest.mark.broker
+def test_node_a_cannot_move_node_b_with_the_processor_as_the_default_chart_renders_it(secure, secure_kafka, helm,
+                                                                                     tmp_path):
+    """The same forgeries, with the processor's trust flags taken from `helm template` of the chart
+    with its DEFAULT values (no identity value set): telemetry, results and inventories about node
+    B sent with node A's credentials change nothing and are dead-lettered with their reason. With
+    the defaults of before (identity off) the rendered processor believed them all."""
+    from tests.integration.test_identity_on_broker import chart_trust_args, run_forgeries
+
+    def start(extra, files):
+        args = chart_trust_args(helm, files)
+        assert "--enroller-key" in args and "--records-not-tied-to-nodes" not in args, args
+        return _start_worker(secure_kafka.client_file("processor"), secure("processor"), tmp_path, extra=args)
+
+    run_forgeries(secure, start, tmp_path)

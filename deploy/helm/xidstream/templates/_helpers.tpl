@@ -154,17 +154,49 @@ app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version }}
 {{- end -}}
 
-{{/* --identity-dir/--processor-identity of a node or cluster component (identity.enabled). */}}
+{{/* --identity-dir/--processor-identity of a node or cluster component (identity.enabled): the
+processor's key as hex (identity.processorKey), else the file of the verify Secret every node pod
+and the cluster executor mount (identity.processorKeyFile, which `xidstream keys generate` writes). */}}
 {{- define "xidstream.identityArgs" -}}
 {{- $ctx := index . 0 -}}
 {{- if $ctx.Values.identity.enabled }}
-{{- if not $ctx.Values.identity.processorKey }}
-{{- fail "identity.enabled needs identity.processorKey: `xidstream keys identity --key keys/signing.key`" }}
-{{- end }}
 - --identity-dir
 - {{ index . 1 }}
 - --processor-identity
+{{- if $ctx.Values.identity.processorKey }}
 - {{ $ctx.Values.identity.processorKey | quote }}
+{{- else }}
+- /etc/xidstream/verify/{{ $ctx.Values.identity.processorKeyFile }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* On a cluster (helm install/upgrade; `helm template` has none and lookup answers empty), with
+identity on: fail at install, naming the commands that make them, when the enroller's Secret or a
+file of the verify Secret that identity reads is missing; a pod would otherwise wait on a missing
+Secret or exit on a missing file with nothing pointing at the cause. */}}
+{{- define "xidstream.identityPreflight" -}}
+{{- if and .Values.identity.enabled (lookup "v1" "Namespace" "" "kube-system") }}
+{{- $i := .Values.identity }}
+{{- $how := "xidstream keys generate --out keys/ && xidstream keys generate --out enroller/; kubectl -n %s create secret generic %s --from-file=%s=enroller/signing.key; the verify Secret %s needs signing.pub=keys/signing.pub, identity.pub=keys/identity.pub, enroller.pub=enroller/signing.pub (README, Install on Kubernetes); or identity.enabled=false, which runs the processor with --records-not-tied-to-nodes" }}
+{{- $help := printf $how .Release.Namespace $i.enrollerSecretName $i.enrollerKey .Values.verifyKeys.secretName }}
+{{- $en := lookup "v1" "Secret" .Release.Namespace $i.enrollerSecretName }}
+{{- if not $en }}
+{{- fail (printf "identity.enabled: namespace %s has no Secret %q (the enroller's private key, identity.enrollerSecretName). Make it: %s" .Release.Namespace $i.enrollerSecretName $help) }}
+{{- end }}
+{{- if not (hasKey ($en.data | default dict) $i.enrollerKey) }}
+{{- fail (printf "identity.enabled: Secret %s/%s has no key %q (identity.enrollerKey). Make it: %s" .Release.Namespace $i.enrollerSecretName $i.enrollerKey $help) }}
+{{- end }}
+{{- $need := list $i.enrollerPublicKey }}
+{{- if not $i.processorKey }}{{ $need = append $need $i.processorKeyFile }}{{ end }}
+{{- range $ns := uniq (list $.Release.Namespace (include "xidstream.nodeNamespace" $)) }}
+{{- $v := lookup "v1" "Secret" $ns $.Values.verifyKeys.secretName }}
+{{- range $f := $need }}
+{{- if not (hasKey (($v).data | default dict) $f) }}
+{{- fail (printf "identity.enabled: the verify Secret %s/%s has no file %q. Make it: %s" $ns $.Values.verifyKeys.secretName $f $help) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
