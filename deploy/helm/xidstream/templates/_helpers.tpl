@@ -178,7 +178,7 @@ Secret or exit on a missing file with nothing pointing at the cause. */}}
 {{- define "xidstream.identityPreflight" -}}
 {{- if and .Values.identity.enabled (lookup "v1" "Namespace" "" "kube-system") }}
 {{- $i := .Values.identity }}
-{{- $how := "xidstream keys generate --out keys/ && xidstream keys generate --out enroller/; kubectl -n %s create secret generic %s --from-file=%s=enroller/signing.key; the verify Secret %s needs signing.pub=keys/signing.pub, identity.pub=keys/identity.pub, enroller.pub=enroller/signing.pub (README, Install on Kubernetes); or identity.enabled=false, which runs the processor with --records-not-tied-to-nodes" }}
+{{- $how := "xidstream keys generate --out keys/ && xidstream keys generate --out enroller/; kubectl -n %s create secret generic %s --from-file=%s=enroller/signing.key; the verify Secret %s needs signing.pub=keys/signing.pub, identity.pub=keys/identity.pub, enroller.pub=enroller/signing.pub (docs/operations.md, Install on Kubernetes); or identity.enabled=false, which runs the processor with --records-not-tied-to-nodes" }}
 {{- $help := printf $how .Release.Namespace $i.enrollerSecretName $i.enrollerKey .Values.verifyKeys.secretName }}
 {{- $en := lookup "v1" "Secret" .Release.Namespace $i.enrollerSecretName }}
 {{- if not $en }}
