@@ -166,7 +166,7 @@ def list_topics(client: Any, timeout: float, topic: str | None = None) -> Any:
     while True:
         step = max(0.1, min(1.0, deadline - time.monotonic()))
         try:
-            return client.list_topics(topic, timeout=step)
+            return client.list_topics(timeout=step) if topic is None else client.list_topics(topic, timeout=step)
         except KafkaException:
             client.poll(0)
             if time.monotonic() >= deadline:
@@ -178,7 +178,7 @@ def unreachable(bootstrap: str, waited_s: float, exc: object, doing: str = "") -
     cause in words (the latest librdkafka line about it, e.g. "broker 127.0.0.1:1 unreachable:
     Connection refused", else the client's error), and what to check. The folded log's counts go
     out first, so that the command's last line is this one."""
-    cause = KAFKA_LOG.latest() or str(exc)
+    cause = KAFKA_LOG.latest(bootstrap) or str(exc)
     KAFKA_LOG.flush()
     return (f"cannot reach Kafka at {bootstrap}{' ' + doing if doing else ''}: no broker answered within "
             f"{waited_s:g} s ({cause}); is the address right (--bootstrap, XIDSTREAM_BOOTSTRAP) and a broker running?")

@@ -42,9 +42,9 @@ _VARYING = re.compile(r" \(after \d+ms in state \w+(?:, \d+ identical error\(s\)
 # "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused" (librdkafka's
 # rdkafka_broker.c, rd_kafka_broker_fail / rd_kafka_transport_connect); "/bootstrap" or "/<id>"
 # names the broker's role, not its address.
-_CONNECT = re.compile(r"^(?P<broker>[^\s/]+)(?:/\S+)?: Connect to \S+ failed: (?P<why>.+)$")
-_RESOLVE = re.compile(r"^(?P<broker>[^\s/]+)(?:/\S+)?: Failed to resolve '[^']*': (?P<why>.+)$")
-_DISCONNECT = re.compile(r"^(?P<broker>[^\s/]+)(?:/\S+)?: (?P<why>Disconnected.*|Connection setup timed out.*)$")
+_CONNECT = re.compile(r"^(?:\w+://)?(?P<broker>[^\s/]+)(?:/\S+)?: Connect to \S+ failed: (?P<why>.+)$")
+_RESOLVE = re.compile(r"^(?:\w+://)?(?P<broker>[^\s/]+)(?:/\S+)?: Failed to resolve '[^']*': (?P<why>.+)$")
+_DISCONNECT = re.compile(r"^(?:\w+://)?(?P<broker>[^\s/]+)(?:/\S+)?: (?P<why>Disconnected.*|Connection setup timed out.*)$")
 
 
 def readable(text: str) -> tuple[str, str | None]:
@@ -86,7 +86,7 @@ class FoldingKafkaLog(logging.Logger):
         self._seen: dict[str, _Seen] = {}
         self._broker: dict[str, str] = {}  # broker -> the kind of its latest line
         self._lock = threading.Lock()
-        self._latest: str | None = None
+        self._latest: dict[str, str] = {}  # broker -> its latest line (not forgotten by flush)
 
     # confluent-kafka calls log(level, "%s [%s] %s", facility, client_name, text)
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
@@ -103,7 +103,7 @@ class FoldingKafkaLog(logging.Logger):
             now = self.clock()
             self._expire(now, out)
             if broker:
-                self._latest = kind
+                self._latest[broker] = kind
             seen = self._seen.get(kind)
             if seen is None:
                 previous = self._broker.get(broker) if broker else None
@@ -121,11 +121,15 @@ class FoldingKafkaLog(logging.Logger):
                     self._summarise(kind, now, out)
         self._emit(out)
 
-    def latest(self) -> str | None:
-        """The latest line logged or counted about a broker, in words (for a command's sentence
-        when it gives up); None when no broker has been heard of."""
+    def latest(self, bootstrap: str) -> str | None:
+        """The latest line logged or counted about a broker of `bootstrap` ("host:port,..."), in
+        words (for a command's sentence when it gives up); None when none was heard of."""
         with self._lock:
-            return self._latest
+            for addr in bootstrap.split(","):
+                addr = addr.strip().split("://")[-1]
+                if addr in self._latest:
+                    return self._latest[addr]
+            return None
 
     def flush(self) -> None:
         """Log the count of every error still being folded, and forget them: a later line of

@@ -221,7 +221,7 @@ def _check_topics(settings: Settings, create: bool) -> set[str]:
     except KafkaException as exc:
         # the sink says, at its first connection error, where it spools and how it retries
         log.warning("Kafka not reachable at %s at start (%s); the collector runs and spools its records until it is",
-                    settings.bootstrap, KAFKA_LOG.latest() or exc)
+                    settings.bootstrap, KAFKA_LOG.latest(settings.bootstrap) or exc)
         return set()
     # Only what a collector writes: its least-privilege user may see no other topic (a user without
     # DESCRIBE on a topic does not see it either, hence the ACL in the messages).

@@ -111,6 +111,11 @@ def test_an_error_that_stops_is_summed_up_by_the_next_line_and_other_lines_pass_
                     ("ERROR", "broker 127.0.0.1:1 unreachable: Connection refused (x4 in 1 s)"),
                     ("WARNING", "Configuration property x is deprecated")]
     assert readable("no broker here") == ("no broker here", None)
+    assert readable("[thrd:sasl_ssl://b-1:9093/1]: sasl_ssl://b-1:9093/1: Connect to ipv4#10.0.0.1:9093 failed: "
+                    "Connection refused (after 0ms in state CONNECT)") == (
+        "broker b-1:9093 unreachable: Connection refused", "b-1:9093")
+    assert folder.latest("127.0.0.1:1") == "broker 127.0.0.1:1 unreachable: Connection refused"
+    assert folder.latest("127.0.0.1:2,other:9") is None  # another address: not its cause
 
 
 # -- the commands --------------------------------------------------------------------------------
