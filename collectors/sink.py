@@ -137,7 +137,7 @@ class KafkaSink:
         header, computed at send time over what Kafka stores (the spool keeps the record only)."""
         self.settings = settings
         self.auth = auth
-        spool_dir = Path(spool_dir)
+        spool_dir = self.spool_dir = Path(spool_dir)
         self.lanes = {
             "critical": _Lane(spool_dir, "critical", critical_bytes),
             "telemetry": _Lane(spool_dir, "telemetry", telemetry_bytes),
@@ -178,7 +178,13 @@ class KafkaSink:
         if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
             if self._broker_down_since is None:
                 self._broker_down_since = time.monotonic()
-                log.warning("Kafka unreachable (%s); spooling to disk until it returns", err.str())
+                from transport.kafka_log import readable
+
+                conf = producer_config(self.settings)
+                log.warning("Kafka unreachable at %s (%s); spooling to %s until it returns, reconnecting "
+                            "every %g s at most; nothing is dropped until a spool reaches its bound",
+                            self.settings.bootstrap, readable(err.str())[0], self.spool_dir,
+                            float(conf.get("reconnect.backoff.max.ms", 10_000)) / 1000)
         else:
             log.warning("Kafka client error: %s", err.str())
 
@@ -187,6 +193,9 @@ class KafkaSink:
             self.inflight -= 1
             if err is None:
                 if self._broker_down_since is not None:
+                    from transport.kafka_log import KAFKA_LOG
+
+                    KAFKA_LOG.flush()  # the count of the connection errors folded meanwhile, first
                     log.warning("Kafka reachable again after %.0f s; draining the spool",
                                 time.monotonic() - self._broker_down_since)
                     self._broker_down_since = None

@@ -27,7 +27,7 @@ from exporters import ecs, ocsf
 from exporters.parquet import TELEMETRY_TOPICS, ParquetLander
 from schemas.base import Record
 from schemas.codec import decode_any
-from schemas.errors import ConfigError, DecodeError
+from schemas.errors import ConfigError, DecodeError, TopicError
 from schemas.models import Alert, Approval, RemediationCommand, RemediationResult
 from schemas.topics import spec_for_model
 from transport.config import KafkaConfig
@@ -159,7 +159,7 @@ class KafkaTopicSink:
     large, counted in `stats` (an `ExportStats`, bound by the Exporter)."""
 
     def __init__(self, config: KafkaConfig, topic: str, *, max_bytes: int | None = None):
-        from confluent_kafka import KafkaError, Producer
+        from confluent_kafka import KafkaError, KafkaException, Producer
 
         from transport.kafka import producer_config
 
@@ -173,7 +173,12 @@ class KafkaTopicSink:
         self._refused: list[tuple[Record, dict[str, Any], bytes | None, bytes, bool]] = []
         deadline = time.monotonic() + 15
         while True:
-            t = self._producer.list_topics(topic, timeout=15).topics.get(topic)
+            from transport.kafka import list_topics, unreachable
+
+            try:
+                t = list_topics(self._producer, 15, topic).topics.get(topic)
+            except KafkaException as exc:  # a sentence naming the address, not a traceback
+                raise TopicError(unreachable(config.bootstrap, 15, exc, f"to write {topic}")) from None
             # a topic created a moment ago has no leader yet: not a missing topic
             if (t is None or t.error is None or t.error.code() != KafkaError.LEADER_NOT_AVAILABLE
                     or time.monotonic() > deadline):

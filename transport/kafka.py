@@ -17,8 +17,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from schemas.errors import ConfigError, TopicError
 from schemas.topics import TOPICS
 from transport.config import KafkaConfig
+from transport.kafka_log import KAFKA_LOG
 
-__all__ = ["producer_config", "consumer_config", "read_since", "read_key", "murmur2_partition", "admin", "consume_records", "ClientErrors", "explain_error", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
+__all__ = ["producer_config", "consumer_config", "read_since", "read_key", "murmur2_partition", "admin", "consume_records", "ClientErrors", "explain_error", "unreachable", "list_topics", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag", "replication_findings",
            "check_replication", "choose_replication", "settle_replication"]
 
@@ -32,6 +33,9 @@ def producer_config(settings: KafkaConfig, **overrides: object) -> dict:
         "linger.ms": 5,
         "partitioner": "murmur2_random",  # same partition as aiokafka/Java for the same key
         "client.id": f"xidstream-{settings.node}",
+        # librdkafka's log through Python logging, repeats folded (transport.kafka_log), not a
+        # "%3|...|FAIL|" line on stderr every 50 ms while a broker is away
+        "logger": KAFKA_LOG,
     }
     config.update(settings.kafka_extra)
     config.update(overrides)
@@ -44,6 +48,7 @@ def consumer_config(settings: KafkaConfig, group_id: str, **overrides: object) -
         "group.id": group_id,
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
+        "logger": KAFKA_LOG,  # served by the consumer's poll()/consume() (transport.kafka_log)
     }
     config.update(settings.kafka_extra)
     config.update(overrides)
@@ -107,7 +112,8 @@ def admin(settings: KafkaConfig, *, quiet: bool = False) -> AdminClient:
     """An admin client whose fatal errors `ClientErrors` keeps; `quiet`: librdkafka's own log off."""
     config = {"bootstrap.servers": settings.bootstrap, **settings.kafka_extra}
     errors = ClientErrors(config)
-    client = AdminClient({**config, "error_cb": errors, **({"log_level": 0} if quiet else {})})
+    # its log lines wait for its poll(): `_metadata` polls while it waits (transport.kafka_log)
+    client = AdminClient({**config, "error_cb": errors, "logger": KAFKA_LOG, **({"log_level": 0} if quiet else {})})
     client.xidstream_errors = errors  # type: ignore[attr-defined]
     return client
 
@@ -143,12 +149,39 @@ def _metadata(client: AdminClient, timeout: float) -> Any:
             md = client.list_topics(timeout=step)
             break
         except KafkaException as exc:
-            client.poll(0)  # serves error_cb
+            client.poll(0)  # serves error_cb and the log lines (transport.kafka_log)
             if errors is not None and errors.fatal:
                 raise TopicError(errors.fatal) from None
             if time.monotonic() >= deadline:
-                raise TopicError(f"cannot reach Kafka to list topics: {exc}") from None
+                where = errors.config.get("bootstrap.servers", "?") if errors is not None else "?"
+                raise TopicError(unreachable(str(where), timeout, exc, "to list topics")) from None
     return md
+
+
+def list_topics(client: Any, timeout: float, topic: str | None = None) -> Any:
+    """`client.list_topics(topic, timeout)` in steps of at most 1 s with a `poll(0)` between:
+    the same answer, or the same KafkaException at `timeout`, with the client's log lines served
+    while it waits (transport.kafka_log), not all at once when it gives up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        step = max(0.1, min(1.0, deadline - time.monotonic()))
+        try:
+            return client.list_topics(timeout=step) if topic is None else client.list_topics(topic, timeout=step)
+        except KafkaException:
+            client.poll(0)
+            if time.monotonic() >= deadline:
+                raise
+
+
+def unreachable(bootstrap: str, waited_s: float, exc: object, doing: str = "") -> str:
+    """The sentence for a command that gave up on Kafka: the address, how long it tried, the
+    cause in words (the latest librdkafka line about it, e.g. "broker 127.0.0.1:1 unreachable:
+    Connection refused", else the client's error), and what to check. The folded log's counts go
+    out first, so that the command's last line is this one."""
+    cause = KAFKA_LOG.latest(bootstrap) or str(exc)
+    KAFKA_LOG.flush()
+    return (f"cannot reach Kafka at {bootstrap}{' ' + doing if doing else ''}: no broker answered within "
+            f"{waited_s:g} s ({cause}); is the address right (--bootstrap, XIDSTREAM_BOOTSTRAP) and a broker running?")
 
 
 def _brokers(md: Any) -> int:
@@ -432,7 +465,11 @@ def read_since(settings: KafkaConfig, topics: list[str], since_ms: int, *, timeo
 
     consumer = _reader(settings, **{"enable.partition.eof": True})
     try:
-        meta = consumer.list_topics(timeout=15)
+        try:
+            meta = list_topics(consumer, 15)
+        except KafkaException as exc:  # a clear sentence, not a traceback (`xidstream incidents`)
+            consumer.poll(0)  # serves the log lines the wait left queued
+            raise TopicError(unreachable(settings.bootstrap, 15, exc, "to read " + ", ".join(topics))) from None
         tps = []
         for t in topics:
             tm = meta.topics.get(t)

@@ -184,11 +184,17 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     print(f"simulate: {len(sim.gpus)} GPUs on {args.nodes} nodes, faults {faults}", file=sys.stderr, flush=True)
     sink = KafkaSink(settings, Path(args.state_dir) / "spool", max_inflight=100_000)
     sim.run(sink, speed=args.speed)
-    ok = sink.flush(120)
+    ok = sink.flush(5)
+    if not ok:  # said once, before the wait, not only after it
+        print(f"simulate: Kafka at {settings.bootstrap} has not taken everything yet; waiting up to 115 s more for "
+              f"what is spooled in {sink.spool_dir}, then exiting with code 1 with the rest kept there",
+              file=sys.stderr, flush=True)
+        ok = sink.flush(115)
     sink.close()
     sim.write_truth(Path(args.truth))
-    print(f"simulate: {sim.published:,} records published{'' if ok else ' (some still spooled)'}; truth in {args.truth}",
-          file=sys.stderr)
+    print(f"simulate: {sim.published:,} records published"
+          f"{'' if ok else f' (some still spooled in {sink.spool_dir}: sent when a run with this --state-dir reaches Kafka)'}"
+          f"; truth in {args.truth}", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -207,7 +207,8 @@ def _check_topics(settings: Settings, create: bool) -> set[str]:
     from confluent_kafka import KafkaException
 
     from schemas.topics import COLLECTED_TOPICS, TOPICS
-    from transport.kafka import admin, check_replication, create_topics, settle_replication
+    from transport.kafka import admin, check_replication, create_topics, list_topics, settle_replication
+    from transport.kafka_log import KAFKA_LOG
 
     names = [settings.topics.name(n) for n in COLLECTED_TOPICS]
     if create:
@@ -217,9 +218,11 @@ def _check_topics(settings: Settings, create: bool) -> set[str]:
         check_replication(settings, names)
         return set()
     try:
-        md = admin(settings).list_topics(timeout=5)
+        md = list_topics(admin(settings), 5)
     except KafkaException as exc:
-        log.warning("Kafka not reachable at start (%s); records are spooled until it is", exc)
+        # the sink says, at its first connection error, where it spools and how it retries
+        log.warning("Kafka not reachable at %s at start (%s); the collector runs and spools its records until it is",
+                    settings.bootstrap, KAFKA_LOG.latest(settings.bootstrap) or exc)
         return set()
     # Only what a collector writes: its least-privilege user may see no other topic (a user without
     # DESCRIBE on a topic does not see it either, hence the ACL in the messages).

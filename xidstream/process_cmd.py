@@ -206,13 +206,13 @@ def _breaker(args: argparse.Namespace, settings: Settings) -> int:
     from confluent_kafka import KafkaException, Producer
 
     from streams.app import FLEET_KEY, internal_topics
-    from transport.kafka import admin, producer_config
+    from transport.kafka import admin, list_topics, producer_config, unreachable
 
     fleet = list(internal_topics(settings))[1]
     try:
-        md = admin(settings).list_topics(timeout=10)
+        md = list_topics(admin(settings), 10)
     except KafkaException as exc:
-        raise TopicError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
+        raise TopicError(unreachable(settings.bootstrap, 10, exc, "to send the reset") + "; nothing was sent") from None
     if fleet not in md.topics:
         raise TopicError(f"{fleet} does not exist: no processor has run with topic prefix {settings.topic_prefix!r}")
     msg: dict = {"kind": "reset", "ts": time.time(), "by": args.by or getpass.getuser()}

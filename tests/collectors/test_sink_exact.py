@@ -460,7 +460,9 @@ def test_broker_down_is_said_once_and_its_end_too(make_sink, clock, caplog, code
     clock.t += 30
     sink._on_error(KafkaError(code, "broker gone"))
     assert sink._broker_down_since == 1000.0 and sink.auth_error is None
-    assert messages(caplog, logging.WARNING) == ["Kafka unreachable (broker gone); spooling to disk until it returns"]
+    assert messages(caplog, logging.WARNING) == [
+        f"Kafka unreachable at {SETTINGS.bootstrap} (broker gone); spooling to {sink.spool_dir} until it returns, "
+        f"reconnecting every 10 s at most; nothing is dropped until a spool reaches its bound"]
     sink.publish(XID)
     sink.poll()
     clock.t += 12

@@ -26,6 +26,7 @@ from schemas.models import NodeEnrollment
 from schemas.signing import SigningKey, VerifyKeys, generate_keys
 from transport.config import KafkaConfig
 from transport.identity import AuthError, IdentityDirectory, NodeIdentity, ProcessorIdentity, RecordVerifier
+from transport.kafka_log import KAFKA_LOG
 
 PREFIX = "run7-"
 TOPIC = PREFIX + "xidstream.identities"
@@ -177,7 +178,8 @@ def test_the_reader_reads_every_partition_from_the_beginning_and_is_loaded_at_th
         d, verifier, consumer = world.run(script, _metadata())
     assert consumer.config == {"bootstrap.servers": "broker-1:9093", "group.id": "run7-xidstream-identities-reader",
                                "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                               "security.protocol": "SASL_SSL", "enable.partition.eof": True}
+                               "security.protocol": "SASL_SSL", "enable.partition.eof": True,
+                               "logger": KAFKA_LOG}
     assert consumer.list_topics_calls == [((TOPIC,), {"timeout": 30})]
     assert consumer.assigned == [(TOPIC, 0, confluent_kafka.OFFSET_BEGINNING), (TOPIC, 1, -2), (TOPIC, 2, -2)]
     assert [call for call, _ in consumer.polls] == [((0.5,), {})] * 11
