@@ -25,6 +25,7 @@ from schemas import (
     Record,
     RemediationCommand,
     RemediationResult,
+    RuleRef,
     SampleStatus,
     Severity,
     WorkloadEvent,
