@@ -59,6 +59,7 @@ ECS_FIELD_TYPES: dict[str, str] = {
     "rule.name": "keyword",
     "rule.id": "keyword",
     "rule.category": "keyword",
+    "rule.ruleset": "keyword",
     "process.pid": "long",
     "orchestrator.type": "keyword",
     "orchestrator.resource.type": "keyword",
@@ -127,7 +128,11 @@ def alert_to_ecs(alert: Alert) -> dict[str, Any]:
         doc["event"]["start"] = format_ts(min(e.ts for e in ev.timeline))
         doc["event"]["end"] = format_ts(max(e.ts for e in ev.timeline))
     doc["message"] = alert.summary
-    doc["rule"] = {"name": alert.classification.value, "id": alert.classification.value, "category": "gpu-health"}
+    # rule.id is the rule that made the verdict (streams.rules); a /1 alert names none: its class stands in
+    rule = alert.rule
+    doc["rule"] = {"name": (rule.name or rule.id) if rule else alert.classification.value,
+                   "id": rule.id if rule else alert.classification.value, "category": "gpu-health",
+                   "ruleset": "xidstream"}
     if alert.gpu_uuid or ev.gpu_uuid:
         doc["device"] = {"id": alert.gpu_uuid or ev.gpu_uuid}
     if ev.distinct_pids:  # one value, as ECS defines it: the first; all of them under xidstream.pids
@@ -143,6 +148,7 @@ def alert_to_ecs(alert: Alert) -> dict[str, Any]:
         "severity": alert.severity.value, "gpu_index": ev.gpu_index, "pci_bus_id": alert.pci_bus_id or ev.pci_bus_id,
         "xid_counts": dict(ev.xid_counts), "xids": xids, "sample_stats": dict(ev.sample_stats),
         "recommended_steps": list(alert.recommended_steps),
+        "rule_facts": dict(rule.facts) if rule else {},
         "pids": list(ev.distinct_pids), "pod_uids": list(ev.pod_uids),
         "timeline": [{"ts": format_ts(e.ts), "kind": e.kind, "summary": e.summary} for e in ev.timeline],
     }
@@ -158,6 +164,10 @@ def _remediation(rec: RemediationCommand | RemediationResult, dataset: str) -> d
         doc["device"] = {"id": rec.gpu_uuid}
     doc[CUSTOM_NAMESPACE] = {"command_id": rec.command_id, "incident_id": rec.incident_id,
                              "action": rec.action.value, "pci_bus_id": rec.pci_bus_id}
+    rule = getattr(rec, "rule", None)  # a command names the rule that decided it
+    if rule is not None:
+        doc["rule"] = {"id": rule.id, "name": rule.name or rule.id, "ruleset": "xidstream"}
+        doc[CUSTOM_NAMESPACE]["rule_facts"] = dict(rule.facts)
     return doc
 
 

@@ -209,6 +209,12 @@ def alert_to_ocsf(alert: Alert) -> dict[str, Any]:
                 "alert_id": alert.alert_id}
     finding = {"uid": alert.incident_id, "uid_alt": alert.alert_id, "title": alert.summary,
                "types": [alert.classification.value], "data_sources": ["NVML", "kernel log", "Kubernetes"]}
+    if alert.rule is not None:
+        # which rule made the verdict (streams.rules, docs/architecture.md "Decision index"): OCSF's
+        # analytic, type Rule; the facts it read ride in unmapped (OCSF has no place for them)
+        finding["analytic"] = {"uid": alert.rule.id, "name": alert.rule.name or alert.rule.id,
+                               "type_id": 1, "type": "Rule", "category": "xidstream"}
+        unmapped["rule_facts"] = dict(alert.rule.facts)
     if alert.evidence.timeline:
         finding["first_seen_time"] = _ms(min(e.ts for e in alert.evidence.timeline))
         finding["last_seen_time"] = _ms(max(e.ts for e in alert.evidence.timeline))
@@ -302,7 +308,8 @@ def command_to_ocsf(cmd: RemediationCommand) -> dict[str, Any] | None:
         "remediation": {"desc": cmd.reason or cmd.action.value},
         "unmapped": {**_remediation_unmapped(cmd), "step": cmd.step, "preconditions": list(cmd.preconditions),
                      "expires_at": cmd.expires_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "dry_run": cmd.dry_run,
-                     "requires_approval": cmd.requires_approval, "evidence_ids": list(cmd.evidence_ids)},
+                     "requires_approval": cmd.requires_approval, "evidence_ids": list(cmd.evidence_ids),
+                     **({"rule_id": cmd.rule.id, "rule_facts": dict(cmd.rule.facts)} if cmd.rule else {})},
         "observables": _remediation_observables(cmd),
     })
     if cmd.key_id:  # who decided it: the processor, by the key that signed it

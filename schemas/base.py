@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, PrivateAttr
 
 from schemas.limits import ID_MAX, NODE_NAME_MAX
 
@@ -146,11 +146,19 @@ class Record(BaseModel):
     event_id: str = Field(default_factory=new_event_id, description="Unique id of this record.")
     ts: UtcDatetime = Field(default_factory=utc_now, description="When it happened (UTC, RFC 3339).")
     node: str = Field(min_length=1, description="Kubernetes node (host) name the record is about.")
+    # The LEGACY version a record was decoded from (schemas.codec), None when it came in this one:
+    # a signed record's signature covers the form it was signed in (`signed_form`).
+    _decoded_from: str | None = PrivateAttr(None)
 
     @classmethod
     def from_legacy(cls, found: str, data: dict) -> dict:
         """`data`, a record of the earlier version `found` (one of LEGACY), in this version's terms."""
         return data
+
+    def signed_form(self, doc: dict) -> dict:
+        """`doc` (this record's contract JSON) in the version it was decoded from, for a signature
+        made by a producer of that version; this version's form otherwise."""
+        return doc
 
 
 class NodeRecord(Record):

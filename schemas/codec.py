@@ -62,10 +62,13 @@ def _validate(model: type[R], data: dict, raw: bytes | None) -> R:
         data["schema"] = model.SCHEMA
         data = model.from_legacy(found, data)
     try:
-        return model.model_validate(data)
+        record = model.model_validate(data)
     except ValidationError as exc:
         where = "" if found == model.SCHEMA else f" (a {found} record read as {model.SCHEMA})"
         raise DecodeError(_format_validation(exc) + where, raw, model.SCHEMA) from None
+    if found != model.SCHEMA:
+        record._decoded_from = found
+    return record
 
 
 def decode(model: type[R], raw: bytes | None) -> R:

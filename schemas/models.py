@@ -76,6 +76,7 @@ __all__ = [
     "EvidenceEntry",
     "Evidence",
     "Alert",
+    "RuleRef",
     "RemediationCommand",
     "RemediationResult",
     "ResultStep",
@@ -423,9 +424,33 @@ class Evidence(_Part):
     pod_uids: list[str] = Field(default_factory=list)
 
 
+_RULE_ID = r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$"
+_FactValue = int | bool | Annotated[str, StringConstraints(max_length=200)] | \
+    Annotated[list[int | Annotated[str, StringConstraints(max_length=200)]], Field(max_length=16)]
+
+
+class RuleRef(_Part):
+    """Which rule of the decision core made a verdict or a step, and the facts it read
+    (docs/architecture.md "Decision index"). `id` is stable: never renamed, never reused."""
+
+    id: str = Field(max_length=96, pattern=_RULE_ID, description="The rule's stable dotted id, e.g. "
+                    "wedged.pinned_no_process_after_wedge_xid (streams.rules).")
+    name: str = Field("", max_length=200, description="What held, in one line.")
+    facts: dict[Annotated[str, StringConstraints(max_length=64)], _FactValue] = Field(
+        default_factory=dict, max_length=16,
+        description="The evidence fields the rule read when it held: codes, counts, seconds, utilization, "
+                    "process count, window. Whole numbers, short text, short lists.")
+
+
 class Alert(Record):
-    SCHEMA = "xidstream.alert/1"
-    schema_: Literal["xidstream.alert/1"] = Field(SCHEMA, alias="schema")
+    """A verdict on a GPU (or a node, or the fleet) for people and SIEMs.
+
+    v2: `rule`, the rule that made the alert's classification and the facts it read (null only in
+    a /1 alert, which decodes without it)."""
+
+    SCHEMA = "xidstream.alert/2"
+    LEGACY = ("xidstream.alert/1",)
+    schema_: Literal["xidstream.alert/2"] = Field(SCHEMA, alias="schema")
     alert_id: str
     incident_id: str
     gpu_uuid: str | None = Field(None, description="Null for node- or fleet-wide alerts.")
@@ -437,6 +462,7 @@ class Alert(Record):
     summary: str
     evidence: Evidence
     recommended_steps: list[str] = Field(default_factory=list)
+    rule: RuleRef | None = Field(None, description="The rule behind `classification` (streams.rules); null in a /1 alert.")
 
 
 class RemediationCommand(Record):
@@ -446,10 +472,15 @@ class RemediationCommand(Record):
     v2: `expires_at` is the evidence's time plus the policy's TTL, so an executor refuses
     a stale command by its wall clock while a replay of an old incident still decides as it did
     live; `evidence_ids` are the `event_id`s the decision rests on; `pci_bus_id` names the GPU when
-    its UUID was never resolved (a result echoes it, so it finds its incident)."""
+    its UUID was never resolved (a result echoes it, so it finds its incident).
+    v3: `rule`, the rule that decided this step (the verdict's for its plan, a ladder rule for a
+    rung climbed after a failed step, a resolve rule for a closing step) and the facts it read. A /2
+    command decodes with `rule` null, and its signature is checked over the /2 form it was signed in
+    (`signed_form`)."""
 
-    SCHEMA = "xidstream.remediation_command/2"
-    schema_: Literal["xidstream.remediation_command/2"] = Field(SCHEMA, alias="schema")
+    SCHEMA = "xidstream.remediation_command/3"
+    LEGACY = ("xidstream.remediation_command/2",)
+    schema_: Literal["xidstream.remediation_command/3"] = Field(SCHEMA, alias="schema")
     command_id: str
     incident_id: str
     gpu_uuid: str | None = None
@@ -463,10 +494,20 @@ class RemediationCommand(Record):
     requires_approval: bool = False
     dry_run: bool = False
     evidence_ids: list[str] = Field(default_factory=list, description="event_ids of the records it rests on.")
+    rule: RuleRef | None = Field(None, description="The rule that decided this step (streams.rules); null in a /2 command.")
     # Signed by the processor: a detached Ed25519 signature over `schemas.signing`'s
     # canonical encoding of every other field, and the id of the key that made it.
     key_id: str | None = Field(None, description="Id of the signing key (schemas.signing.key_id).")
     signature: str | None = Field(None, description="Base64 Ed25519 signature over the canonical encoding.")
+
+    def signed_form(self, doc: dict) -> dict:
+        # A /2 command was signed without `rule` and under its own version: checked in that form, so
+        # an executor of this release verifies what the previous processor signed. A /2 command that
+        # carries a rule was not made by a /2 producer: left as it is, it fails the check.
+        if self._decoded_from == "xidstream.remediation_command/2" and doc.get("rule") is None:
+            doc = {k: v for k, v in doc.items() if k != "rule"}
+            doc["schema"] = self._decoded_from
+        return doc
 
 
 class ResultStep(_Part):

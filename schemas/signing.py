@@ -51,7 +51,7 @@ class SignatureError(ValueError):
 
 
 def _unsigned(record: Record) -> dict:
-    doc = to_dict(record)
+    doc = record.signed_form(to_dict(record))  # a record of an earlier version: as it was signed
     doc.pop("signature", None)
     return doc
 
@@ -127,6 +127,7 @@ class SigningKey:
     def sign(self, record: R) -> R:
         """A copy of `record` with `key_id` and `signature` set."""
         stamped = record.model_copy(update={"key_id": self.key_id, "signature": None})
+        stamped._decoded_from = None  # signed now, in this version's form (what `encode` writes)
         sig = self._key.sign(canonical(stamped))
         return stamped.model_copy(update={"signature": base64.b64encode(sig).decode("ascii")})
 

@@ -26,6 +26,8 @@ from datetime import datetime, timezone
 from schemas.base import plain_text
 from schemas.models import Alert, Evidence, EvidenceEntry
 from schemas.vocab import Classification, Severity
+from streams import rules as R
+from streams.rules import facts, rule_ref
 
 __all__ = ["ClaimAlerts", "claim_alert", "CLAIM_REALERT_S", "CLAIM_ALERTS_PER_WINDOW", "CLAIM_WINDOW_S", "PAIRS_KEPT"]
 
@@ -53,7 +55,7 @@ def claim_alert(gpu_uuid: str, owner: str, claimant: str, now: float, *, state: 
     return Alert(
         ts=when, node=claimant, alert_id=f"{incident}-{int(now * 1000)}", incident_id=incident, gpu_uuid=gpu_uuid,
         pci_bus_id=pci_bus_id, classification=Classification.GPU_CLAIM_CONFLICT, severity=Severity.warning,
-        state=state, summary=summary,
+        state=state, summary=summary, rule=rule_ref(R.CLAIM_CONFLICT, facts(refused=refused, unalerted=unalerted)),
         evidence=Evidence(node=claimant, gpu_uuid=gpu_uuid, gpu_index=gpu_index, pci_bus_id=pci_bus_id, timeline=[EvidenceEntry(
             ts=when, kind="note", summary=summary,
             data={"gpu_uuid": gpu_uuid, "owner": owner, "claimant": claimant, "refused": refused,

@@ -57,6 +57,8 @@ from streams.incident import Incident
 from streams.repair import REPAIR_ACTIONS, answer_milestones, reached, step_time
 from streams.policy import Policy, is_app_class
 from streams.render import alert, command, describe_xid, dt, hid
+from streams import rules as R
+from streams.rules import facts, rule_ref
 from streams.verdict import (
     PLANS,
     PSHC_DISENGAGED,
@@ -262,7 +264,9 @@ def _on_sample(state: GpuState, s: GpuSample, ts: float, policy: Policy, outputs
         what = "GPU is lost (NVML_ERROR_GPU_IS_LOST)" if status == "lost" else "GPU requires a reset (NVML_ERROR_RESET_REQUIRED)"
         state.healthy_since = None
         _raise(state, Verdict(Classification.GPU_HARDWARE_FAULT, remedy, f"GPU {state.gpu_index} on {state.node}: {what}",
-                              [s.event_id], hardware=True, entry=entry(ts, "sample", what, status=status, error=s.error)),
+                              [s.event_id], hardware=True, entry=entry(ts, "sample", what, status=status, error=s.error),
+                              rule=R.HARDWARE_NVML_LOST if status == "lost" else R.HARDWARE_NVML_RESET_REQUIRED,
+                              facts=facts(nvml_status=status, remedy=remedy)),
                ts, policy, outputs)
         return
     if status != "ok":
@@ -322,6 +326,7 @@ def _degrading(state: GpuState, findings: list, event_id: str, ts: float, policy
             # still rising a day later (degrade_realert_s), or another counter: the open incident's
             # alert, updated with the new figures
             inc.note(line, policy.evidence_limit)
+            inc.rule = rule_ref(R.DEGRADING_TREND, _trend_facts(f, policy))
             outputs.append(("alert", alert(state, inc, ts, f.summary, "updated")))
         elif inc is not None and RANK[Classification(inc.classification)] > RANK[Classification.GPU_DEGRADING]:
             inc.note(line, policy.evidence_limit)  # evidence of the graver incident open: no alert of its own
@@ -330,8 +335,17 @@ def _degrading(state: GpuState, findings: list, event_id: str, ts: float, policy
                                   recommendation="A trend, not a fault: plan a maintenance window for this GPU "
                                                  "(reseat or replace the link, cable or board) before it fails; "
                                                  "nothing was done to the node",
-                                  entry=line),
+                                  entry=line, rule=R.DEGRADING_TREND, facts=_trend_facts(f, policy)),
                    ts, policy, outputs)
+
+
+_TREND_FACTS = ("counter", "count", "rate_per_h", "limit_per_h", "intervals", "window_s", "value", "link", "width",
+                "width_max", "last_gap_s", "retired_pages_double_bit")
+
+
+def _trend_facts(f, policy: Policy) -> dict:
+    """A degrading finding's facts: which counter, how much, against which limit and window."""
+    return facts(**{k: f.data[k] for k in _TREND_FACTS if k in f.data})
 
 
 def _on_gap(state: GpuState, ts: float, gap: float, s: GpuSample, policy: Policy, outputs: list) -> None:
@@ -371,7 +385,8 @@ def _check_pinned(state: GpuState, policy: Policy, outputs: list) -> None:
         if verdict.climb is not None:
             inc = state.incident
             if inc is not None:
-                _climb(state, inc, ts, verdict.climb, verdict.summary, policy, outputs, verdict.evidence_ids)
+                _climb(state, inc, ts, verdict.climb, verdict.summary, policy, outputs, verdict.evidence_ids,
+                       rule_ref(verdict.rule, verdict.facts))
             continue
         _raise(state, verdict, ts, policy, outputs)
 
@@ -422,7 +437,8 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
         state.xids = added(state.xids, {"ts": ts, "xid": 79, "kind": kind, "pid": None, "app": False, "id": x.event_id})
         _raise(state, Verdict(Classification.GPU_HARDWARE_FAULT, REBOOT,
                               f"GPU on {state.node} ({x.pci_bus_id}) has fallen off the bus", [x.event_id], hardware=True,
-                              entry=entry(ts, "xid", "GPU has fallen off the bus", raw=x.raw)), ts, policy, outputs)
+                              entry=entry(ts, "xid", "GPU has fallen off the bus", raw=x.raw),
+                              rule=R.HARDWARE_FALLEN_OFF_BUS, facts=facts(xid=79, remedy=REBOOT)), ts, policy, outputs)
         return
     if x.xid is None:
         return
@@ -450,11 +466,12 @@ def _on_xid(state: GpuState, x: XidEvent, ts: float, policy: Policy, outputs: li
             # rung. (An application's Xid after the reboot is that application's.)
             inc.note(xentry, policy.evidence_limit)
             _climb(state, inc, ts, Action.REPLACE_NODE, f"Xid {x.xid} on GPU {state.gpu_index} after the node was rebooted",
-                   policy, outputs, [x.event_id])
+                   policy, outputs, [x.event_id], rule_ref(R.LADDER_XID_AFTER_REBOOT, facts(xid=x.xid)))
             return
         if inc is not None and inc.reset_ok_at is not None and ts > inc.reset_ok_at and verdict.remedy == RESET:
             inc.note(xentry, policy.evidence_limit)
-            _climb(state, inc, ts, Action.REBOOT_NODE, f"Xid {x.xid} again after the GPU reset", policy, outputs, [x.event_id])
+            _climb(state, inc, ts, Action.REBOOT_NODE, f"Xid {x.xid} again after the GPU reset", policy, outputs, [x.event_id],
+                   rule_ref(R.LADDER_XID_AFTER_RESET, facts(xid=x.xid, remedy=verdict.remedy)))
             return
         _raise(state, verdict, ts, policy, outputs)
         return
@@ -527,7 +544,9 @@ def _power_smoothing(state: GpuState, fact: dict, xentry: dict, policy: Policy, 
     what = (f"{since} cancelled by {describe_xid(PSHC_REENGAGED)} {ts - opener['ts']:.0f} s later: power smoothing "
             f"re-engaged")
     _close(state, inc, ts, entry(ts, "note", f"{what}: cancelled", cancelled=opener.get("id")),
-           f"{gpu}: {what}; incident cancelled", policy, outputs)
+           f"{gpu}: {what}; incident cancelled", policy, outputs,
+           rule_ref(R.RESOLVE_PSHC_CANCELLED, facts(xid=PSHC_REENGAGED, after_s=ts - opener["ts"],
+                                                    pshc_cancel_s=policy.pshc_cancel_s)))
     # kept past the close: a copy of the 163 published late (an NVML event after the merge window)
     # is then cancelled on arrival, not raised again
     state.xids = added(state.xids, fact)
@@ -563,10 +582,11 @@ def _raise(state: GpuState, verdict: Verdict, ts: float, policy: Policy, outputs
         #. The facts stay; a later record may complete them.
         return
     the_entry = verdict.entry or xentry
+    ref = rule_ref(verdict.rule, verdict.facts)
     if inc is None:
         inc = state.incident = Incident(id=hid(state.key, ts, cls.value), classification=cls.value, opened_at=ts,
                                         remedy=remedy, plan=plan, hardware=verdict.hardware,
-                                        recommendation=verdict.recommendation)
+                                        recommendation=verdict.recommendation, rule=ref)
         for note in state.pending_notes:
             inc.note(note, policy.evidence_limit)
         state.pending_notes = EMPTY_LIST
@@ -583,11 +603,13 @@ def _raise(state: GpuState, verdict: Verdict, ts: float, policy: Policy, outputs
         if escalates:
             inc.classification = cls.value
             inc.remedy = remedy
+            inc.rule = ref
             for a in plan:
                 if a not in inc.plan:
                     inc.plan.append(a)
         elif cls == Classification.APP_FAULT and remedy == RECORD:
-            pass  # every new application-fault occurrence is recorded
+            if cls == old:
+                inc.rule = ref  # every new application-fault occurrence is recorded, with its own facts
         else:
             return  # the same verdict again, or a lesser one: the open incident already says it
         if the_entry:
@@ -596,7 +618,7 @@ def _raise(state: GpuState, verdict: Verdict, ts: float, policy: Policy, outputs
     if cls in (Classification.GPU_WEDGED, Classification.PHANTOM_LOAD):
         inc.sample_stats = sample_stats(state)
     new_actions = [Action(a) for a in plan if inc.may_emit(Action(a))]
-    commands = [command(state, inc, a, ts, policy, verdict.summary, verdict.evidence_ids) for a in new_actions]
+    commands = [command(state, inc, a, ts, policy, verdict.summary, verdict.evidence_ids, ref) for a in new_actions]
     quiet = (alert_state == "updated" and not any(a != Action.RECORD for a in new_actions)
              and inc.last_alert_at is not None and ts - inc.last_alert_at < policy.alert_cooldown_s)
     if not quiet:
@@ -605,7 +627,7 @@ def _raise(state: GpuState, verdict: Verdict, ts: float, policy: Policy, outputs
 
 
 def _climb(state: GpuState, inc: Incident, ts: float, action: Action, why: str, policy: Policy, outputs: list,
-           evidence_ids: list) -> None:
+           evidence_ids: list, rule: dict | None) -> None:
     if not inc.may_emit(action):
         return
     if action in _DISRUPTIVE and not _guard_allows(state, inc) \
@@ -613,7 +635,7 @@ def _climb(state: GpuState, inc: Incident, ts: float, action: Action, why: str, 
         return
     inc.plan.append(action.value)
     inc.note(entry(ts, "remediation", f"next rung: {action.value}: {why}"), policy.evidence_limit)
-    cmd = command(state, inc, action, ts, policy, why, evidence_ids)
+    cmd = command(state, inc, action, ts, policy, why, evidence_ids, rule)
     outputs.append(("alert", alert(state, inc, ts, f"{why}: {action.value}", "updated")))
     outputs.append(("command", cmd))
 
@@ -674,12 +696,13 @@ def _on_result(state: GpuState, r: RemediationResult, ts: float, policy: Policy,
     climbs = (outcome == "failed" or (outcome == "refused" and r.final)) and not _dry_run(r)
     if climbs and action in (Action.RESET_GPU, Action.REBOOT_NODE):
         what = "failed" if outcome == "failed" else "refused for good"
+        why = facts(action=action.value, outcome=outcome, final=r.final)
         if action == Action.RESET_GPU:
             _climb(state, inc, ts, Action.REBOOT_NODE, f"GPU reset {what} ({r.detail or 'no detail'})", policy, outputs,
-                   [r.event_id])
+                   [r.event_id], rule_ref(R.LADDER_RESET_FAILED, why))
         else:
             _climb(state, inc, ts, Action.REPLACE_NODE, f"node reboot {what} ({r.detail or 'no detail'})", policy,
-                   outputs, [r.event_id])
+                   outputs, [r.event_id], rule_ref(R.LADDER_REBOOT_FAILED, why))
         return
     # refused, expired, or another step failed: report it, never drop it silently
     outputs.append(("alert", alert(state, inc, ts, f"{action.value} {outcome} on {state.node}"
@@ -732,7 +755,7 @@ def _on_closing_result(state: GpuState, r: RemediationResult, ts: float, policy:
     if r.outcome.value == "succeeded" or _dry_run(r):
         return  # done, or a dry run's answer: nothing was done that is left to undo
     inc = Incident(id=r.incident_id, classification=closed["classification"], opened_at=ts, remedy=RECORD,
-                   plan=[action], alerts=closed["alerts"])
+                   plan=[action], alerts=closed["alerts"], rule=closed.get("rule"))
     left = ("the node may still be cordoned: check it (kubectl get node) and uncordon it by hand if so"
             if action == Action.UNCORDON_NODE.value else
             "the GPU may still be quarantined: check its taint and remove it by hand if so")
@@ -770,10 +793,12 @@ def _check_resolved(state: GpuState, ts: float, policy: Policy, outputs: list) -
     if state.remap_failure or state.recovery_action:
         return  # NVML still reports the fault (a failed row remap, a pending recovery action)
     _close(state, inc, ts, entry(ts, "note", f"healthy for {ts - since:.0f} s with no new Xid: resolved"),
-           f"GPU {state.gpu_index} on {state.node} healthy again: incident resolved", policy, outputs)
+           f"GPU {state.gpu_index} on {state.node} healthy again: incident resolved", policy, outputs,
+           rule_ref(R.RESOLVE_HEALTHY, facts(healthy_s=ts - since, resolve_after_s=policy.resolve_after_s)))
 
 
-def _close(state: GpuState, inc: Incident, ts: float, note: dict, summary: str, policy: Policy, outputs: list) -> None:
+def _close(state: GpuState, inc: Incident, ts: float, note: dict, summary: str, policy: Policy, outputs: list,
+           rule: dict | None) -> None:
     """Close the open incident at `ts`: its last timeline line, the resolved alert, and the closing
     steps of what it took (UNCORDON_NODE, RELEASE_GPU), kept until answered."""
     closing = []
@@ -783,7 +808,7 @@ def _close(state: GpuState, inc: Incident, ts: float, note: dict, summary: str, 
         closing.append(Action.RELEASE_GPU)
     inc.note(note, policy.evidence_limit)
     outputs.append(("alert", alert(state, inc, ts, summary, "resolved")))
-    cmds = [command(state, inc, a, ts, policy, "incident resolved", []) for a in closing]
+    cmds = [command(state, inc, a, ts, policy, "incident resolved", [], rule) for a in closing]
     outputs.extend(("command", c) for c in cmds)
     # the closing steps are answered after the incident closed: kept until they are, for the newest
     # few incidents (a later incident resolving must not forget an earlier one's unanswered step)
@@ -791,6 +816,8 @@ def _close(state: GpuState, inc: Incident, ts: float, note: dict, summary: str, 
         closing = dict(state.closing or {})
         closing[inc.id] = {"classification": inc.classification, "alerts": inc.alerts,
                            "commands": {c.command_id: c.action.value for c in cmds}}
+        if inc.rule is not None:  # a closing step's failure is alerted under the incident's rule
+            closing[inc.id]["rule"] = inc.rule
         if inc.repair:  # the uncordon's answer ends the repair's last stage
             closing[inc.id]["repair"] = inc.repair
         state.closing = dict(list(closing.items())[-_CLOSING_KEPT:])

@@ -25,6 +25,8 @@ from datetime import datetime, timezone
 from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
 from schemas.vocab import BREAKER_ACTIONS, Classification, Severity
 from streams.policy import Policy
+from streams import rules as R
+from streams.rules import facts, rule_ref
 from streams.storms import command_storms, group_attrs, job_fault, note_groups, rebuild_node_groups, reset_groups
 
 __all__ = ["FleetState", "fleet_step", "forget_released", "ReplayError", "FLEET_NODE", "RELEASED_KEPT"]
@@ -269,6 +271,7 @@ def _storm_reset_alert(state: FleetState, msg: dict, now: float | None) -> Alert
         ts=ts, node=FLEET_NODE, alert_id=f"{inc}-reset-{msg.get('approval_id') or 'local'}"[:128], incident_id=inc,
         gpu_uuid=None, pci_bus_id=None, classification=Classification.FLEET_STORM, severity=Severity.critical,
         state="resolved", summary=summary,
+        rule=rule_ref(R.FLEET_BREAKER_RESET, facts(approval_id=msg.get("approval_id"), by=msg.get("by"))),
         evidence=Evidence(node=FLEET_NODE, timeline=[EvidenceEntry(ts=ts, kind="note", summary=summary,
                                                                    data={"approval_id": msg.get("approval_id")})]))
 
@@ -286,6 +289,9 @@ def _storm_alert(state: FleetState, cmd: RemediationCommand, nodes: list, known:
     return Alert(
         ts=ts, node=FLEET_NODE, alert_id=f"{inc}-storm", incident_id=inc, gpu_uuid=None, pci_bus_id=None,
         classification=Classification.FLEET_STORM, severity=Severity.critical, summary=summary,
+        rule=rule_ref(R.FLEET_STORM, facts(nodes=len(nodes), known_nodes=known, fleet_window_s=policy.fleet_window_s,
+                                           fleet_fraction=policy.fleet_fraction,
+                                           fleet_min_nodes=policy.fleet_min_nodes)),
         evidence=Evidence(node=FLEET_NODE, timeline=[EvidenceEntry(ts=ts, kind="note", summary=summary,
                                                                    data={"nodes": nodes, "known_nodes": known,
                                                                          "trigger_command": cmd.command_id,
@@ -347,6 +353,7 @@ def _workload_fault(state: FleetState, msg: dict, policy: Policy, now: float | N
     return [("alert", Alert(
         ts=when, node=msg.get("node") or FLEET_NODE, alert_id=alert_id, incident_id=inc, gpu_uuid=gpu, pci_bus_id=None,
         classification=Classification.APP_FAULT, severity=Severity.info, state="updated", summary=summary,
+        rule=rule_ref(R.FLEET_WORKLOAD_FOLLOWS, facts(gpus=len(gpus), xid=msg.get("xid"), window_s=window)),
         evidence=Evidence(node=msg.get("node") or FLEET_NODE, gpu_uuid=gpu, pod_uids=[pod],
                           timeline=[EvidenceEntry(ts=when, kind="workload", summary=summary,
                                                   data={"pod_uid": pod, "gpus": sorted(gpus)[:_WHERE_SHOWN],

@@ -32,7 +32,8 @@ _RECORDS_KEPT = 16
 
 # The fields of a row, in order (its changelog form is a dict of them).
 _FIELDS = ("id", "classification", "opened_at", "remedy", "plan", "emitted", "timeline", "alerts", "last_alert_at",
-           "hardware", "remediated", "reset_ok_at", "reboot_ok_at", "recommendation", "sample_stats", "steps", "noted", "repair")
+           "hardware", "remediated", "reset_ok_at", "reboot_ok_at", "recommendation", "sample_stats", "steps", "noted", "repair",
+           "rule")
 
 
 class Incident:
@@ -46,7 +47,7 @@ class Incident:
                  last_alert_at: float | None = None, hardware: bool = False, remediated: bool = False,
                  reset_ok_at: float | None = None, reboot_ok_at: float | None = None,
                  recommendation: str | None = None, sample_stats: dict | None = None, steps: int = 0,
-                 noted: int = 0, repair: dict | None = None) -> None:
+                 noted: int = 0, repair: dict | None = None, rule: dict | None = None) -> None:
         self.id = id
         self.classification = classification
         self.opened_at = opened_at
@@ -70,6 +71,9 @@ class Incident:
         self.noted = noted
         # stage -> when the repair reached it (streams.repair: detection, cordon, drained, ...)
         self.repair = repair
+        # the rule behind `classification` and the facts it read ({"id", "name", "facts"}: what the
+        # alerts carry, streams.rules); None in a row written before rules had names
+        self.rule = rule
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not Incident:

@@ -83,7 +83,7 @@ def app_xid_verdict_text(code: int) -> str:
 
 
 def command(state: GpuState, inc: Incident, action: Action, ts: float, policy: Policy, reason: str,
-            evidence_ids: list[str]) -> RemediationCommand:
+            evidence_ids: list[str], rule: dict | None = None) -> RemediationCommand:
     cid = hid(inc.id, inc.next_step(), action.value)
     step = inc.emit(action, cid, ts)
     return RemediationCommand(
@@ -94,7 +94,7 @@ def command(state: GpuState, inc: Incident, action: Action, ts: float, policy: P
         # Evidence time + TTL, not the processor's clock: a replay decides as live did, and an
         # executor refuses by its own wall clock what arrives too late.
         expires_at=dt(ts + policy.command_ttl_s), requires_approval=False, dry_run=policy.dry_run,
-        evidence_ids=list(dict.fromkeys(i for i in evidence_ids if i)),
+        evidence_ids=list(dict.fromkeys(i for i in evidence_ids if i)), rule=rule,
     )
 
 
@@ -105,6 +105,7 @@ def _steps_text(state: GpuState, actions: list[str]) -> list[str]:
 
 
 def alert(state: GpuState, inc: Incident, ts: float, summary: str, alert_state: str) -> Alert:
+    """The incident's alert as of `ts`; its rule is the one behind the incident's classification."""
     inc.alerts += 1
     inc.last_alert_at = ts
     cls = Classification(inc.classification)
@@ -128,5 +129,5 @@ def alert(state: GpuState, inc: Incident, ts: float, summary: str, alert_state: 
     return Alert(
         ts=dt(ts), node=state.node, alert_id=hid(inc.id, "alert", inc.alerts), incident_id=inc.id,
         gpu_uuid=state.gpu_uuid, pci_bus_id=state.pci_bus_id, classification=cls, severity=SEVERITY[cls],
-        state=alert_state, summary=summary, evidence=evidence, recommended_steps=steps,
+        state=alert_state, summary=summary, evidence=evidence, recommended_steps=steps, rule=inc.rule,
     )

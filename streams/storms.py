@@ -38,6 +38,8 @@ import hashlib
 from datetime import datetime, timezone
 
 from schemas.limits import JOB_MAX
+from streams import rules as R
+from streams.rules import facts, rule_ref
 from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
 from schemas.vocab import Classification, Severity
 from streams.policy import Policy
@@ -195,6 +197,10 @@ def _storm_alert(g: dict, cmd: RemediationCommand, starts: dict, state: str, pol
         # numbered by the storm's own count of alerts: the window's count can fall and repeat an id
         ts=cmd.ts, node=_FLEET_NODE, alert_id=f"{inc}-{storm['listed']}", incident_id=inc, gpu_uuid=None, pci_bus_id=None,
         classification=Classification.FLEET_STORM, severity=Severity.critical, state=state, summary=summary,
+        rule=rule_ref(R.FLEET_GROUP_STORM, facts(group_kind=g["kind"], nodes=len(starts), known_nodes=storm["size"],
+                                                 fleet_window_s=policy.fleet_window_s,
+                                                 group_fraction=policy.group_fraction,
+                                                 fleet_min_nodes=policy.fleet_min_nodes)),
         evidence=Evidence(node=_FLEET_NODE, timeline=[EvidenceEntry(ts=cmd.ts, kind="note", summary=summary, data=data)]),
         recommended_steps=[f"Look for what the {g['kind']} shares (a power or cooling fault, an NVLink switch tray, a "
                            "driver rollout) before approving any held command.",
@@ -243,6 +249,9 @@ def job_fault(state, msg: dict, ts: float, policy: Policy) -> list:
         ts=when, node=_FLEET_NODE, alert_id=f"{fs['id']}-{fs['listed']}", incident_id=fs["id"], gpu_uuid=None,
         pci_bus_id=None, classification=Classification.APP_FAULT, severity=Severity.warning, state=how,
         summary=summary,
+        rule=rule_ref(R.FLEET_JOB_FAULTS, facts(nodes=len(faults), xid=msg.get("xid"),
+                                                fleet_window_s=policy.fleet_window_s,
+                                                job_storm_min_nodes=policy.job_storm_min_nodes)),
         evidence=Evidence(node=_FLEET_NODE, timeline=[EvidenceEntry(ts=when, kind="workload", summary=summary, data=data)]),
         recommended_steps=["Look at the job (its teardown, code, inputs, CUDA/driver versions) before suspecting the GPUs."])]
 

@@ -38,6 +38,8 @@ from streams.evidence import GpuState, entry, pin_onset, sample_stats, settled, 
 from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET, remedy_for_xid, _XID154_ACTIONS
 from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
 from streams.render import app_xid_verdict_text, describe_xid, dt
+from streams import rules as R
+from streams.rules import Rule, facts
 
 __all__ = ["Verdict", "RANK", "PLANS", "pinned_verdicts", "suspect_verdict", "earliest_suspect", "hardware_xid_verdict",
            "recovery_action_verdict", "XID45", "PSHC_REENGAGED", "PSHC_DISENGAGED", "reengaged_by",
@@ -80,6 +82,10 @@ class Verdict:
     recommendation: str | None = None
     entry: dict | None = None
     climb: Action | None = None  # a next rung of the open incident's ladder instead of a plan
+    # the rule that held (streams.rules) and the evidence fields it read (streams.rules.facts); not part
+    # of a verdict's equality: which verdict it is stays its class, remedy, words and evidence
+    rule: Rule | None = field(default=None, compare=False)
+    facts: dict = field(default_factory=dict, compare=False)
 
 
 def _is_wedge(x: dict) -> bool:
@@ -177,13 +183,16 @@ def pinned_verdicts(state: GpuState, policy: Policy) -> list[tuple[float, Verdic
         found.append((t, Verdict(Classification.GPU_SUSPECT, QUARANTINE,
                                  f"{_pinned_base(state, t, start)} after application-class {describe_xid(x['xid'])} "
                                  f"(no wedge evidence)", [*_pin_ids(state), x.get("id")],
-                                 entry=_stats_entry(state, t, start))))
+                                 entry=_stats_entry(state, t, start), rule=R.SUSPECT_PINNED_AFTER_APP_XID,
+                                 facts=_pin_facts(state, t, start, policy, app_xid=x["xid"],
+                                                  app_xid_lookback_s=policy.app_xid_lookback_s))))
         break
     t, start = base_onset
     if not wedge_at(t) and not bisect_right(app_ts, t) > bisect_left(app_ts, t - policy.app_xid_lookback_s):
         found.append((t, Verdict(Classification.PHANTOM_LOAD, RECORD,
                                  f"{_pinned_base(state, t, start)} and no application or wedge Xid: phantom load",
-                                 _pin_ids(state), entry=_stats_entry(state, t, start))))
+                                 _pin_ids(state), entry=_stats_entry(state, t, start), rule=R.PHANTOM_PINNED,
+                                 facts=_pin_facts(state, t, start, policy))))
     found.sort(key=lambda f: f[0])
     return found
 
@@ -198,6 +207,15 @@ def _pin_ids(state: GpuState) -> list:
     return [*state.pin_ids, state.nocompute_id]
 
 
+def _pin_facts(state: GpuState, t: float, start: float, policy: Policy, **more) -> dict:
+    """What every pinned rule read: the span, the utilization floor and memory ceiling over it,
+    the compute processes listed (none), and the policy's span and threshold."""
+    return facts(pinned_s=t - start, util_min_pct=state.pin_stats.get("util_min", 100.0),
+                 mem_max_mib=state.pin_stats.get("mem_max", 0), compute_processes=0,
+                 pinned_seconds=max(policy.pinned_seconds, GUARD_MIN_PINNED_SPAN_S),
+                 pinned_util_pct=policy.pinned_util_pct, **more)
+
+
 def _stats_entry(state: GpuState, t: float, start: float) -> dict:
     return entry(t, "sample_stats", f"pinned {t - start:.0f} s without compute", **sample_stats(state))
 
@@ -209,15 +227,17 @@ def _wedged(state: GpuState, t: float, start: float, wedge: list[dict], policy: 
     inc = state.incident
     # "Again after the reboot" needs the GPU seen healthy since: a REBOOT_NODE result only says
     # kured's sentinel was written; until the node really rebooted, it is the same wedge.
+    x43 = [x for x in wedge if x.get("xid") == 43]
+    failed = [x for x in wedge if x.get("kind") == "recovery_failure"]
+    why = _pin_facts(state, t, start, policy, xid43=len(x43), recovery_failures=len(failed),
+                     workload_failures=len(failures), wedged_xid43_lookback_s=policy.wedged_xid43_lookback_s)
     if inc is not None and inc.reboot_ok_at is not None and start > inc.reboot_ok_at \
             and state.came_back_after(inc.reboot_ok_at):
         return Verdict(Classification.GPU_WEDGED, REBOOT, f"GPU {state.gpu_index} wedged again after the node reboot",
-                       ids, climb=Action.REPLACE_NODE)
+                       ids, climb=Action.REPLACE_NODE, rule=R.WEDGED_AGAIN_AFTER_REBOOT, facts=why)
     if inc is not None and inc.reset_ok_at is not None and start > inc.reset_ok_at:
         return Verdict(Classification.GPU_WEDGED, RESET, f"GPU {state.gpu_index} wedged again after the GPU reset",
-                       ids, climb=Action.REBOOT_NODE)
-    x43 = [x for x in wedge if x.get("xid") == 43]
-    failed = [x for x in wedge if x.get("kind") == "recovery_failure"]
+                       ids, climb=Action.REBOOT_NODE, rule=R.WEDGED_AGAIN_AFTER_RESET, facts=why)
     parts = []
     if x43:
         parts.append(f"Xid 43 at {dt(x43[-1]['ts']).strftime('%H:%M:%S')}Z")
@@ -225,7 +245,8 @@ def _wedged(state: GpuState, t: float, start: float, wedge: list[dict], policy: 
         parts.append(f"the driver's failure to recover the GPU at {dt(failed[-1]['ts']).strftime('%H:%M:%S')}Z")
     summary = (f"{_pinned_base(state, t, start)} after {' and '.join(parts)}: GPU context wedged"
                + (f"; {len(failures)} later workload failure(s)" if failures else ""))
-    return Verdict(Classification.GPU_WEDGED, RESET, summary, ids, entry=_stats_entry(state, t, start))
+    return Verdict(Classification.GPU_WEDGED, RESET, summary, ids, entry=_stats_entry(state, t, start),
+                   rule=R.WEDGED_PINNED, facts=why)
 
 
 def app_occurrence_verdict(state: GpuState, occ: dict, x_code: int, who: str, xentry: dict) -> Verdict:
@@ -236,7 +257,8 @@ def app_occurrence_verdict(state: GpuState, occ: dict, x_code: int, who: str, xe
     xentry["data"]["workload_occurrences"] = max(repeats, 1)
     return Verdict(Classification.APP_FAULT, RECORD,
                    f"{describe_xid(x_code)} from {who} on GPU {state.gpu_index} on {state.node}: "
-                   f"{app_xid_verdict_text(x_code)}{again}", [occ.get("id")], entry=xentry)
+                   f"{app_xid_verdict_text(x_code)}{again}", [occ.get("id")], entry=xentry, rule=R.APP_FAULT_XID,
+                   facts=facts(xid=x_code, pid=occ.get("pid"), workload_occurrences=max(repeats, 1)))
 
 
 def suspect_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | None:
@@ -251,14 +273,21 @@ def suspect_verdict(state: GpuState, ts: float, policy: Policy) -> Verdict | Non
     if len(workloads) >= policy.suspect_distinct_pids:
         names = ", ".join(w.split(":", 1)[1] if w.startswith("pid:") else w for w in workloads)
         why = f"{len(workloads)} different processes or pods ({names}) faulted it"
+        rule = R.SUSPECT_WORKLOADS
     elif counted >= policy.suspect_occurrences:
         why = f"{counted} application-class Xid occurrences"
+        rule = R.SUSPECT_OCCURRENCES
     else:
         return None
     return Verdict(Classification.GPU_SUSPECT, QUARANTINE,
                    f"GPU {state.gpu_index} ({state.gpu_uuid}) on {state.node}: {why} within "
                    f"{policy.suspect_window_s / 60:.0f} min: stop scheduling onto it",
-                   [o.get("id") for o in recent])
+                   [o.get("id") for o in recent], rule=rule,
+                   facts=facts(workloads=len(workloads), occurrences=counted,
+                               xids=sorted({c for o in recent for c in o["codes"]}),
+                               suspect_window_s=policy.suspect_window_s,
+                               suspect_distinct_pids=policy.suspect_distinct_pids,
+                               suspect_occurrences=policy.suspect_occurrences))
 
 
 def earliest_suspect(state: GpuState, policy: Policy) -> tuple[float, Verdict] | None:
@@ -316,7 +345,8 @@ def hardware_xid_verdict(state: GpuState, code: int, message: str, pci: str | No
         rec = PSHC_ADVICE
     return Verdict(Classification.GPU_HARDWARE_FAULT, remedy,
                    f"{describe_xid(code)} on GPU {state.gpu_index} ({state.gpu_uuid or pci}) on {state.node}: {why}",
-                   [event_id], hardware=True, recommendation=rec, entry=xentry)
+                   [event_id], hardware=True, recommendation=rec, entry=xentry, rule=R.HARDWARE_XID,
+                   facts=facts(xid=code, resolution=_resolution, remedy=remedy))
 
 
 def reengaged_by(state: GpuState, disengaged_at: float, policy: Policy) -> dict | None:
@@ -363,7 +393,8 @@ def recovery_action_verdict(state: GpuState, action: int, event_id: str, ts: flo
     name = RECOVERY_ACTIONS.get(action, f"0x{action:x}")
     what = f"NVML reports the GPU recovery action {action} ({name})"
     return Verdict(Classification.GPU_HARDWARE_FAULT, remedy, f"GPU {state.gpu_index} on {state.node}: {what}",
-                   [event_id], hardware=True, entry=entry(ts, "sample", what, recovery_action=action))
+                   [event_id], hardware=True, entry=entry(ts, "sample", what, recovery_action=action),
+                   rule=R.HARDWARE_RECOVERY_ACTION, facts=facts(recovery_action=action, name=name, remedy=remedy))
 
 
 def remap_failure_verdict(state: GpuState, event_id: str, ts: float) -> Verdict:
@@ -375,7 +406,8 @@ def remap_failure_verdict(state: GpuState, event_id: str, ts: float) -> Verdict:
     return Verdict(Classification.GPU_HARDWARE_FAULT, remedy, f"GPU {state.gpu_index} on {state.node}: {what}",
                    [event_id], hardware=True,
                    recommendation="If the remap failure persists after the reset, open an NVIDIA RMA case with this evidence",
-                   entry=entry(ts, "sample", what, remapped_rows_failure=True))
+                   entry=entry(ts, "sample", what, remapped_rows_failure=True), rule=R.HARDWARE_ROW_REMAP_FAILURE,
+                   facts=facts(remapped_rows_failure=True, as_xid=64, remedy=remedy))
 
 
 def workload_label(state: GpuState, pid: int | None, process_name: str | None) -> str:

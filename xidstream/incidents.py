@@ -121,7 +121,7 @@ class Incident:
         return next((c.get("gpu_index") for c in self.commands if c.get("gpu_index") is not None), None)
 
 
-_ALERT_FIELDS = ("ts", "node", "incident_id", "gpu_uuid", "classification", "severity", "state", "summary")
+_ALERT_FIELDS = ("ts", "node", "incident_id", "gpu_uuid", "classification", "severity", "state", "summary", "rule")
 _COMMAND_FIELDS = ("ts", "node", "incident_id", "command_id", "gpu_index", "action", "step", "requires_approval",
                    "expires_at", "preconditions")
 
@@ -245,7 +245,8 @@ class IncidentBook:
             cmd, outcome = self.last_command(inc)
             rows.append({"incident_id": inc.id, "node": inc.last.get("node"), "gpu_index": inc.gpu_index,
                          "gpu_uuid": inc.last.get("gpu_uuid"), "classification": inc.last.get("classification"),
-                         "severity": inc.last.get("severity"), "opened": _iso(inc.opened),
+                         "severity": inc.last.get("severity"), "rule": (rule_of(inc.last) or {}).get("id"),
+                         "opened": _iso(inc.opened),
                          "age_s": round(now - inc.opened, 1), "summary": inc.last.get("summary"),
                          "last_command": None if cmd is None else {"action": cmd.get("action"),
                                                                    "command_id": cmd.get("command_id"),
@@ -262,13 +263,13 @@ class IncidentBook:
         lines = [f"OPEN INCIDENTS: {len(rows)}   (as of {data['as_of']}; read {self.counts['alert']:,} alerts, "
                  f"{self.counts['command']:,} commands, {self.counts['result']:,} results{' since ' + since if since else ''})"]
         if rows:
-            table = [("NODE", "GPU", "UUID", "VERDICT", "SEVERITY", "AGE", "LAST COMMAND", "INCIDENT")]
+            table = [("NODE", "GPU", "UUID", "VERDICT", "SEVERITY", "AGE", "LAST COMMAND", "INCIDENT", "RULE")]
             for r in rows:
                 last = r["last_command"]
                 table.append((_clean(r["node"], 100), "-" if r["gpu_index"] is None else _clean(r["gpu_index"], 10),
                               _short(r["gpu_uuid"]), _clean(r["classification"], 40), _clean(r["severity"], 20),
                               _age(r["age_s"]), "-" if last is None else _clean(f"{last['action']} {last['outcome']}", 60),
-                              _clean(r["incident_id"], 12)))
+                              _clean(r["incident_id"], 12), _clean(r["rule"] or "-", 96)))
             lines += _columns(table)
         else:
             lines.append("  none")
@@ -323,8 +324,10 @@ class IncidentBook:
         stepped = {(str(c.get("command_id")), n) for c in inc.commands for r in [self.result_for(c)] if r is not None
                    for n, _, _, _ in self.result_steps(r)}
         for a in inc.alerts:
+            rule = rule_of(a)
             items.append({"ts": a.get("ts"), "what": f"alert {a.get('state')}",
-                          "text": f"{a.get('classification')} ({a.get('severity')}): {a.get('summary')}"})
+                          "text": f"{a.get('classification')} ({a.get('severity')}): {a.get('summary')}"
+                                  + (f" [rule {rule['id']}]" if rule else "")})
             ev = a.get("evidence")
             for e in (ev.get("timeline") or [] if isinstance(ev, dict) else []):
                 if not isinstance(e, dict):
@@ -337,9 +340,11 @@ class IncidentBook:
                     seen.add(k)
                     items.append({"ts": e.get("ts"), "what": f"evidence {e.get('kind')}", "text": e.get("summary", "")})
         for c in inc.commands:
-            pre = "; ".join(c.get("preconditions") or [])
+            pre = "; ".join(str(p) for p in (c.get("preconditions") or []))
+            rule = rule_of(c)
             items.append({"ts": c.get("ts"), "what": f"command {c.get('action')}",
                           "text": f"step {c.get('step')} {c.get('command_id')}"
+                                  + (f" [rule {rule['id']}]" if rule else "")
                                   + (" HELD for approval" if c.get("requires_approval") else "")
                                   + f", expires {c.get('expires_at')}" + (f"; preconditions: {pre}" if pre else "")})
             r = self.result_for(c)
@@ -358,6 +363,8 @@ class IncidentBook:
                 "gpu_index": inc.gpu_index, "gpu_uuid": inc.last.get("gpu_uuid") if inc.alerts else None,
                 "classification": inc.last.get("classification") if inc.alerts else None,
                 "state": inc.last.get("state") if inc.alerts else None, "opened": _iso(inc.opened),
+                # the rule behind the verdict, and the facts it read (streams.rules): the newest alert's
+                "rule": rule_of(inc.last) if inc.alerts else None,
                 "steps": self.steps(inc), "repair": self.repair(inc), "recommended_steps": inc.last.get("recommended_steps", []) if inc.alerts else [],
                 "timeline": self.timeline(inc)}
 
@@ -369,7 +376,13 @@ class IncidentBook:
     def render_incident(self, inc: Incident) -> str:
         data = self.incident_json(inc)
         lines = [_clean(f"INCIDENT {inc.id}: {data['classification']} on {data['node']} GPU {data['gpu_index']} "
-                        f"({data['gpu_uuid']}), {data['state']}, opened {data['opened']}"), ""]
+                        f"({data['gpu_uuid']}), {data['state']}, opened {data['opened']}")]
+        rule = data["rule"]
+        if rule:
+            lines.append(_clean(f"RULE {rule['id']}" + (f": {rule['name']}" if rule["name"] else "")))
+            if rule["facts"]:
+                lines.append(_clean("  facts: " + ", ".join(f"{k}={v}" for k, v in rule["facts"].items())))
+        lines.append("")
         for item in data["timeline"]:
             lines.append(_clean(f"{item['ts']}  {item['what']:<24} {item['text']}"))
         lines += ["", "STEPS (done and left):"]
@@ -385,6 +398,17 @@ class IncidentBook:
         if data["recommended_steps"]:
             lines += ["", "RECOMMENDED (the alert's words):"] + [_clean(f"  - {s}") for s in data["recommended_steps"]]
         return "\n".join(lines) + "\n"
+
+
+def rule_of(record: dict) -> dict | None:
+    """The rule an alert or command names ({"id", "name", "facts"}), read as published: None when it
+    names none (a /1 alert, a /2 command) or not as the contract says (it is shown, never trusted)."""
+    rule = record.get("rule")
+    if not isinstance(rule, dict) or not isinstance(rule.get("id"), str) or not rule["id"]:
+        return None
+    facts = rule.get("facts") if isinstance(rule.get("facts"), dict) else {}
+    return {"id": rule["id"], "name": rule.get("name") if isinstance(rule.get("name"), str) else "",
+            "facts": dict(list(facts.items())[:16])}
 
 
 def approve_line(cmd: dict) -> str:

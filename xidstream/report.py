@@ -220,6 +220,13 @@ def render_report(book: Any, inc: Any) -> str:
     rows = "".join(f"<tr><td>{e(str(i['ts']))}</td><td>{e(i['what'])}</td><td>{e(str(i['text']))}</td></tr>"
                    for i in data["timeline"])
     steps = "".join(f"<li>{e(str(s))}</li>" for s in data["recommended_steps"])
+    rule = data.get("rule")
+    # the rule that made the verdict, by its id (docs/architecture.md "Decision index"), and its facts
+    rule_html = ("<p>No rule named (an alert of an earlier contract version).</p>" if not rule else
+                 f"<p><code>{e(str(rule['id']))}</code>: {e(str(rule['name']))}</p>"
+                 + "<table id='rule-facts'><tr><th>fact</th><th>value</th></tr>"
+                 + "".join(f"<tr><td>{e(str(k))}</td><td>{e(str(v))}</td></tr>" for k, v in rule["facts"].items())
+                 + "</table>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>xidstream incident {e(inc.id)}</title>
@@ -235,6 +242,8 @@ th {{ background: #f0f0f0; }} li.done b {{ color: #2ca02c; }} li.left b {{ color
 <p class="meta">incident {e(inc.id)} &middot; GPU {e(str(data['gpu_uuid']))} &middot; {e(str(data['state']))} &middot;
 opened {e(data['opened'])} &middot; {len(samples)} samples charted</p>
 <div id="chart">{svg}</div>
+<h2>Rule</h2>
+<div id="rule">{rule_html}</div>
 <h2>Recovery order (incident note) and what was done</h2>
 <ol id="recovery">{''.join(recovery)}</ol>
 <h2>Time to repair, per stage</h2>

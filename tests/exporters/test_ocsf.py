@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from exporters.ocsf import OCSF_VERSION, to_ocsf
-from schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, \
+from schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, RuleRef, \
     RemediationResult, Severity
 from tests.exporters.helpers import alerts, commands_and_results, ocsf_errors
 from tests.factories import NODE, T0, UUID1, one_of_each
@@ -97,7 +97,7 @@ def ocsf_uid(event_id: str) -> str:
     return str(uuid.uuid5(uuid.UUID("6f1d2c3b-8a4e-5f60-9b7a-0c1d2e3f4a5b"), "ocsf:" + event_id))
 
 
-_TOPIC = {"xidstream.alert/1": "gpu.alerts", "xidstream.remediation_command/2": "gpu.remediation",
+_TOPIC = {"xidstream.alert/2": "gpu.alerts", "xidstream.remediation_command/3": "gpu.remediation",
           "xidstream.remediation_result/4": "gpu.remediation.results", "xidstream.approval/1": "gpu.remediation.approvals"}
 
 
@@ -119,7 +119,9 @@ def _wedged_alert():
     return Alert(event_id="e-alert", ts=T0 + timedelta(seconds=62), node=NODE, alert_id="a1", incident_id="inc-1",
                  gpu_uuid=UUID1, pci_bus_id="0000:01:00", classification=Classification.GPU_WEDGED,
                  severity=Severity.critical, state="updated", summary="GPU 1 wedged", evidence=ev,
-                 recommended_steps=["cordon node-a", "drain node-a"])
+                 recommended_steps=["cordon node-a", "drain node-a"],
+                 rule=RuleRef(id="wedged.pinned_no_process_after_wedge_xid", name="Xid 43, then pinned idle",
+                              facts={"xid43": 1, "pinned_s": 61, "compute_processes": 0}))
 
 
 def test_a_detection_finding_in_full():
@@ -127,10 +129,14 @@ def test_a_detection_finding_in_full():
         "class_uid": 2004, "class_name": "Detection Finding", "category_uid": 2, "category_name": "Findings",
         "activity_id": 2, "activity_name": "Update", "type_uid": 200402, "type_name": "Detection Finding: Update",
         "severity_id": 4, "severity": "High", "time": T0_MS + 62_000,
-        "metadata": _meta("e-alert", "xidstream.alert/1", "inc-1"),
+        "metadata": _meta("e-alert", "xidstream.alert/2", "inc-1"),
         "finding_info": {"uid": "inc-1", "uid_alt": "a1", "title": "GPU 1 wedged", "types": ["GPU_WEDGED"],
                          "data_sources": ["NVML", "kernel log", "Kubernetes"],
-                         "first_seen_time": T0_MS, "last_seen_time": T0_MS + 61_000},
+                         "first_seen_time": T0_MS, "last_seen_time": T0_MS + 61_000,
+                         # the rule that made the verdict, by its stable id (streams.rules)
+                         "analytic": {"uid": "wedged.pinned_no_process_after_wedge_xid",
+                                      "name": "Xid 43, then pinned idle", "type_id": 1, "type": "Rule",
+                                      "category": "xidstream"}},
         "message": "GPU 1 wedged", "is_alert": True,  # an Update: no status_id (the analysts' own)
         "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},
         "evidences": [  # Xid codes in numeric order, not as strings ("119" < "13" < "9")
@@ -143,6 +149,7 @@ def test_a_detection_finding_in_full():
         ],
         "unmapped": {"classification": "GPU_WEDGED", "state": "updated",
                      "recommended_steps": ["cordon node-a", "drain node-a"], "alert_id": "a1",
+                     "rule_facts": {"xid43": 1, "pinned_s": 61, "compute_processes": 0},
                      "timeline": [{"ts": "2026-11-28T03:00:00.000000Z", "kind": "xid", "summary": "Xid 43",
                                    "data": {"xid": 43}},
                                   {"ts": "2026-11-28T03:01:01.000005Z", "kind": "sample_stats",
@@ -164,7 +171,7 @@ def test_an_incident_finding_in_full():
         "class_uid": 2005, "class_name": "Incident Finding", "category_uid": 2, "category_name": "Findings",
         "activity_id": 1, "activity_name": "Create", "type_uid": 200501, "type_name": "Incident Finding: Create",
         "severity_id": 5, "severity": "Critical", "time": T0_MS,
-        "metadata": _meta("e-storm", "xidstream.alert/1", "inc-s"),
+        "metadata": _meta("e-storm", "xidstream.alert/2", "inc-s"),
         "finding_info_list": [{"uid": "inc-s", "uid_alt": "s1", "title": "FLEET STORM", "types": ["FLEET_STORM"],
                                "data_sources": ["NVML", "kernel log", "Kubernetes"]}],
         "status_id": 1, "status": "New", "assignee_group": {"name": "gpu-fleet-operators"},
@@ -197,7 +204,7 @@ def test_a_remediation_command_in_full():
         "class_uid": 7001, "class_name": "Remediation Activity", "category_uid": 7, "category_name": "Remediation",
         "activity_id": 1, "activity_name": "Isolate", "type_uid": 700101, "type_name": "Remediation Activity: Isolate",
         "severity_id": 4, "severity": "High", "time": T0_MS,
-        "metadata": _meta("e-cmd", "xidstream.remediation_command/2", "inc-1", ["host"]),
+        "metadata": _meta("e-cmd", "xidstream.remediation_command/3", "inc-1", ["host"]),
         "command_uid": "c1", "status_id": 0, "status": "Unknown", "status_detail": "Requires approval",
         "message": "CORDON_NODE step 1 on node-a: GPU 1 wedged",
         "device": {"type_id": 1, "type": "Server", "hostname": NODE, "name": NODE},

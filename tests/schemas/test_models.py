@@ -81,8 +81,8 @@ CONTRACT_FIELDS = {
     "ecc_corrected_aggregate ecc_uncorrected_aggregate retired_pages_single_bit retired_pages_double_bit "
     "retired_pages_pending clock_event_reasons clock_event_reason_names temperature_c fabric_cluster_uuid "
     "fabric_clique_id fabric_state fabric_status fabric_health_mask unsupported errors",
-    "xidstream.alert/1": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps",
-    "xidstream.remediation_command/2": "command_id incident_id gpu_uuid pci_bus_id action step preconditions expires_at "
+    "xidstream.alert/2": "alert_id incident_id gpu_uuid pci_bus_id classification severity summary evidence recommended_steps rule",
+    "xidstream.remediation_command/3": "rule command_id incident_id gpu_uuid pci_bus_id action step preconditions expires_at "
     "requires_approval dry_run evidence_ids key_id signature",
     "xidstream.remediation_result/4": "command_id incident_id gpu_uuid pci_bus_id action outcome detail steps final",
     "xidstream.approval/1": "approval_id command_id approved_by reason expires_at key_id signature",

@@ -48,7 +48,9 @@ def _command(**kw) -> RemediationCommand:
                 pci_bus_id="0000:01:00", action=Action.RESET_GPU, step=2,
                 reason="GPU 1 wedged — réinitialisation demandée 😀 \"quoted\" \\ tab\there",
                 preconditions=["no compute process on the GPU", "node cordoned"], evidence_ids=["x43", "s-17"],
-                expires_at=T0 + timedelta(minutes=15))
+                expires_at=T0 + timedelta(minutes=15),
+                rule={"id": "wedged.pinned_no_process_after_wedge_xid", "name": "Xid 43, then pinned with no process",
+                      "facts": {"xid43": 1, "pinned_s": 60, "compute_processes": 0, "rate_per_h": "0.333"}})
     return RemediationCommand(**{**base, **kw})
 
 
@@ -221,6 +223,31 @@ def test_a_record_jcs_cannot_encode_is_refused_as_not_authentic():
     forged = key.sign(_command()).model_copy(update={"step": 2**60})
     with pytest.raises(SignatureError, match=r"cannot be canonicalized \(RFC 8785\)"):
         _verify_keys(key).verify(forged)
+
+
+def test_a_command_the_previous_release_signed_still_verifies_after_it_decodes_as_this_one():
+    # The previous processor signs a /2 command (no `rule`) in its /2 form; this executor decodes it
+    # into /3 (rule null) and must check the signature over the form it was signed in, or every
+    # command of a processor not yet upgraded is refused as forged during the roll.
+    from schemas.codec import decode, encode
+
+    key = _key(7)
+    doc = json.loads(encode(_command(rule=None, key_id=key.key_id)))
+    doc.pop("rule")
+    doc.pop("signature")
+    doc["schema"] = "xidstream.remediation_command/2"
+    doc["signature"] = base64.b64encode(key._key.sign(rfc8785.dumps(doc))).decode()
+    got = decode(RemediationCommand, json.dumps(doc).encode())
+    assert got.schema_ == RemediationCommand.SCHEMA and got.rule is None
+    _verify_keys(key).verify(got)
+    # ... and an altered one, or a /2 command that claims a rule, still fails
+    for bad in ({**doc, "step": 3}, {**doc, "rule": {"id": "wedged.again_after_reset"}}):
+        with pytest.raises(SignatureError, match="forged or altered"):
+            _verify_keys(key).verify(decode(RemediationCommand, json.dumps(bad).encode()))
+    # re-signed by this release, it is signed (and verified) in this version's form
+    again = key.sign(got)
+    assert json.loads(canonical(again))["schema"] == RemediationCommand.SCHEMA
+    _verify_keys(key).verify(decode(RemediationCommand, encode(again)))
 
 
 if __name__ == "__main__":

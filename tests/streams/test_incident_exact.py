@@ -126,12 +126,13 @@ def test_the_timeline_keeps_its_first_10_and_its_newest_lines(n, limit, kept):
 def test_an_incident_reads_back_from_its_row():
     inc = incident(plan=["CORDON_NODE"], alerts=2, last_alert_at=5.0, hardware=True, remediated=True,
                    reset_ok_at=6.0, reboot_ok_at=7.0, recommendation="r", sample_stats={"samples": 2}, steps=3,
-                   repair={"detection": 1.0, "cordon": 2.0})
+                   repair={"detection": 1.0, "cordon": 2.0}, rule={"id": "wedged.again_after_reset", "name": "n",
+                                                                     "facts": {"xid43": 1}})
     inc.note({"i": 0}, 20)
     row = inc.to_dict()
     assert set(row) == {"id", "classification", "opened_at", "remedy", "plan", "emitted", "timeline", "alerts",
                         "last_alert_at", "hardware", "remediated", "reset_ok_at", "reboot_ok_at", "recommendation",
-                        "sample_stats", "steps", "noted", "repair"}
+                        "sample_stats", "steps", "noted", "repair", "rule"}
     assert row["noted"] == 1
     assert Incident.from_dict({**row, "unknown": 1}) == inc
 
@@ -141,11 +142,13 @@ def test_a_new_incident_starts_empty_and_keeps_every_field_it_is_given():
     assert inc.to_dict() == {"id": "inc-1", "classification": "GPU_WEDGED", "opened_at": 10.0, "remedy": "reset",
                              "plan": [], "emitted": [], "timeline": [], "alerts": 0, "last_alert_at": None,
                              "hardware": False, "remediated": False, "reset_ok_at": None, "reboot_ok_at": None,
-                             "recommendation": None, "sample_stats": None, "steps": 0, "noted": 0, "repair": None}
+                             "recommendation": None, "sample_stats": None, "steps": 0, "noted": 0, "repair": None,
+                             "rule": None}
     full = {"id": "i", "classification": "GPU_SUSPECT", "opened_at": 1.5, "remedy": "r", "plan": ["CORDON_NODE"],
             "emitted": [{"step": 0}], "timeline": [{"kind": "note"}], "alerts": 3, "last_alert_at": 2.5,
             "hardware": True, "remediated": True, "reset_ok_at": 3.5, "reboot_ok_at": 4.5, "recommendation": "x",
-            "sample_stats": {"util_min": 1.0}, "steps": 7, "noted": 9, "repair": {"detection": 1.0}}
+            "sample_stats": {"util_min": 1.0}, "steps": 7, "noted": 9, "repair": {"detection": 1.0},
+            "rule": {"id": "suspect.distinct_workloads", "name": "n", "facts": {"workloads": 2}}}
     assert Incident(**full).to_dict() == full == Incident.from_dict(full).to_dict()
     assert Incident(**full) != incident() and Incident(**full) == Incident(**full)
     assert (Incident(**full) == "not an incident") is False
@@ -155,4 +158,4 @@ def test_the_repr_names_every_field():
     assert repr(incident()) == ("Incident(id='inc-1', classification='GPU_WEDGED', opened_at=10.0, remedy='reset', "
                                 "plan=[], emitted=[], timeline=[], alerts=0, last_alert_at=None, hardware=False, "
                                 "remediated=False, reset_ok_at=None, reboot_ok_at=None, recommendation=None, "
-                                "sample_stats=None, steps=0, noted=0, repair=None)")
+                                "sample_stats=None, steps=0, noted=0, repair=None, rule=None)")

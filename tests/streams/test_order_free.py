@@ -7,7 +7,8 @@ and mixes the sequences freely: one GPU's samples may all be read before its pro
 Xids minutes after the samples that followed them.
 
 What must not depend on that (any interleaving): every node-level command and GPU reset (action,
-GPU, time, expiry) and the time each GPU was first found wedged or faulty. What holds when no topic
+GPU, time, expiry, the rule that decided it) and the time each GPU was first found wedged or faulty
+by each rule. What holds when no topic
 is read more than a minute of event time behind another (a worker that keeps up): every command and
 the first time of every verdict. A verdict that rests on an absence ("no Xid explains this pin",
 "healthy with no new Xid") is read as of the records read so far, so an Xid read many minutes late
@@ -100,15 +101,16 @@ def fold(records: list) -> Engine:
 def decisions(engine: Engine, *, everything: bool) -> tuple:
     """What must not depend on the read order: commands (all, or the disruptive ones) with their
     times and expiry, and the first time of each verdict of each GPU (all, or the severe ones)."""
-    cmds = sorted((c.node, c.gpu_uuid or "", c.action.value, c.ts, c.expires_at) for c in engine.commands
-                  if everything or c.action.value in _DISRUPTIVE)
+    # each with the rule that made it (streams.rules): which rule decided is as order-free as the verdict
+    cmds = sorted((c.node, c.gpu_uuid or "", c.action.value, c.ts, c.expires_at, c.rule and c.rule.id)
+                  for c in engine.commands if everything or c.action.value in _DISRUPTIVE)
     first: dict = {}
     for a in engine.alerts:
         cls = str(getattr(a.classification, "value", a.classification))
         state = str(getattr(a.state, "value", a.state))
         if a.gpu_uuid is None or state == "resolved" or not (everything or cls in _SEVERE):
             continue
-        key = (a.node, a.gpu_uuid, cls)
+        key = (a.node, a.gpu_uuid, cls, a.rule and a.rule.id)
         first[key] = min(first.get(key, a.ts), a.ts)
     return cmds, sorted(first.items())
 

@@ -148,7 +148,7 @@ def _propose_reset(state, policy):
     _raise(state, Verdict(Classification.GPU_WEDGED, RESET, "a rule proposing a reset", []), ts, policy, outputs)
     inc = state.incident
     if inc is not None and inc.classification not in (Classification.GPU_WEDGED, Classification.GPU_HARDWARE_FAULT):
-        _climb(state, inc, ts, Action.REBOOT_NODE, "a rule proposing a reboot", policy, outputs, [])
+        _climb(state, inc, ts, Action.REBOOT_NODE, "a rule proposing a reboot", policy, outputs, [], None)
     return outputs
 
 
