@@ -628,6 +628,14 @@ def test_without_the_pod_view_a_node_pod_that_needs_pods_is_refused_by_name(helm
     assert proc.returncode != 0 and "pod view" in proc.stderr and "collector.kubernetesWorkloads=false" in proc.stderr
 
 
+def test_a_cluster_without_dns_reaches_the_view_by_a_pinned_cluster_ip(helm):
+    kinds = by_kind(render(helm, "--set", "clusterExecutor.podViewClusterIP=10.0.0.66")[0])
+    assert kinds["Service"]["xs-xidstream-pod-view"]["spec"]["clusterIP"] == "10.0.0.66"
+    for c in containers(kinds["DaemonSet"]["xs-xidstream-node"]).values():
+        assert _flag(c["args"], "--pod-view") == ["http://10.0.0.66:9466"]
+    assert "clusterIP" not in by_kind(render(helm)[0])["Service"]["xs-xidstream-pod-view"]["spec"]
+
+
 def test_a_node_pod_that_needs_no_pods_renders_without_the_view(helm):
     kinds = by_kind(render(helm, "--set", "clusterExecutor.enabled=false", "--set", "nodeExecutor.enabled=false",
                            "--set", "collector.kubernetesWorkloads=false")[0])
