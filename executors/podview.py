@@ -248,11 +248,45 @@ class TokenCheck:
 
 
 # -- the server ----------------------------------------------------------------------------------
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per request, at most `limit` at once: one more is answered 503 at once (the node
+    side takes that as "cannot tell" and asks again), so a node holding connections open cannot
+    grow the executor's threads without bound; each connection also times out (`Handler.timeout`)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, limit: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class PodViewServer:
     """``GET /v1/pods`` on a daemon thread: {"node": <the caller's node>, "items": [pod, ...]}."""
 
-    def __init__(self, index: PodIndex, tokens: TokenCheck) -> None:
+    def __init__(self, index: PodIndex, tokens: TokenCheck, *, max_requests: int = 64,
+                 request_timeout: float = 10.0) -> None:
         self.index, self.tokens = index, tokens
+        self.max_requests, self.request_timeout = max_requests, request_timeout
         self._server: ThreadingHTTPServer | None = None
 
     def answer(self, path: str, authorization: str | None) -> tuple[int, bytes]:
@@ -272,6 +306,8 @@ class PodViewServer:
         view = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = view.request_timeout  # a connection that sends nothing is closed
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 code, body = view.answer(self.path, self.headers.get("Authorization"))
                 self.send_response(code)
@@ -283,8 +319,7 @@ class PodViewServer:
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no access log per poll
                 pass
 
-        self._server = ThreadingHTTPServer((addr, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _BoundedServer((addr, port), Handler, self.max_requests)
         threading.Thread(target=self._server.serve_forever, name="pod-view-http", daemon=True).start()
         return self._server.server_address[1]
 

@@ -97,3 +97,30 @@ def test_the_answers_codes():
 def test_a_malformed_service_account_is_refused_at_start():
     with pytest.raises(ConfigError):
         TokenCheck(lambda t: {}, "xidstream")
+
+
+def test_requests_over_the_bound_are_answered_503_at_once_and_an_idle_connection_is_closed():
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    index = PodIndex()
+    index.replace([pod("p1", "a")])
+    view = PodViewServer(index, TokenCheck(lambda t: node_sa("a"), "xs/xs-xidstream-node"), max_requests=2,
+                         request_timeout=1.0)
+    port = view.serve(0)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]  # send nothing: hold both slots
+        time.sleep(0.2)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/pods", headers={"Authorization": "Bearer t"})
+        with pytest.raises(urllib.error.HTTPError) as got:
+            urllib.request.urlopen(req, timeout=5)
+        assert got.value.code == 503
+        time.sleep(1.5)  # the idle connections timed out: their slots are free again
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 200 and b"p1" in resp.read()
+        for s in idle:
+            s.close()
+    finally:
+        view.close()
