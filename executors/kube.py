@@ -30,6 +30,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from schemas.base import plain_text
 from transport.kube import list_then_watch
 from transport.kube import make_client as _make_client
+from transport.podview import PodViewClient
 
 __all__ = ["make_client", "discover_version", "record_event", "pods_on_node", "is_daemonset_pod", "is_mirror_pod",
            "list_then_watch", "ApiError", "EVENT_NAMESPACE", "COMPONENT"]
@@ -131,9 +132,17 @@ def kept_by_drain(pod: Any, keep_namespaces: tuple[str, ...] = ()) -> bool:
     return pod.metadata.namespace in keep_namespaces and not requests_gpu(pod)
 
 
-def pods_on_node(client: Client, node: str) -> list[Any]:
-    """Pods bound to `node` that still run or may run (not Succeeded/Failed)."""
-    pods = client.list(Pod, namespace="*", fields={"spec.nodeName": node})
+def pods_on_node(client: Client | None, node: str, view: PodViewClient | None = None) -> list[Any]:
+    """Pods bound to `node` that still run or may run (not Succeeded/Failed).
+
+    With `view` (the chart's node pods: transport.podview), asked of the cluster executor's pod
+    view, which answers for this pod's own node only; `PodViewError` when it cannot tell, never an
+    empty list. Without, listed on the API server (a pod list in every namespace: the cluster
+    executor's grant, or a kubeconfig's outside the chart)."""
+    if view is not None:
+        pods = view.pods(node)
+    else:
+        pods = client.list(Pod, namespace="*", fields={"spec.nodeName": node})
     return [p for p in pods if (p.status.phase if p.status else None) not in ("Succeeded", "Failed")]
 
 

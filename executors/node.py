@@ -49,6 +49,7 @@ from schemas.base import normalize_pci, plain_text
 from schemas.codec import encode
 from schemas.models import RemediationCommand, ResultStep
 from schemas.vocab import Action
+from transport.podview import PodViewClient, PodViewError
 
 __all__ = ["GpuOps", "NvmlGpuOps", "NodeActions", "DEFAULT_REBOOT_SENTINEL", "DEFAULT_PRECONDITION_WAIT",
            "DEFAULT_OPERAND_WAIT"]
@@ -234,8 +235,11 @@ class NodeActions:
                  precondition_poll: float = 2.0, keep_namespaces: tuple[str, ...] = (),
                  state_dir: str | Path | None = None, operand_wait: float = DEFAULT_OPERAND_WAIT,
                  reboot_backend: Any = None, reboot_confirm_s: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 pod_view: PodViewClient | None = None, clock: Callable[[], float] = time.time) -> None:
+        """`pod_view`: ask the cluster executor's pod view for this node's pods (the chart's node
+        pods may not list pods); None: list them on the API server with `client`."""
         self.client = client
+        self.pod_view = pod_view
         # the cluster executor's --drain-keep-namespace: its pods do not make the node "not drained"
         self.keep_namespaces = tuple(keep_namespaces)
         self.node = node
@@ -258,8 +262,8 @@ class NodeActions:
         # reboot): the operands paused, the reboots asked for.
         state = Path(state_dir) if state_dir is not None else self.reboot_sentinel.parent / "xidstream-node-executor"
         self.operands = Operands(client, node, state / f"operands-{node}.json", wait_s=operand_wait,
-                                 poll_s=precondition_poll) if client is not None else None
-        self.reboot_backend = reboot_backend or KuredReboot(self.reboot_sentinel)
+                                 poll_s=precondition_poll, pod_view=pod_view) if client is not None else None
+        self.reboot_backend = reboot_backend or KuredReboot(self.reboot_sentinel, pod_view=pod_view)
         self.reboot_confirm_s = reboot_confirm_s if reboot_confirm_s is not None else \
             DEFAULT_CONFIRM_S.get(self.reboot_backend.name, 5400.0)
         self.reboots = RebootJournal(state / f"reboots-{node}.json", clock=clock)
@@ -322,7 +326,12 @@ class NodeActions:
         why = [] if node.spec.unschedulable else ["not cordoned"]
         # an evicted pod still terminating counts: its processes may hold the GPU until the kubelet
         # has stopped them
-        if any(not kept_by_drain(p, self.keep_namespaces) for p in pods_on_node(self.client, self.node)):
+        try:
+            pods = pods_on_node(self.client, self.node, self.pod_view)
+        except PodViewError as exc:  # cannot tell is not drained: wait for the view as for the drain
+            why.append(f"not known to be drained ({exc})")
+            return why
+        if any(not kept_by_drain(p, self.keep_namespaces) for p in pods):
             why.append("not drained")
         return why
 
@@ -359,8 +368,13 @@ class NodeActions:
             failed.append(f"node {self.node} is not cordoned")
         # an evicted pod still terminating counts: its processes may hold the GPU until the kubelet
         # has stopped them
+        try:
+            pods = pods_on_node(self.client, self.node, self.pod_view)
+        except PodViewError as exc:  # never taken for drained
+            failed.append(f"cannot tell whether node {self.node} is drained: {exc}")
+            return
         left = [f"{p.metadata.namespace}/{p.metadata.name}" + (" (terminating)" if p.metadata.deletionTimestamp else "")
-                for p in pods_on_node(self.client, self.node) if not kept_by_drain(p, self.keep_namespaces)]
+                for p in pods if not kept_by_drain(p, self.keep_namespaces)]
         if left:
             failed.append(f"node {self.node} is not drained: {len(left)} pod(s) still on it: {', '.join(left[:10])}")
 
@@ -404,7 +418,7 @@ class NodeActions:
     def _holders(self, gpu: GpuIdentity, again: bool = True) -> list:
         pids = [p for p in self.gpu_ops.holders(gpu) if p != os.getpid()]
         procfs = getattr(self.gpu_ops, "procfs", None)
-        pods = pods_on_node(self.client, self.node) if self.client is not None and pids else []
+        pods = pods_on_node(self.client, self.node, self.pod_view) if self.client is not None and pids else []
         pausable = self.operands.pausable if self.operands is not None else ()
         if procfs is None:
             from executors.gpureset import Holder

@@ -43,6 +43,7 @@ from lightkube.types import PatchType
 
 from collectors.spool import write_durably
 from executors.kube import node_or_none, pods_on_node
+from transport.podview import PodViewClient, PodViewError
 
 __all__ = ["LABEL_PREFIX", "PAUSE_VALUE", "PAUSABLE", "Operands", "OperandPause", "OperandError", "selected_labels"]
 
@@ -100,8 +101,9 @@ class OperandPause:
 class Operands:
     def __init__(self, client: Client, node: str, journal: str | Path, *, wait_s: float = 300.0, poll_s: float = 2.0,
                  pausable: tuple[str, ...] = tuple(PAUSABLE), clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, pod_view: PodViewClient | None = None) -> None:
         self.client, self.node = client, node
+        self.pod_view = pod_view  # the node's pods from the cluster executor's pod view (executors.kube.pods_on_node)
         self.journal = Path(journal)
         # 5 minutes per operand is what the Operator's own driver-upgrade manager and mig-manager
         # allow (k8s-driver-manager defaultGracePeriod; reconfigure-mig.sh kubectl wait --timeout=5m).
@@ -141,7 +143,7 @@ class Operands:
         """ns/name of the pods on this node that select on one of `keys` (still there, terminating
         or not: a terminating pod may still hold the GPU)."""
         keys_set = set(keys)
-        return sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods_on_node(self.client, self.node)
+        return sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods_on_node(self.client, self.node, self.pod_view)
                       if selected_labels(p) & keys_set)
 
     # -- writing ---------------------------------------------------------------------------------
@@ -195,7 +197,10 @@ class Operands:
         """Wait (bounded by wait_s) until no pod on the node selects on `keys`; returns those left."""
         deadline = self.clock() + self.wait_s
         while True:
-            left = self.operand_pods(keys)
+            try:
+                left = self.operand_pods(keys)
+            except PodViewError as exc:  # cannot tell is not gone
+                left = [f"(the node's pods unknown: {exc})"]
             if not left or self.clock() >= deadline:
                 return left
             self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))

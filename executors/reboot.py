@@ -70,10 +70,11 @@ def local_boot_id(path: str = BOOT_ID) -> str | None:
 _KURED_IMAGE = re.compile(r"(^|/)kured(:|@|$)")
 
 
-def kured_on_node(client: Any, node: str) -> tuple[Any | None, str]:
+def kured_on_node(client: Any, node: str, view: Any = None) -> tuple[Any | None, str]:
     """kured's pod on `node` (pod label name=kured or app.kubernetes.io/name=kured, or an image named
-    kured: the manifest's and the Helm chart's), and its check period in words."""
-    for p in pods_on_node(client, node):
+    kured: the manifest's and the Helm chart's), and its check period in words. `view`: the pod
+    view (transport.podview) instead of a pod list on the API server."""
+    for p in pods_on_node(client, node, view):
         labels = p.metadata.labels or {}
         images = [c.image or "" for c in (p.spec.containers if p.spec else [])]
         if labels.get("name") == "kured" or labels.get("app.kubernetes.io/name") == "kured" or \
@@ -96,14 +97,15 @@ class Requested:
 class KuredReboot:
     name = "kured"
 
-    def __init__(self, sentinel: str | Path = "/var/run/reboot-required") -> None:
+    def __init__(self, sentinel: str | Path = "/var/run/reboot-required", pod_view: Any = None) -> None:
         self.sentinel = Path(sentinel)
+        self.pod_view = pod_view
 
     def unavailable(self, client: Any, node: str) -> str | None:
         """Why this backend cannot reboot `node` (a refusal for good), or None."""
         if client is None:
             return "no Kubernetes API to see whether kured runs on the node (--kubeconfig)"
-        pod, self.period = kured_on_node(client, node)
+        pod, self.period = kured_on_node(client, node, self.pod_view)
         if pod is None:
             return (f"kured is not running on node {node}: its sentinel would never be read. Install kured, or run "
                     f"the node executor with --reboot-backend logind")

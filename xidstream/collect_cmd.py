@@ -52,6 +52,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", default=".xidstream/collector", help="spool and cursors (default .xidstream/collector)")
     p.add_argument("--no-nvml", action="store_true", help="kernel Xid records only")
     p.add_argument("--no-kubernetes", action="store_true", help="no pod watch / pod-resources (gpu.workloads)")
+    from transport.podview import AUDIENCE, TOKEN_PATH
+
+    p.add_argument("--pod-view", metavar="URL",
+                   help="this node's pods from the cluster executor's pod view (its --pod-view-port), polled every "
+                        "10 s, instead of a pod watch on the API server (the chart's node pods may not read pods)")
+    p.add_argument("--pod-view-token", default=TOKEN_PATH, metavar="FILE",
+                   help=f"with --pod-view: this pod's projected service-account token of audience {AUDIENCE} "
+                        f"(default {TOKEN_PATH}, where the chart mounts it)")
     from collectors.sources.rack import DEFAULT_RACK_LABEL
 
     p.add_argument("--rack-label", default=DEFAULT_RACK_LABEL, metavar="LABEL",
@@ -392,7 +400,12 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
 
     from collectors.sources.kubernetes import from_environment
 
-    workloads = None if args.no_kubernetes else from_environment(os.environ, settings.node)
+    view = None
+    if args.pod_view:
+        from transport.podview import PodViewClient
+
+        view = PodViewClient(args.pod_view, args.pod_view_token)
+    workloads = None if args.no_kubernetes else from_environment(os.environ, settings.node, pod_view=view)
     rack = _rack_source(args, settings.node)
     if not math.isfinite(args.counters_interval) or args.counters_interval < 0:
         raise ConfigError("--counters-interval must be a number of seconds >= 0 (0: the counters are not read)")

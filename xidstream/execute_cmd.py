@@ -144,6 +144,11 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
         raise ConfigError("--scope node needs --node NAME (the node this executor runs on)")
     if args.scope == "node":
         require_node_name(args.node)
+    if args.pod_view and args.scope != "node":
+        raise ConfigError("--pod-view is the node executor's (--scope node); the cluster executor serves the view "
+                          "(--pod-view-port)")
+    if args.pod_view_port and args.scope != "cluster":
+        raise ConfigError("--pod-view-port is the cluster executor's (--scope cluster)")
     if args.replace_kubeconfig and args.replace_backend != "cluster-api":
         raise ConfigError("--replace-kubeconfig names the Cluster API management cluster: it goes with "
                           "--replace-backend cluster-api")
@@ -184,8 +189,13 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
                 gpu_ops = None
         from collectors.nvml import NvmlRelease
 
-        backend = LogindReboot() if args.reboot_backend == "logind" else KuredReboot(args.reboot_sentinel)
-        actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel,
+        view = None
+        if args.pod_view:
+            from transport.podview import PodViewClient
+
+            view = PodViewClient(args.pod_view, args.pod_view_token)
+        backend = LogindReboot() if args.reboot_backend == "logind" else KuredReboot(args.reboot_sentinel, pod_view=view)
+        actions = NodeActions(client, args.node, gpu_ops, reboot_sentinel=args.reboot_sentinel, pod_view=view,
                               collector_release=NvmlRelease(args.collector_state_dir),
                               release_timeout=args.release_timeout, precondition_wait=args.precondition_wait,
                               keep_namespaces=tuple(args.drain_keep_namespace), state_dir=args.state_dir,
@@ -224,6 +234,8 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
         metrics.serve(args.metrics_port, args.metrics_addr)
         print(f"xidstream execute: metrics on http://{args.metrics_addr}:{args.metrics_port}/metrics",
               file=sys.stderr, flush=True)
+    if args.scope == "cluster" and args.pod_view_port:
+        _serve_pod_view(args)
     if args.stdin:
         from executors.runner import run_stdin
 
@@ -244,6 +256,20 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError("--enroll-key is the cluster executor's (--scope cluster)")
         tick = _enroller(args, settings)
     return run_kafka(ex, settings, auth=auth, tick=tick)
+
+
+def _serve_pod_view(args: argparse.Namespace) -> None:
+    """The pod view (executors.podview): every pod watched, each node's served to that node's pods."""
+    from executors.kube import make_client
+    from executors.podview import PodIndex, PodViewServer, PodWatch, TokenCheck, review_with
+
+    index = PodIndex()
+    # clients of their own: the watch holds its connection open; the reviews come from the server's threads
+    PodWatch(make_client(args.kubeconfig, timeout=60.0), index).start()
+    tokens = TokenCheck(review_with(make_client(args.kubeconfig)), args.node_service_account)
+    port = PodViewServer(index, tokens).serve(args.pod_view_port, args.pod_view_addr)
+    print(f"xidstream execute: pod view on http://{args.pod_view_addr}:{port}/v1/pods for the pods of "
+          f"{args.node_service_account} (each its own node's pods)", file=sys.stderr, flush=True)
 
 
 def _enroller(args: argparse.Namespace, settings: Settings):
@@ -335,8 +361,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cluster scope: enroll node identities (CSRs for xidstream.io/node-identity) and sign the "
                         "enrollments with this private key (the processor's --enroller-key is its public half)")
     p.add_argument("--node-service-account", metavar="NS/NAME", default="xidstream/xidstream-node",
-                   help="with --enroll-key: the service account of the node pods whose CSRs enroll their node "
-                        "(default xidstream/xidstream-node)")
+                   help="cluster scope: the service account of the node pods: with --enroll-key, whose CSRs enroll "
+                        "their node; with --pod-view-port, whose tokens the pod view answers (default "
+                        "xidstream/xidstream-node)")
     p.add_argument("--revoked-keys", metavar="FILE",
                    help="a file of revoked key ids, one per line; re-read when it changes (commands and approvals "
                         "signed by a listed key are refused)")
@@ -349,6 +376,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serve Prometheus metrics (results by action and outcome, commands held for an approval) "
                         "on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
+    from transport.podview import AUDIENCE, TOKEN_PATH
+
+    p.add_argument("--pod-view-port", type=int, default=0, metavar="PORT",
+                   help="cluster scope: serve the pod view on this port (0: off; the chart's 9466): GET /v1/pods "
+                        "answers a node pod the pods bound to its own node, the node named by a TokenReview of its "
+                        f"token (audience {AUDIENCE}); needs pods watch and tokenreviews create")
+    p.add_argument("--pod-view-addr", default="127.0.0.1", help="pod view bind address (default 127.0.0.1)")
+    p.add_argument("--pod-view", metavar="URL",
+                   help="node scope: this node's pods from the cluster executor's pod view instead of a pod list on "
+                        "the API server (the chart's node pods may not read pods); cannot tell = not drained")
+    p.add_argument("--pod-view-token", default=TOKEN_PATH, metavar="FILE",
+                   help=f"with --pod-view: this pod's projected service-account token of audience {AUDIENCE} "
+                        f"(default {TOKEN_PATH}, where the chart mounts it)")
     p.add_argument("--state-dir", default=".xidstream/executor", help="the journal of carried-out commands (default .xidstream/executor)")
     p.add_argument("--managed-node-label", action="append", metavar="LABEL",
                    help="cluster scope: act only on nodes with one of these labels, never on control-plane nodes "

@@ -209,6 +209,9 @@ def check_image_commands(image: str = PROJECT_IMAGE) -> list[str]:
     return commands
 
 
+POD_VIEW_IP = "10.0.0.66"
+
+
 def _values(node: LocalNode, workdir: Path) -> Path:
     host = workdir / "host"  # what the chart would put in the host's /var/lib and /var/run
     values = {
@@ -235,7 +238,9 @@ def _values(node: LocalNode, workdir: Path) -> Path:
         # it was raised (the GPU had been healthy for 60 s since its last fault by then).
         "processor": {"replicas": 1, "policy": {"dry_run": False, "resolve_after_s": 150},
                       "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
-        "clusterExecutor": {"apply": True, "drainTimeout": 20},
+        # this node has no cluster DNS: the node pods reach the pod view by a pinned ClusterIP of the
+        # API server's Service range (10.0.0.0/24, localkube), through kube-proxy
+        "clusterExecutor": {"apply": True, "drainTimeout": 20, "podViewClusterIP": POD_VIEW_IP},
         "metrics": {"serviceMonitor": {"enabled": False}},
     }
     (host / "var-lib-xidstream").mkdir(parents=True, exist_ok=True)
@@ -440,6 +445,61 @@ def check_privileges(node: LocalNode, tl: Timeline) -> None:
                        f"({want:#x}): {caps}")
     tl.mark(f"the node executor's effective capabilities read back: {int(got[0], 16):#x} = "
             f"{', '.join(NODE_EXECUTOR_CAPS)}, nothing else")
+
+
+def check_pod_view(node: LocalNode, tl: Timeline) -> None:
+    """The node pods' service account reads no pod on the API server (the chart's node ClusterRole
+    has no pods rule), and reads its own node's pods through the cluster executor's pod view: a
+    token bound to the running node pod, as its kubelet-projected one is, asked both ways. Call
+    after the tenants run (their pods are what the view must list)."""
+    kube = node.kube.handle()
+    node_pod, cx_pod = _pod_of(kube, "node"), _pod_of(kube, "cluster-executor")
+    if node_pod is None or cx_pod is None or not cx_pod["status"].get("podIP"):
+        raise E2eError("pod view check: no running node pod or cluster executor pod")
+    sa = node_pod["spec"]["serviceAccountName"]
+
+    def token(audiences: list[str]) -> str:
+        spec = {"expirationSeconds": 600, "audiences": audiences,
+                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": node_pod["metadata"]["name"],
+                                   "uid": node_pod["metadata"]["uid"]}}
+        return _ok(*kube.request("POST", f"/api/v1/namespaces/{NODE_NAMESPACE}/serviceaccounts/{sa}/token",
+                                 {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}),
+                   "a token of the node pods' service account")["status"]["token"]
+
+    api = token([])  # the API server's own audience
+    for path in ("/api/v1/pods", f"/api/v1/pods?fieldSelector=spec.nodeName={node.node}",
+                 f"/api/v1/namespaces/{TENANT}/pods"):
+        status, body = kube.request("GET", path, token=api)
+        if status != 403:
+            raise E2eError(f"the node pods' service account read pods on the API server: GET {path}: HTTP {status}")
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{cx_pod['status']['podIP']}:9466/v1/pods"
+
+    def ask(bearer: str) -> tuple[int, Any]:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {bearer}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def answered() -> tuple[int, Any] | None:
+        got = ask(token(["xidstream-pod-view"]))
+        return got if got[0] == 200 else None  # 503 until the view's first list is in
+
+    _, body = _wait("the pod view answering the node pod", answered, 60, 1)
+    listed = {f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in body["items"]}
+    wanted = {f"{NODE_NAMESPACE}/{node_pod['metadata']['name']}", *(f"{TENANT}/{n}" for n in tenant_pods(kube))}
+    if body["node"] != node.node or not wanted <= listed:
+        raise E2eError(f"pod view answered node {body['node']!r} with {sorted(listed)}; wanted {node.node!r} and "
+                       f"{sorted(wanted - listed)}")
+    status, why = ask(api)
+    if status != 401:
+        raise E2eError(f"pod view answered a token of the API's audience: HTTP {status}: {why}")
+    tl.mark(f"node pods' service account: pods list/get refused by the API server (403); its own node's "
+            f"{len(listed)} pod(s) through the pod view; a token of another audience refused (401)")
 
 
 def _probe(node: LocalNode, node_pod: dict, name: str, security: dict, code: str, kmsg: bool = False) -> dict:
@@ -1087,6 +1147,7 @@ def run_e2e(runs: int = 1, keep: bool = False) -> int:
         tenants(kube)
         _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
         tl.mark("tenants running: trainer (PDB minAvailable 1), notebook, node-agent (DaemonSet)")
+        check_pod_view(node, tl)
         topics = _Topics(broker.bootstrap, node.node)
         try:
             wedge_run(node, topics, tl, fake)

@@ -5,9 +5,11 @@
   ``nvidia.com/gpu`` the device ids are GPU (or MIG) UUIDs. The response is decoded here with a
   few lines of protobuf wire format instead of generated stubs: the three messages are stable (k8s
   ``kubelet/pkg/apis/podresources/v1/api.proto``).
-- A Kubernetes API watch of the pods on this node (``fieldSelector=spec.nodeName=<node>``) gives
-  the transitions: started, failed (exit code, reason), restarted, succeeded. The client is
-  lightkube through ``transport.kube``, the one the executors use.
+- The pods on this node give the transitions: started, failed (exit code, reason), restarted,
+  succeeded. In the chart they come from the cluster executor's pod view (``PodViewPoller``,
+  transport.podview: every 10 s, the pods of this pod's own node, as the API server names it; the
+  node pods may not read pods on the API server). Outside it, from a Kubernetes API watch
+  (``PodWatcher``, ``fieldSelector=spec.nodeName=<node>``; lightkube through ``transport.kube``).
 
 Off cleanly when not on Kubernetes: `from_environment` returns None when there is no API or socket.
 """
@@ -26,7 +28,7 @@ from schemas.limits import JOB_MAX
 
 __all__ = [
     "ContainerDevices", "decode_pod_resources", "PodResourcesClient", "pod_transitions",
-    "PodWatcher", "KubernetesWorkloads", "from_environment", "job_of", "JOB_LABELS",
+    "PodWatcher", "PodViewPoller", "diff_pods", "KubernetesWorkloads", "from_environment", "job_of", "JOB_LABELS",
 ]
 
 log = logging.getLogger(__name__)
@@ -249,10 +251,67 @@ class PodWatcher:
                 backoff = min(backoff * 2, 60.0)
 
 
+def diff_pods(before: Mapping[str, dict] | None, after: list[dict]) -> list[tuple[str, dict]]:
+    """Two consecutive views of a node's pods as watch events: LISTED for the first view (a state
+    joined late), ADDED for a pod new since, MODIFIED for one that changed, DELETED for one gone. A
+    pod gone between two polls was deleted: no transition is made of it."""
+    now = {((p.get("metadata") or {}).get("uid") or ""): p for p in after}
+    if before is None:
+        return [("LISTED", p) for p in now.values()]
+    events = [("ADDED", p) if uid not in before else ("MODIFIED", p) for uid, p in now.items()
+              if before.get(uid) != p]
+    events += [("DELETED", p) for uid, p in before.items() if uid not in now]
+    return events
+
+
+class PodViewPoller:
+    """Polls the cluster executor's pod view (transport.podview) for this node's pods, in a thread,
+    and puts what changed between two polls on `q` as watch events (`diff_pods`), as PodWatcher
+    does. When the view cannot answer, the collector goes on with everything else: one warning,
+    then quiet retries each poll, and a line when it answers again; the next answer is diffed
+    against the last one seen."""
+
+    def __init__(self, view: Any, node: str, interval: float = 10.0) -> None:
+        self.view, self.node, self.interval = view, node, interval
+        self.q: queue.Queue[tuple[str, dict]] = queue.Queue(maxsize=100_000)
+        self._last: dict[str, dict] | None = None
+        self._failing = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-view-poll", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def poll_once(self) -> bool:
+        """One poll; False when the view could not answer."""
+        try:
+            pods = self.view.dicts(self.node)
+        except Exception as exc:  # noqa: BLE001 - PodViewError, or anything else: the collector runs on
+            if not self._failing:
+                log.warning("pod view: %s; workload events wait for it (asking again every %.0f s)", exc, self.interval)
+                self._failing = True
+            return False
+        if self._failing:
+            log.info("pod view answers again: %d pod(s) on node %s", len(pods), self.node)
+            self._failing = False
+        for event in diff_pods(self._last, pods):
+            self.q.put(event)
+        self._last = {((p.get("metadata") or {}).get("uid") or ""): p for p in pods}
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll_once()
+            self._stop.wait(self.interval)
+
+
 class KubernetesWorkloads:
     """`WorkloadSource` for the collector: pod transitions, each attributed to the GPUs the pod holds."""
 
-    def __init__(self, watcher: PodWatcher | None, pod_resources: PodResourcesClient | None,
+    def __init__(self, watcher: PodWatcher | PodViewPoller | None, pod_resources: PodResourcesClient | None,
                  resources: tuple[str, ...] = ("nvidia.com/gpu",), refresh: float = 10.0) -> None:
         self.watcher = watcher
         self.pod_resources = pod_resources
@@ -306,9 +365,16 @@ class KubernetesWorkloads:
 
 
 def from_environment(env: Mapping[str, str], node: str, socket_path: str = POD_RESOURCES_SOCKET,
-                     kubeconfig: str | None = None) -> KubernetesWorkloads | None:
-    """The workload source when running in a Kubernetes pod (or given a kubeconfig), else None
-    (and a log line)."""
+                     kubeconfig: str | None = None, pod_view: Any = None) -> KubernetesWorkloads | None:
+    """The workload source when running in a Kubernetes pod (or given a kubeconfig, or a pod view:
+    a transport.podview.PodViewClient), else None (and a log line)."""
+    if pod_view is not None:
+        if not Path(socket_path).exists():
+            log.warning("%s missing: mount it to attribute pods to GPUs; workload events are off", socket_path)
+            return None
+        poller = PodViewPoller(pod_view, node)
+        poller.start()
+        return KubernetesWorkloads(poller, PodResourcesClient(socket_path))
     if not kubeconfig and not env.get("KUBERNETES_SERVICE_HOST"):
         log.info("not on Kubernetes (no KUBERNETES_SERVICE_HOST): workload events are off")
         return None

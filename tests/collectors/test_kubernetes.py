@@ -220,3 +220,48 @@ def test_a_job_name_over_the_bound_is_no_job_rather_than_a_cut_one():
     assert len(f"{ns}/JobSet/{'x' * 253}") > JOB_MAX
     assert job_of(long_a) is None
     assert job_of({"namespace": "ml", "labels": {"job-name": "train"}}) == "ml/train"
+
+
+class _View:
+    """The pod view's in-memory twin: each poll answers the next list, or raises."""
+
+    def __init__(self, answers) -> None:
+        self.answers = list(answers)
+
+    def dicts(self, node):
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_two_consecutive_views_make_the_transitions_and_a_pod_gone_between_them_is_no_failure(caplog):
+    from collectors.sources.kubernetes import PodViewPoller
+    from transport.podview import PodViewError
+
+    running = _pod({"running": {"startedAt": "t1"}})
+    other = _pod({"running": {"startedAt": "t1"}}, uid="u2", name="trainer")
+    failed = _pod({"terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "t2"}})
+    fresh = _pod({"running": {"startedAt": "t3"}}, uid="u3", name="new-0")
+    down = PodViewError("pod view http://x/v1/pods unreachable: refused")
+    poller = PodViewPoller(_View([[running, other], down, down, [failed, fresh], [failed, fresh]]), "n")
+    source = KubernetesWorkloads(poller, None)
+    source._devices = {("ml", "vllm-0"): ["GPU-aaaa"], ("ml", "trainer"): ["GPU-cccc"], ("ml", "new-0"): ["GPU-bbbb"]}
+    source._last_refresh = float("inf")  # no pod-resources socket here: the devices above stand
+    with caplog.at_level("INFO"):
+        assert poller.poll_once() and source.read() == []  # the first view: a state joined late
+        assert not poller.poll_once() and not poller.poll_once() and source.read() == []
+        assert poller.poll_once()
+        got = source.read()
+        assert poller.poll_once() and source.read() == []  # nothing changed: nothing to say
+    # vllm-0 failed while the view was away (seen at the next answer); the trainer was deleted
+    # meanwhile: no event; new-0 is new and running
+    assert sorted((e["event"], e["pod"], e["gpu_uuid"]) for e in got) == [
+        ("failed", "vllm-0", "GPU-aaaa"), ("started", "new-0", "GPU-bbbb")]
+    warned = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"  # once, not at every poll
+    assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+def test_the_pod_view_source_needs_the_pod_resources_socket(tmp_path):
+    assert from_environment({}, "n", socket_path=str(tmp_path / "none"), pod_view=_View([])) is None

@@ -72,7 +72,7 @@ EXPECTED_DEFAULT = {
     "ClusterRoleBinding": {"xs-xidstream-node", "xs-xidstream-cluster-executor"},
     "RoleBinding": {"xs-xidstream-node-events", "xs-xidstream-cluster-executor-events"},
     "ConfigMap": {"xs-xidstream-processor-policy", "xs-xidstream-dashboard"},
-    "Service": {"xs-xidstream-collector-metrics"},
+    "Service": {"xs-xidstream-collector-metrics", "xs-xidstream-pod-view"},
     "DaemonSet": {"xs-xidstream-node"},
     "Deployment": {"xs-xidstream-processor", "xs-xidstream-cluster-executor"},
     "PodDisruptionBudget": {"xs-xidstream-processor"},
@@ -153,6 +153,8 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
         ("", "pods", "list"), ("", "pods/eviction", "create"),
         ("resource.k8s.io", "devicetaintrules", "create"), ("resource.k8s.io", "devicetaintrules", "delete"),
         ("certificates.k8s.io", "certificatesigningrequests", "list"),  # the enroller (identity, on by default)
+        # the pod view: its index of every pod (a watch), and who asks (a TokenReview names the node)
+        ("", "pods", "watch"), ("authentication.k8s.io", "tokenreviews", "create"),
     }
     assert kinds["ClusterRole"]["xs-xidstream-events"]["rules"] == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -161,13 +163,14 @@ def test_cluster_executor_rbac_is_exactly_the_calls_it_makes(helm):
         assert rb["roleRef"]["name"] == "xs-xidstream-events"
     node_rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
     # nodes patch: the node executor pauses its own node's GPU Operator labels for a reset (held to
-    # that by the admission policy node-operand-labels); without pauseOperands, get alone
+    # that by the admission policy node-operand-labels); without pauseOperands, get alone. No pods:
+    # the node pods read their own node's pods through the cluster executor's pod view.
     # certificatesigningrequests create: the node's identity enrollment (identity, on by default)
     assert {(r["resources"][0], tuple(r["verbs"])) for r in node_rules} == {
-        ("pods", ("get", "list", "watch")), ("nodes", ("get", "patch")), ("certificatesigningrequests", ("create",))}
+        ("nodes", ("get", "patch")), ("certificatesigningrequests", ("create",))}
     kinds = by_kind(render(helm, "--set", "nodeExecutor.pauseOperands=false")[0])
     assert {(r["resources"][0], tuple(r["verbs"])) for r in kinds["ClusterRole"]["xs-xidstream-node"]["rules"]} == {
-        ("pods", ("get", "list", "watch")), ("nodes", ("get",)), ("certificatesigningrequests", ("create",))}
+        ("nodes", ("get",)), ("certificatesigningrequests", ("create",))}
     assert "xs-xidstream-node-operand-labels" not in kinds["ValidatingAdmissionPolicy"]
 
 
@@ -201,7 +204,8 @@ def test_each_replace_backend_adds_exactly_its_rules_and_its_flag(helm, backend,
     grants = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     base = {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"), ("", "pods", "list"),
             ("", "pods/eviction", "create"), ("resource.k8s.io", "devicetaintrules", "create"),
-            ("resource.k8s.io", "devicetaintrules", "delete"), ("certificates.k8s.io", "certificatesigningrequests", "list")}
+            ("resource.k8s.io", "devicetaintrules", "delete"), ("certificates.k8s.io", "certificatesigningrequests", "list"),
+            ("", "pods", "watch"), ("authentication.k8s.io", "tokenreviews", "create")}  # the pod view
     assert grants == base | extra
     args = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]["args"]
     assert args[args.index("--replace-backend") + 1] == backend and "--replace-kubeconfig" not in args
@@ -373,9 +377,9 @@ def test_every_object_passes_kubernetes_validate_strict(helm, values):
     args = ["--set", "namespace.create=true"] + (["-f", str(SECURE)] if values == "secure" else [])
     objs, _ = render(helm, *args)
     # 17, the three NetworkPolicies, the two admission policies (the cluster executor's managed
-    # nodes, the node pods' operand labels) and their bindings, the dashboard's ConfigMap; secure:
-    # the node namespace
-    expected = 25 + (values == "secure")
+    # nodes, the node pods' operand labels) and their bindings, the dashboard's ConfigMap, the pod
+    # view's Service; secure: the node namespace
+    expected = 26 + (values == "secure")
     assert len(objs) == expected
     checked = 0
     for version in KUBE_VERSIONS:
@@ -504,7 +508,7 @@ def test_the_kubernetes_validate_command_agrees(helm, tmp_path):
         for version in (KUBE_VERSIONS[0], KUBE_VERSIONS[-1]):
             out = subprocess.run([str(exe), "--strict", "-k", version, f"{f}"], capture_output=True, text=True, timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
-            assert out.stdout.count("INFO") == 25 + (values == "secure"), out.stdout
+            assert out.stdout.count("INFO") == 26 + (values == "secure"), out.stdout
 
 
 @pytest.mark.parametrize("values", ["default", "secure"])
@@ -585,14 +589,90 @@ def test_network_policies_admit_only_the_served_ports(helm):
     objs, _ = render(helm)
     pols = by_kind(objs)["NetworkPolicy"]
     ports = {n: [p["port"] for rule in pol["spec"].get("ingress", []) for p in rule["ports"]] for n, pol in pols.items()}
-    assert ports == {"xs-xidstream-processor": [6066], "xs-xidstream-node": [9464], "xs-xidstream-cluster-executor": [9465]}
-    off, _ = render(helm, "--set", "clusterExecutor.metricsPort=0")
+    assert ports == {"xs-xidstream-processor": [6066], "xs-xidstream-node": [9464],
+                     "xs-xidstream-cluster-executor": [9465, 9466]}
+    # the pod view: from the node pods only, whatever networkPolicy.from admits to the metrics
+    view = pols["xs-xidstream-cluster-executor"]["spec"]["ingress"][1]
+    assert view["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "xidstream"}},
+                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "xidstream",
+                                                             "app.kubernetes.io/instance": "xs",
+                                                             "app.kubernetes.io/component": "node"}}}]
+    off, _ = render(helm, "--set", "clusterExecutor.metricsPort=0", "--set", "collector.kubernetesWorkloads=false",
+                    "--set", "nodeExecutor.enabled=false", "--set", "clusterExecutor.podViewPort=0")
     assert by_kind(off)["NetworkPolicy"]["xs-xidstream-cluster-executor"]["spec"]["ingress"] == []
     assert "ports" not in containers(by_kind(off)["Deployment"]["xs-xidstream-cluster-executor"])["executor"]
     for pol in pols.values():
         assert pol["spec"]["policyTypes"] == ["Ingress"]
     objs, _ = render(helm, "--set", "networkPolicy.enabled=false")
     assert "NetworkPolicy" not in by_kind(objs)
+
+
+def _flag(args: list[str], name: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == name]
+
+
+VIEW_URL = "http://xs-xidstream-pod-view.xidstream.svc:9466"
+VIEW_TOKEN = "/var/run/secrets/xidstream/pod-view/token"
+
+
+@pytest.mark.parametrize("extra", [[], ["--set", "identity.enabled=true", "--set", "identity.processorKey=" + "ab" * 32],
+                                   ["--set", "nodeNamespace.name=xs-node"]])
+def test_the_node_pods_read_pods_only_through_the_cluster_executors_pod_view(helm, extra):
+    """The node service account, every GPU node's, may not read pods (a list cannot be confined to
+    one node); the collector and the node executor ask the cluster executor's pod view with a token
+    of its own audience, and the cluster executor serves it for exactly that service account."""
+    kinds = by_kind(render(helm, *extra)[0])
+    node_ns = "xs-node" if "nodeNamespace.name=xs-node" in extra else "xidstream"
+    rules = kinds["ClusterRole"]["xs-xidstream-node"]["rules"]
+    assert [r for r in rules if any(res.startswith("pods") for res in r["resources"])] == []
+    ds = kinds["DaemonSet"]["xs-xidstream-node"]
+    for name, c in containers(ds).items():
+        assert _flag(c["args"], "--pod-view") == [VIEW_URL], name
+        assert _flag(c["args"], "--pod-view-token") == [VIEW_TOKEN], name
+        assert {"name": "pod-view-token", "mountPath": "/var/run/secrets/xidstream/pod-view", "readOnly": True} \
+            in c["volumeMounts"], name
+    vols = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    assert vols["pod-view-token"]["projected"]["sources"] == [
+        {"serviceAccountToken": {"audience": "xidstream-pod-view", "expirationSeconds": 3600, "path": "token"}}]
+    cx = containers(kinds["Deployment"]["xs-xidstream-cluster-executor"])["executor"]
+    assert _flag(cx["args"], "--pod-view-port") == ["9466"] and _flag(cx["args"], "--pod-view-addr") == ["0.0.0.0"]
+    assert _flag(cx["args"], "--node-service-account") == [f"{node_ns}/xs-xidstream-node"]  # once, with identity too
+    assert {"name": "pod-view", "containerPort": 9466} in cx["ports"]
+    svc = kinds["Service"]["xs-xidstream-pod-view"]
+    assert svc["metadata"]["namespace"] == "xidstream"
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "cluster-executor"
+    assert svc["spec"]["ports"] == [{"name": "pod-view", "port": 9466, "targetPort": "pod-view"}]
+    view_rule = kinds["NetworkPolicy"]["xs-xidstream-cluster-executor"]["spec"]["ingress"][1]
+    assert view_rule["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": node_ns}}
+
+
+@pytest.mark.parametrize("values", [["clusterExecutor.enabled=false"], ["clusterExecutor.podViewPort=0"],
+                                    ["clusterExecutor.enabled=false", "nodeExecutor.enabled=false"],
+                                    ["clusterExecutor.enabled=false", "collector.kubernetesWorkloads=false"]])
+def test_without_the_pod_view_a_node_pod_that_needs_pods_is_refused_by_name(helm, values):
+    """No view: the node executor could never tell that its node is drained (and must not be
+    given the cluster-wide pod read back), the collector would have no workload events."""
+    _, proc = render(helm, *[a for v in values for a in ("--set", v)], check=False)
+    assert proc.returncode != 0 and "pod view" in proc.stderr and "collector.kubernetesWorkloads=false" in proc.stderr
+
+
+def test_a_cluster_without_dns_reaches_the_view_by_a_pinned_cluster_ip(helm):
+    kinds = by_kind(render(helm, "--set", "clusterExecutor.podViewClusterIP=10.0.0.66")[0])
+    assert kinds["Service"]["xs-xidstream-pod-view"]["spec"]["clusterIP"] == "10.0.0.66"
+    for c in containers(kinds["DaemonSet"]["xs-xidstream-node"]).values():
+        assert _flag(c["args"], "--pod-view") == ["http://10.0.0.66:9466"]
+    assert "clusterIP" not in by_kind(render(helm)[0])["Service"]["xs-xidstream-pod-view"]["spec"]
+
+
+def test_a_node_pod_that_needs_no_pods_renders_without_the_view(helm):
+    kinds = by_kind(render(helm, "--set", "clusterExecutor.enabled=false", "--set", "nodeExecutor.enabled=false",
+                           "--set", "collector.kubernetesWorkloads=false")[0])
+    ds = kinds["DaemonSet"]["xs-xidstream-node"]
+    args = containers(ds)["collector"]["args"]
+    assert "--no-kubernetes" in args and "--pod-view" not in args
+    assert "pod-view-token" not in {v["name"] for v in pod_spec(ds)["volumes"]}
+    assert "xs-xidstream-pod-view" not in kinds["Service"]
+    assert [r for r in kinds["ClusterRole"]["xs-xidstream-node"]["rules"] if "pods" in r["resources"]] == []
 
 
 @pytest.mark.kube
@@ -674,7 +754,7 @@ def test_the_node_pods_may_patch_only_their_own_nodes_gpu_deploy_labels(kube, he
     objs, _ = render(helm, namespace=ns, release=release)
     kinds = by_kind(objs)
     sa = f"{release}-xidstream-node"
-    assert "patch" in kinds["ClusterRole"][sa]["rules"][1]["verbs"]
+    assert "patch" in next(r for r in kinds["ClusterRole"][sa]["rules"] if r["resources"] == ["nodes"])["verbs"]
     _policy_and_node_patch_grant(kube, kinds, f"{release}-xidstream-node-operand-labels", ns, sa, f"xs-vapn-{RUN}")
     mine, other = f"vapn-{RUN}-a", f"vapn-{RUN}-b"
     for n in (mine, other):
