@@ -26,3 +26,23 @@ def test_a_changed_function_a_new_version_and_a_lost_attribute_are_each_named(mo
     assert any(d.startswith("faust.transport.consumer.Consumer._gone_in_0_16 is gone (AttributeError") for d in drift)
     assert drift[-1] == "faust's Consumer no longer uses self._no_such_attribute"
     assert len(drift) == 4
+
+
+def test_the_dependency_ranges_admit_only_the_minors_the_cuts_were_written_for():
+    """faust-streaming was pinned to its minor and aiokafka was not (>=0.13, the mends written
+    against 0.14): pip could pick a minor whose internals the cuts never saw. Both ranges in
+    pyproject.toml now admit the WRITTEN_FOR version and no other minor."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    deps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    reqs = {Requirement(d).name: Requirement(d) for d in deps}
+    for name, written in ff.WRITTEN_FOR.items():
+        v = Version(written)
+        spec = reqs[name].specifier
+        assert spec.contains(written), (name, str(spec))
+        assert not spec.contains(f"{v.major}.{v.minor + 1}.0"), (name, str(spec), "admits the next minor")
+        assert not spec.contains(f"{v.major}.{v.minor - 1}.99"), (name, str(spec), "admits the previous minor")
