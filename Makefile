@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
 
-.PHONY: demo demo-cluster test test-cluster bench-failover e2e venv jars kube helm promtool chromium image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
+.PHONY: demo demo-cluster test test-all test-cluster bench-failover e2e venv jars kube helm promtool chromium image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
 
 venv: $(VENV)/.installed
 
@@ -77,12 +77,18 @@ demo: jars
 demo-cluster: jars kube
 	$(XS) demo-cluster
 
-# The test session starts the broker and the API server once (tests/conftest.py) and stops them;
-# the cluster tier (below) runs last, on its own three brokers.
+# What a developer runs on every change (under 8 minutes on 2 cores): the fast tier, the API-server
+# tests and one smoke test on the real broker per subsystem; Hypothesis's quick profile. The session
+# starts the broker and the API server once (tests/conftest.py) and stops them.
 test: jars kube helm promtool chromium
-	$(BIN)/pytest -q
+	XIDSTREAM_HYPOTHESIS=quick $(BIN)/pytest -q -m "not slow and not cluster"
 
-# The cluster tier alone (tests/cluster/, marker `cluster`; `make test` runs it after everything
+# Every test (CI: .ci/run): also the `slow` ones (the whole-library replays, floods, the secure
+# broker's paths) and the cluster tier, last, on its own three brokers; Hypothesis's thorough profile.
+test-all: jars kube helm promtool chromium
+	XIDSTREAM_HYPOTHESIS=thorough $(BIN)/pytest -q
+
+# The cluster tier alone (tests/cluster/, marker `cluster`; `make test-all` runs it after everything
 # else): a local KRaft cluster of three brokers (`xidstream broker start --brokers 3`,
 # .xidstream/cluster/) started once for the run and stopped at the end; leaders SIGKILLed
 # mid-incident, a rolling restart under a 1,000-GPU fleet, the secure cluster (about 6 minutes).

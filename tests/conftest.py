@@ -15,6 +15,10 @@ Markers: `broker` (the plaintext or the secure broker) and `kube` (the API serve
 takes one of the fixtures above, directly or through another fixture, gets the marker here even
 where its module does not say so; tests that start a server themselves are marked in their
 module. `pytest -m "not broker and not kube"` is the fast tier: it starts neither.
+
+Tiers (docs/development.md "Test tiers"): `make test` is everything but `slow` and `cluster` (the
+fast tier, the API-server tests and one broker smoke per subsystem), with Hypothesis's `quick`
+profile; `make test-all` (CI) is every test with the `thorough` profile (XIDSTREAM_HYPOTHESIS).
 """
 
 from __future__ import annotations
@@ -24,7 +28,16 @@ import uuid
 
 import pytest
 
+from hypothesis import settings as hypothesis_settings
+
+from tests.tools import PROFILE
 from xidstream.settings import Settings
+
+# Properties without a count of their own: 100 examples (Hypothesis's default) in CI, 25 locally;
+# those with one scale it through tests.tools.examples.
+hypothesis_settings.register_profile("thorough", max_examples=100)
+hypothesis_settings.register_profile("quick", max_examples=25)
+hypothesis_settings.load_profile(PROFILE)
 
 # fixture -> the marker of the server it starts
 _SERVER_FIXTURES = {"kafka_bootstrap": "broker", "kafka_settings": "broker", "secure_kafka": "broker",

@@ -1,4 +1,5 @@
-"""The outside programs some tests run (helm, promtool, chromium), found the one way."""
+"""The outside programs some tests run (helm, promtool, chromium), found the one way; and how many
+examples a property gets in this run's Hypothesis profile."""
 
 from __future__ import annotations
 
@@ -16,3 +17,16 @@ def find_tool(env: str, *, cached: Path | None = None, names: tuple[str, ...], h
         if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
             return cand
     pytest.fail(f"{names[0]} not found: {hint}")
+
+
+# Hypothesis profiles (registered in tests/conftest.py): `quick` for `make test`, what a developer
+# runs on every change, `thorough` for `make test-all` (CI). A property's count is written once, as
+# the thorough one; the quick run tries a quarter of it, at least 10.
+PROFILE = os.environ.get("XIDSTREAM_HYPOTHESIS", "quick")
+if PROFILE not in ("quick", "thorough"):
+    raise ValueError(f"XIDSTREAM_HYPOTHESIS={PROFILE!r}: use quick or thorough")
+
+
+def examples(thorough: int) -> int:
+    """max_examples for a property whose thorough count is `thorough`, in this run's profile."""
+    return thorough if PROFILE == "thorough" else max(10, thorough // 4)

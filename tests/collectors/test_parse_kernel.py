@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from collectors.parse import extract_pci, parse_line, parse_line_checked
+from tests.tools import examples
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kernel-log-lines.tsv"
 
@@ -153,7 +154,7 @@ def _no_parser_error(line: str, source: str | None = None) -> None:
     assert parsed.refused != "error", parsed.error
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(), st.sampled_from([None, "kmsg", "journal", "file"]))
 def test_parser_never_fails_on_any_text(text, source):
     _no_parser_error(text, source)
@@ -163,7 +164,7 @@ def test_parser_never_fails_on_any_text(text, source):
     extract_pci("NVRM: GPU " + text)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary())
 def test_parser_never_fails_on_decoded_garbage(data):
     _no_parser_error(data.decode("utf-8", "replace"))

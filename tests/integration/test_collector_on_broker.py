@@ -56,6 +56,7 @@ def own_broker(tmp_path):
 
 
 @pytest.mark.broker
+@pytest.mark.slow
 def test_spool_keeps_every_record_through_a_broker_outage(own_broker, tmp_path):
     settings = Settings(bootstrap=own_broker.bootstrap, topic_prefix="spool.", partitions=4, node="node-a")
     create_topics(settings)

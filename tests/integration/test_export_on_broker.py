@@ -69,6 +69,7 @@ def _counts(records) -> dict[str, int]:
     return c
 
 
+@pytest.mark.slow
 def test_findings_exported_to_a_kafka_topic_as_valid_ocsf(kafka_settings):
     from exporters import ocsf
 
@@ -134,6 +135,7 @@ def _export_proc(settings, out: Path, *extra: str) -> subprocess.Popen:
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.slow
 def test_a_killed_exporter_restarted_loses_no_record(kafka_settings, tmp_path):
     recs = _telemetry(20000)
     _produce(kafka_settings, recs)
@@ -158,6 +160,7 @@ def test_a_killed_exporter_restarted_loses_no_record(kafka_settings, tmp_path):
     assert not list(tmp_path.rglob("*.tmp")) or all(p.name.startswith(".") for p in tmp_path.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_document_over_the_topics_size_limit_is_shrunk_or_skipped_and_the_export_goes_on(kafka_settings, capfd):
     """A document bigger than the output topic takes killed the exporter (MSG_SIZE_TOO_LARGE failed
     durable()), and its uncommitted offset killed the restarted one again. Now it is shrunk (its

@@ -33,7 +33,8 @@ from transport.acls import acl_bindings
 from transport.kafka import admin, create_topics, delete_run, producer_config, read_all
 from xidstream.settings import Settings
 
-pytestmark = pytest.mark.broker
+# slow (make test-all only): the secure broker's exporter ACL paths
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 

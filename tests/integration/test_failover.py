@@ -44,7 +44,8 @@ from streams.engine import Engine
 from transport.kafka import admin, consume_records, consumer_config, producer_config
 from xidstream.runner import WorkerProcess
 
-pytestmark = pytest.mark.broker
+# slow (make test-all only): workers killed and restarted over their changelogs
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "motivating-incident.yaml"

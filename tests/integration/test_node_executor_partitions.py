@@ -16,6 +16,9 @@ from schemas import decode_any
 from schemas.codec import encode
 from tests.executors.helpers import command, keypair
 
+# slow (make test-all only): a partition added while a node executor runs
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.broker
 def test_a_node_executor_reads_a_partition_added_while_it_runs(kafka_settings, tmp_path):

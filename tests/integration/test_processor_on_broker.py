@@ -96,6 +96,7 @@ def test_motivating_incident_end_to_end(kafka_settings, tmp_path):
     assert "not JSON" in dead.error
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_incident_resumes_it_without_losing_a_command(kafka_settings, tmp_path):
     s = kafka_settings
     records = wedge(start=120, pinned_until=400)
@@ -131,6 +132,7 @@ def test_worker_killed_mid_incident_resumes_it_without_losing_a_command(kafka_se
     assert len(commands) >= 4 and all(ids[c.command_id] == c.action for c in commands)
 
 
+@pytest.mark.slow
 def test_fleet_storm_then_breaker_reset_on_a_real_worker(kafka_settings, tmp_path, capsys):
     from tests.streams.builders import inventory, sample, xid
     from xidstream.cli import main as cli

@@ -37,6 +37,7 @@ def _groups(bootstrap):
     return {g.group_id for g in res.valid}
 
 
+@pytest.mark.slow
 def test_replay_leaves_no_topic_or_group_of_its_run(kafka_bootstrap, tmp_path):
     sc = load_scenario(ROOT / "scenarios" / "lone-xid13.yaml")
     name = f"cleanup-{uuid.uuid4().hex[:8]}"  # the run's prefix starts with replay-<name>-
@@ -148,6 +149,7 @@ def _clean_up(bootstrap: str, replay: subprocess.Popen, worker: psutil.Process |
 
 
 @pytest.mark.broker
+@pytest.mark.slow
 def test_a_killed_replay_takes_its_worker_with_it(kafka_bootstrap, tmp_path):
     """SIGKILL (`timeout -s KILL`, the OOM killer) runs no clean-up code in the replay: the worker
     has to notice by itself that its parent is gone."""
@@ -165,6 +167,7 @@ def test_a_killed_replay_takes_its_worker_with_it(kafka_bootstrap, tmp_path):
 
 @pytest.mark.broker
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.slow
 def test_a_stopped_replay_stops_its_worker_and_says_so(kafka_bootstrap, tmp_path, sig):
     replay, err = _start_replay(kafka_bootstrap, tmp_path)
     worker, prefix = None, ""
@@ -183,6 +186,7 @@ def test_a_stopped_replay_stops_its_worker_and_says_so(kafka_bootstrap, tmp_path
 
 
 @pytest.mark.broker
+@pytest.mark.slow
 def test_a_stopped_parallel_replay_stops_every_child_and_its_worker(kafka_bootstrap, tmp_path):
     """`--jobs 2`: each scenario in a child replay with its own worker. A SIGTERM to the parent
     reaches both children, which stop their workers and delete their topics; the parent exits 143

@@ -15,7 +15,8 @@ from transport.kafka import admin, delete_run, read_all
 from xidstream.replay import replay_scenario
 from xidstream.settings import Settings
 
-pytestmark = pytest.mark.broker
+# slow (make test-all only): replays with an executor answering
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,8 @@ from schemas import load_scenario
 from xidstream.cli import main as cli
 from xidstream.replay import run_replay
 
-pytestmark = pytest.mark.broker
+# slow (make test-all only): the whole scenario library through the real broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -29,6 +29,9 @@ from transport.faust_auth import faust_kwargs
 from xidstream.settings import Settings, read_kafka_properties
 from tests.deploy.test_helm_chart import helm  # noqa: F401 - the helm fixture
 
+# slow (make test-all only): the secure broker (a second JVM) and its end-to-end role paths
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU1 = "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"
 

@@ -19,7 +19,8 @@ from tests.integration.test_processor_on_broker import outputs, start_worker, st
 from tests.streams.builders import NODE, xid
 from transport.kafka import producer_config
 
-pytestmark = pytest.mark.broker
+# slow (make test-all only): oversized dead letters on the broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 GPU_A = "GPU-0a0a0a0a-1111-2222-3333-444444444444"
 HUGE = 950_000  # under the broker's and the test producer's 1 MB, over the producer's limit in base64

@@ -11,7 +11,8 @@ from streams.app import internal_topics
 from xidstream.cli import main as cli
 from xidstream.runner import WorkerProcess
 
-pytestmark = pytest.mark.broker
+# slow (make test-all only): a simulated fleet scored end to end
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
 def test_simulated_fleet_is_found_with_no_node_action_on_app_faults(kafka_settings, tmp_path, capsys):

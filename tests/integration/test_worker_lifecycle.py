@@ -180,6 +180,7 @@ def test_an_agent_waits_until_the_changelog_partitions_are_known():
 
 
 @pytest.mark.broker
+@pytest.mark.slow
 def test_a_changelog_whose_metadata_arrives_late_delays_the_first_write_not_the_commands(kafka_settings, tmp_path):
     s = kafka_settings
     _fatal_xid(s)  # already there when the worker starts: its first table writes come at once

@@ -22,7 +22,7 @@ from schemas import Action, RemediationCommand
 from schemas.models import Approval
 from schemas.signing import SignatureError, SigningKey, VerifyKeys, canonical, canonical_v1
 from tests.factories import T0
-from tests.tools import find_tool
+from tests.tools import examples, find_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "data" / "signing_vectors.json"
@@ -196,7 +196,7 @@ def test_python_refuses_the_same_integer_and_surrogates():
 _text = st.text(st.characters(codec="utf-8"), max_size=40)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(reason=_text, pre=st.lists(_text, max_size=3), node=_text.filter(bool), step=st.integers(0, 2**31),
        who=_text.filter(bool), held=st.booleans())
 def test_both_signature_versions_are_the_same_bytes_for_any_command_and_approval(reason, pre, node, step, who, held):

@@ -11,6 +11,7 @@ from streams.evidence import GpuState
 from streams.policy import Policy
 from streams.verdict import XID45, earliest_suspect, suspect_verdict
 from tests.streams.builders import procs, run, sample, xid, inventory
+from tests.tools import examples
 
 
 def _reference(state, policy):
@@ -29,7 +30,7 @@ _occ = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(_occ, max_size=40), st.sampled_from([None, 500.0, 2000.0]),
        st.integers(2, 4), st.integers(2, 5), st.integers(60, 1800))
 def test_the_one_pass_suspect_rule_equals_the_rule_read_at_every_occurrence(occs, procs_ts, distinct, count, window):

@@ -5,6 +5,7 @@ import pytest
 from xidstream.cli import main
 
 
+@pytest.mark.slow
 def test_process_reports_missing_topics_clearly(kafka_bootstrap, capsys):
     assert main(["process", "--bootstrap", kafka_bootstrap, "--topic-prefix", "never-created."]) == 2
     err = capsys.readouterr().err

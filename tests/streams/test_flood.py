@@ -23,6 +23,7 @@ import streams.render
 import streams.verdict
 from streams.policy import Policy
 from tests.streams.floods import Flood, fleet_rows, fold, generate, gpu_id, gpu_rows, outputs, verdicts
+from tests.tools import examples
 
 # faust's producer refuses a record over 1,000,000 bytes (producer_max_request_size): a row or an
 # output over it is lost (dead-lettered by streams.app; before, it stopped the worker). The bounds,
@@ -86,6 +87,7 @@ def big():
     return engine, seen
 
 
+@pytest.mark.slow
 def test_every_output_of_a_100k_record_flood_stays_under_its_bound(big):
     engine, _ = big
     assert len(engine.alerts) > 1000 and len(engine.commands) > 10_000  # the flood did reach the rules
@@ -93,12 +95,14 @@ def test_every_output_of_a_100k_record_flood_stays_under_its_bound(big):
     assert size < OUTPUT_BOUND, f"a {size:,}-byte {kind}"
 
 
+@pytest.mark.slow
 def test_every_fleet_row_of_a_100k_record_flood_stays_under_its_bound(big):
     engine, _ = big
     size, key = max((len(v), key) for key, v in fleet_rows(engine))
     assert size < FLEET_ROW_BOUND, f"fleet row {key}: {size:,} bytes"
 
 
+@pytest.mark.slow
 def test_every_gpu_row_of_a_100k_record_flood_stays_under_its_bound(big):
     _, seen = big
     size, key = seen["row"]
@@ -113,6 +117,7 @@ _LISTS = ["occurrences", "xids", "workload_failures", "pods", "pending_notes", "
           "incident.emitted", "incident.timeline", "incident.plan"]
 
 
+@pytest.mark.slow
 def test_the_hot_gpu_reached_its_caps_by_half_way(big):
     _, seen = big
     assert seen["half"]["xids"] >= streams.evidence._XIDS_KEPT
@@ -120,6 +125,7 @@ def test_the_hot_gpu_reached_its_caps_by_half_way(big):
 
 
 @pytest.mark.parametrize("name", _LISTS)
+@pytest.mark.slow
 def test_the_lists_a_record_walks_stop_growing(big, name):
     """The work a record costs is bounded when the lists its fold walks are: from half way through
     the flood (the hot GPU's caps already reached) to its end, none may grow. (The count stands in
@@ -248,7 +254,7 @@ _floods = st.builds(
 
 # No shrinking: a flood is already named by its few parameters, and shrinking one re-folds it
 # hundreds of times (over five minutes on 2 cores).
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(_floods)
 def test_generated_floods_stay_bounded_and_decide_as_an_uncapped_reference(spec):

@@ -37,6 +37,7 @@ def test_the_flag_and_enrollment_together_are_refused(keys, capsys):
     assert "--records-not-tied-to-nodes contradicts --enroller-key" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_with_the_flag_it_warns_and_goes_on_to_kafka(keys, capsys):
     # past the identity check: the next thing it does is ask the (absent) broker for the topics
     assert main(["process", "--signing-key", str(keys[0]), "--records-not-tied-to-nodes", *NOWHERE]) == 2

@@ -34,6 +34,7 @@ from schemas.vocab import NODE_ACTIONS, Action
 from streams.engine import Engine
 from tests.streams.builders import GPU, NODE, PCI, at, inventory, procs, sample, xid, workload
 from schemas import ComputeApp, GpuProcesses, WorkloadEvent, XidEvent
+from tests.tools import examples
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 # Every library scenario the pure engine can run alone (the others answer commands through
@@ -121,7 +122,7 @@ def test_the_library_scenarios_are_all_here():
             "skewed-dmesg-before-wedge", "xid31-three-pids", "crash-looping-pod", "power-smoothing-cancel"} <= set(NAMES)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(NAMES), seed=st.integers(0, 2**32 - 1))
 def test_any_read_order_gives_the_same_disruptive_commands_and_severe_verdicts_at_the_same_times(name, seed):
     records = records_of(name)
@@ -130,7 +131,7 @@ def test_any_read_order_gives_the_same_disruptive_commands_and_severe_verdicts_a
     assert read == published
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from([n for n in NAMES if n != "fleet-storm-xid119"]), seed=st.integers(0, 2**32 - 1))
 def test_a_worker_that_keeps_up_gives_every_verdict_and_command_at_the_same_times(name, seed):
     records = records_of(name)
@@ -140,7 +141,7 @@ def test_a_worker_that_keeps_up_gives_every_verdict_and_command_at_the_same_time
 
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(["motivating-incident", "crash-looping-pod", "xid31-three-pids"]),
        seed=st.integers(0, 2**32 - 1), lag=st.sampled_from([None, 120, 240]))
 def test_any_read_order_records_each_application_fault_once(name, seed, lag):
@@ -153,7 +154,7 @@ def test_any_read_order_records_each_application_fault_once(name, seed, lag):
     assert records(fold(interleave(recs, random.Random(seed), max_lag_s=lag))) == records(fold(recs))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), lag=st.sampled_from([None, 60]))
 def test_the_power_smoothing_pair_holds_in_any_read_order(seed, lag):
     """Xid 163 re-engaged by 162 within pshc_cancel_s (GPU 0: quarantined, then cancelled and

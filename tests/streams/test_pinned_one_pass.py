@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from streams.evidence import COMPUTE, NO_PROCESS, UNKNOWN, GpuState, pin_onset
 from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
 from streams.verdict import _is_app, _is_wedge, pinned_verdicts
+from tests.tools import examples
 
 
 def _window(items, t, w):
@@ -62,7 +63,7 @@ _xid = st.tuples(st.floats(0, 3000, allow_nan=False).map(lambda t: round(t, 1)),
 _run = st.tuples(st.sampled_from([COMPUTE, NO_PROCESS, NO_PROCESS, UNKNOWN]), st.floats(1, 400, allow_nan=False))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(since=st.floats(0, 1500, allow_nan=False), length=st.floats(0, 2500, allow_nan=False),
        runs=st.lists(_run, max_size=8), xids=st.lists(_xid, max_size=40),
        failures=st.lists(st.floats(0, 3000, allow_nan=False), max_size=6), require=st.booleans(),

@@ -26,6 +26,7 @@ from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy, is_app_class, load_p
 from streams.routing import state_key
 from streams.verdict import Verdict
 from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, result, run, sample, wedge, xid
+from tests.tools import examples
 
 NODE_LEVEL = {Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE, Action.REPLACE_NODE}
 DISRUPTIVE = NODE_LEVEL | {Action.RESET_GPU}
@@ -157,7 +158,7 @@ def _propose_reset(state, policy):
 short_pins = st.lists(st.floats(0, GUARD_MIN_PINNED_SPAN_S - 0.001), max_size=4)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=policies,
        faults=st.lists(st.tuples(st.integers(1, 3000), st.sampled_from(APP_CODES), st.one_of(st.none(), st.integers(1, 9))),
                        min_size=1, max_size=12),
@@ -176,7 +177,7 @@ def test_guard_holds_for_any_accepted_policy(policy, faults, busy, pin):
     assert _propose_reset(e.states[GPU], policy) == []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(policy=policies, code=st.sampled_from(APP_CODES), later=st.floats(0, 600))
 def test_a_single_app_xid_then_one_pinned_sample_never_acts(policy, code, later):
     e = run([inventory(), sample(0), procs(0), xid(10, code), sample(11 + later, util=100, mem=0), procs(11 + later)],

@@ -38,6 +38,7 @@ from streams.fleet import FleetState, fleet_step
 from streams.policy import Policy
 from tests.streams.builders import GPU, T0, wedge, xid
 from xidstream.settings import Settings
+from tests.tools import examples
 
 GPU_B = "GPU-bbbbbbbb-2222-3333-4444-555555555555"
 
@@ -222,7 +223,7 @@ _command = st.tuples(st.integers(0, 40), st.integers(0, 3000), st.sampled_from([
                                                                                  "REBOOT_NODE", "RECORD"]))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(_command, min_size=1, max_size=60), st.lists(_command, max_size=40), st.integers(3, 40))
 def test_the_compacted_breaker_row_decides_exactly_as_the_full_one(before, after, known):
     """When the main row would pass the limit, `starts` is written as each node's newest start;

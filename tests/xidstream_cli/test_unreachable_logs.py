@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from collectors.spool import Spool
 from transport.kafka_log import FoldingKafkaLog, readable
@@ -133,6 +134,7 @@ def test_process_with_a_closed_port_says_where_and_exits_2_without_librdkafka_li
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.slow
 def test_incidents_with_a_closed_port_is_a_sentence_not_a_traceback():
     addr = _closed_port()
     r = _run(["incidents", "--bootstrap", addr], timeout=40)
@@ -146,6 +148,7 @@ def test_incidents_with_a_closed_port_is_a_sentence_not_a_traceback():
 XID_LINE = ("NVRM: Xid (PCI:0000:3b:00): 43, pid=4242, name=python3, Ch 00000008")
 
 
+@pytest.mark.slow
 def test_collector_with_a_closed_port_spools_says_where_once_and_keeps_every_record(tmp_path):
     addr = _closed_port()
     kernel = tmp_path / "kern.log"
@@ -173,6 +176,7 @@ def test_collector_with_a_closed_port_spools_says_where_once_and_keeps_every_rec
     assert [r.get("xid") for r in records if "xid" in r] == [43], (records, out)
 
 
+@pytest.mark.slow
 def test_simulate_with_a_closed_port_says_where_it_spools_and_how_long_it_waits(tmp_path):
     addr = _closed_port()
     proc = subprocess.Popen([sys.executable, "-m", "xidstream.cli", "simulate", "--bootstrap", addr, "--nodes", "1",
