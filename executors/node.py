@@ -43,7 +43,7 @@ from collectors.sources.procfs import ProcFs
 from executors.gate import DRY_RUN_PREFIX, PENDING, Answer
 from executors.gpureset import FABRIC_MANAGER, NvidiaSmi, Platform, SmiAnswer, classify_holders, read_platform, reset_scope
 from executors.kube import kept_by_drain, node_or_none, pods_on_node, record_event
-from executors.operands import PAUSE_VALUE as PAUSE, Operands, OperandError
+from executors.operands import PAUSE_VALUE as PAUSE, PODS_UNKNOWN, Operands, OperandError
 from executors.reboot import DEFAULT_CONFIRM_S, KuredReboot, RebootJournal, local_boot_id
 from schemas.base import normalize_pci, plain_text
 from schemas.codec import encode
@@ -494,7 +494,11 @@ class NodeActions:
         assert gpu is not None and self.gpu_ops is not None
         # Who holds the GPU (one scan, after our own NVML handles and the collector's were let go):
         # a workload or an unknown process will not go away by itself.
-        holders = self._holders(gpu)
+        try:
+            holders = self._holders(gpu)
+        except PodViewError as exc:  # whose pods hold it cannot be told: asked again, not final
+            return self._refuse(cmd, steps, f"precondition failed: cannot tell who holds GPU {gpu.index}: {exc}",
+                                dry_run)
         blind = self._blind()
         if blind:
             return self._refuse(cmd, steps, f"precondition failed: {blind}", dry_run)
@@ -564,10 +568,17 @@ class NodeActions:
             steps.add("operands_gone", ok=not left, detail=f"still there: {', '.join(left)}" if left else
                       "their pods left the node")
             if left:
-                return self._refuse(cmd, steps, f"the GPU Operator's operands did not leave within {ops.wait_s:g} s: "
-                                    + ", ".join(left), False, final=True)
+                # The view down (the cluster executor restarting, or flooded) is not an operand
+                # that will not leave: asked again later, never a climb to a reboot for it.
+                unknown = all(x.startswith(PODS_UNKNOWN) for x in left)
+                why = "could not tell whether" if unknown else "did not leave within"
+                return self._refuse(cmd, steps, f"the GPU Operator's operands: {why} {ops.wait_s:g} s: "
+                                    + ", ".join(left), False, final=not unknown)
         # Anything still holding the GPU now is not ours to stop.
-        holders = [h for h in self._holders(gpu) if h.kind not in ("persistenced", "fabricmanager")]
+        try:
+            holders = [h for h in self._holders(gpu) if h.kind not in ("persistenced", "fabricmanager")]
+        except PodViewError as exc:
+            return self._refuse(cmd, steps, f"cannot tell who holds GPU {gpu.index} now: {exc}", False)
         if holders:
             steps.add("holders_classified", ok=False, detail="; ".join(h.what for h in holders))
             return self._refuse(cmd, steps, f"GPU {gpu.index} is still held after the operands left: "
@@ -618,7 +629,13 @@ class NodeActions:
     def _reboot(self, cmd: RemediationCommand, dry_run: bool) -> Answer:
         steps = _Steps()
         backend = self.reboot_backend
-        why = backend.unavailable(self.client, self.node)
+        try:
+            why = backend.unavailable(self.client, self.node)
+        except PodViewError as exc:
+            # Whether kured runs here cannot be told (the pod view is down): not the final "no
+            # kured", which climbs to REPLACE_NODE; the reboot is asked again.
+            detail = f"cannot tell whether node {self.node} can be rebooted with the {backend.name} backend: {exc}"
+            return Answer("refused", (DRY_RUN_PREFIX if dry_run else "") + detail)
         if dry_run:
             return Answer("refused", f"{DRY_RUN_PREFIX}{backend.describe()}; then wait up to {self.reboot_confirm_s:g} s "
                                      f"for the node's bootID to change" + (f"; but now: {why}" if why else ""))

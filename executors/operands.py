@@ -98,6 +98,11 @@ class OperandPause:
     command_id: str = ""
 
 
+# What wait_gone reports when the pod view could not say: not "still there", which would make a
+# refusal for good out of an outage of the view (the node executor answers it not final).
+PODS_UNKNOWN = "(the node's pods unknown: "
+
+
 class Operands:
     def __init__(self, client: Client, node: str, journal: str | Path, *, wait_s: float = 300.0, poll_s: float = 2.0,
                  pausable: tuple[str, ...] = tuple(PAUSABLE), clock: Callable[[], float] = time.monotonic,
@@ -200,7 +205,7 @@ class Operands:
             try:
                 left = self.operand_pods(keys)
             except PodViewError as exc:  # cannot tell is not gone
-                left = [f"(the node's pods unknown: {exc})"]
+                left = [f"{PODS_UNKNOWN}{exc})"]
             if not left or self.clock() >= deadline:
                 return left
             self.sleep(min(self.poll_s, max(0.0, deadline - self.clock())))
