@@ -26,8 +26,10 @@ answers 503: an empty answer would read as "drained" to the node executor.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -46,10 +48,33 @@ MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
 # -- what a node is shown of a pod ----------------------------------------------------------------
+MAX_ARGS = 32  # items of a container's command, and of its args, kept in the index
+MAX_ARG_CHARS = 256  # characters of each item kept
+MAX_IMAGE_CHARS = 1024
+
+
+def _cut(items: Any) -> list[str]:
+    """At most MAX_ARGS items of at most MAX_ARG_CHARS characters each, the cut noted (a tenant's
+    pod may carry megabytes of args: the index holds every pod of the cluster)."""
+    items = items if isinstance(items, list) else [items]
+    out = [s if len(s) <= MAX_ARG_CHARS else s[:MAX_ARG_CHARS] + "...(cut)"
+           for s in (str(i) for i in items[:MAX_ARGS])]
+    if len(items) > MAX_ARGS:
+        out.append(f"...({len(items) - MAX_ARGS} more cut)")
+    return out
+
+
 def _container(c: dict) -> dict:
     # image, command and args: kured's pod is known by its image and its --period flag
-    # (executors.reboot); resources: whether the pod asks for a GPU (executors.kube.requests_gpu)
-    return {k: c[k] for k in ("name", "image", "command", "args", "resources") if c.get(k) is not None}
+    # (executors.reboot); resources: whether the pod asks for a GPU (executors.kube.requests_gpu).
+    # command and args are cut (MAX_ARGS, MAX_ARG_CHARS): kured's flags are short and few
+    got = {k: c[k] for k in ("name", "image", "command", "args", "resources") if c.get(k) is not None}
+    for k in ("command", "args"):
+        if k in got:
+            got[k] = _cut(got[k])
+    if isinstance(got.get("image"), str) and len(got["image"]) > MAX_IMAGE_CHARS:
+        got["image"] = got["image"][:MAX_IMAGE_CHARS]
+    return got
 
 
 def project(pod: dict) -> dict:
@@ -75,56 +100,82 @@ def project(pod: dict) -> dict:
 
 class PodIndex:
     """Pods by node, each kept as its projection's JSON. Thread-safe: the watch writes, the server's
-    threads read."""
+    threads read.
 
-    def __init__(self) -> None:
+    `stale_after`: seconds without a sign of life from the watch (a listing, an event, a watch the
+    API server ended on time) after which the index answers None as when not synced: a half-open
+    watch connection (lightkube turns the watch's read timeout off) would otherwise serve old pods
+    forever (PodWatch relists then)."""
+
+    def __init__(self, *, stale_after: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._by_node: dict[str, dict[str, bytes]] = {}
         self._node_of: dict[str, str] = {}  # uid -> node
         self.synced = False
+        self.stale_after, self.clock = stale_after, clock
+        self.alive_at = clock()
 
-    def _put(self, pod: dict) -> None:
+    @staticmethod
+    def _uid(pod: dict) -> str:
         meta = pod.get("metadata") or {}
-        uid = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
-        self._drop(uid)
+        return meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+
+    @staticmethod
+    def _put_into(by_node: dict[str, dict[str, bytes]], node_of: dict[str, str], pod: dict) -> None:
+        uid = PodIndex._uid(pod)
+        PodIndex._drop_from(by_node, node_of, uid)
         node = (pod.get("spec") or {}).get("nodeName")
         if not node:
             return  # not bound yet: on no node's list
-        self._by_node.setdefault(node, {})[uid] = json.dumps(project(pod), separators=(",", ":")).encode()
-        self._node_of[uid] = node
+        by_node.setdefault(node, {})[uid] = json.dumps(project(pod), separators=(",", ":")).encode()
+        node_of[uid] = node
 
-    def _drop(self, uid: str) -> None:
-        node = self._node_of.pop(uid, None)
+    @staticmethod
+    def _drop_from(by_node: dict[str, dict[str, bytes]], node_of: dict[str, str], uid: str) -> None:
+        node = node_of.pop(uid, None)
         if node is not None:
-            pods = self._by_node.get(node, {})
+            pods = by_node.get(node, {})
             pods.pop(uid, None)
             if not pods:
-                self._by_node.pop(node, None)
+                by_node.pop(node, None)
 
-    def replace(self, pods: list[dict]) -> None:
-        """A fresh listing: what it lacks was deleted while we were not watching."""
+    def alive(self) -> None:
+        """The watch is in step (a listing, an event, a watch ended by the API server on time)."""
+        self.alive_at = self.clock()
+
+    def stale(self) -> bool:
+        return self.stale_after is not None and self.clock() - self.alive_at > self.stale_after
+
+    def replace(self, pods: Any) -> None:
+        """A fresh listing (an iterable of pod dicts, projected one by one as it comes, chunk by
+        chunk): what it lacks was deleted while we were not watching."""
+        by_node: dict[str, dict[str, bytes]] = {}
+        node_of: dict[str, str] = {}
+        for p in pods:
+            self._put_into(by_node, node_of, p)
+            self.alive()
         with self._lock:
-            self._by_node, self._node_of = {}, {}
-            for p in pods:
-                self._put(p)
+            self._by_node, self._node_of = by_node, node_of
             self.synced = True
+        self.alive()
 
     def apply(self, kind: str, pod: dict) -> None:
         with self._lock:
             if kind == "DELETED":
-                meta = pod.get("metadata") or {}
-                self._drop(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+                self._drop_from(self._by_node, self._node_of, self._uid(pod))
             elif kind in ("ADDED", "MODIFIED"):
-                self._put(pod)
+                self._put_into(self._by_node, self._node_of, pod)
+        self.alive()
 
     def unsynced(self) -> None:
         with self._lock:
             self.synced = False
 
     def on_node(self, node: str) -> list[bytes] | None:
-        """The node's pods (JSON each); None while the index is not in step with the API server."""
+        """The node's pods (JSON each); None while the index is not in step with the API server
+        (not listed yet, the watch broken, or silent past `stale_after`)."""
         with self._lock:
-            if not self.synced:
+            if not self.synced or self.stale():
                 return None
             return list(self._by_node.get(node, {}).values())
 
@@ -134,52 +185,85 @@ class PodIndex:
 
 
 class PodWatch:
-    """List every pod, then watch from the list's resourceVersion, into `index`, in a thread. On
-    410 Gone, and after any other failure (with a back-off), it lists again; between a failure and
-    the next list the index says it is not in step."""
+    """List every pod (in chunks of `chunk_size`), then watch from the list's resourceVersion, into
+    `index`, in a thread. The API server ends each watch after `watch_timeout` s (timeoutSeconds):
+    it lists again then, so a watch is never trusted for longer. On 410 Gone, and after any other
+    failure (with a back-off), it lists again; between a failure and the next list the index says
+    it is not in step. A watch that stays silent past `stale_after` (a half-open connection: no
+    read timeout on a watch) is abandoned: the index answers 503 and a fresh worker lists again
+    (the stuck one, if it ever wakes, writes nothing)."""
 
-    def __init__(self, client: Any, index: PodIndex) -> None:
+    def __init__(self, client: Any, index: PodIndex, *, watch_timeout: int = 300, chunk_size: int = 500,
+                 stale_after: float | None = None, check_every: float = 10.0) -> None:
         self.client, self.index = client, index
+        self.watch_timeout, self.chunk_size, self.check_every = watch_timeout, chunk_size, check_every
+        if index.stale_after is None:
+            index.stale_after = stale_after if stale_after is not None else 2.0 * watch_timeout + 60.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pod-view-watch", daemon=True)
+        self._gen = 0
+        self.restarts = 0  # workers abandoned as stuck (for tests)
+        self._thread = threading.Thread(target=self._supervise, name="pod-view-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()  # seen at the next event (the thread is a daemon)
+        self._stop.set()  # seen at the next event (the threads are daemons)
 
-    def _once(self) -> None:
+    def _current(self, gen: int) -> bool:
+        return gen == self._gen and not self._stop.is_set()
+
+    def _once(self, gen: int) -> None:
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod
 
-        listing = self.client.list(Pod, namespace="*")
-        self.index.replace([p.to_dict() for p in listing])
+        listing = self.client.list(Pod, namespace="*", chunk_size=self.chunk_size)
+        pods = (p.to_dict() for p in listing)  # one chunk at a time, projected as it comes
+        if not self._current(gen):
+            return
+        self.index.replace(pods)
         log.info("pod view: %d pods listed", len(self.index))
         try:
-            for kind, pod in self.client.watch(Pod, namespace="*", resource_version=listing.resourceVersion):
-                if self._stop.is_set():
+            for kind, pod in self.client.watch(Pod, namespace="*", resource_version=listing.resourceVersion,
+                                               server_timeout=self.watch_timeout):
+                if not self._current(gen):
                     return
                 self.index.apply(kind, pod.to_dict())
+            self.index.alive()  # the API server ended the watch on time: list again
         except ApiError as exc:
             if exc.status.code != 410:
                 raise
             log.info("pod view: the watch's resourceVersion is gone (410); listing again")
 
-    def _run(self) -> None:
+    def _run(self, gen: int) -> None:
         backoff = 1.0
-        while not self._stop.is_set():
+        while self._current(gen):
             try:
-                self._once()
+                self._once(gen)
                 backoff = 1.0
             except Exception as exc:  # noqa: BLE001 - API restarts and timeouts are routine
-                self.index.unsynced()
-                if self._stop.is_set():
+                if not self._current(gen):
                     return
+                self.index.unsynced()
                 log.warning("pod view: the pod watch failed (%s); answering 503 until the next list, in %.0f s",
                             exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    def _spawn(self) -> None:
+        self._gen += 1
+        self.index.alive()  # the new worker's own time to list
+        threading.Thread(target=self._run, args=(self._gen,), name=f"pod-view-watch-{self._gen}", daemon=True).start()
+
+    def _supervise(self) -> None:
+        self._spawn()
+        while not self._stop.wait(self.check_every):
+            if self.index.stale():
+                self.restarts += 1
+                log.warning("pod view: the pod watch was silent for over %.0f s; answering 503 and listing again",
+                            self.index.stale_after)
+                self.index.unsynced()
+                self._spawn()
 
 
 # -- who asks ----------------------------------------------------------------------------------------
@@ -248,10 +332,42 @@ class TokenCheck:
 
 
 # -- the server ----------------------------------------------------------------------------------
+class _RequestTooLarge(Exception):
+    """A connection sent more than its byte budget before its request was complete."""
+
+
+class _BudgetedSocket(io.RawIOBase):
+    """A connection's reads, bounded as a whole: at most `budget` bytes, and nothing past
+    `deadline` (time.monotonic()); the socket's timeout is set to the time left before each read,
+    so a client trickling a byte at a time cannot hold its slot past the deadline, nor make the
+    stdlib buffer 100 header lines of 64 KiB."""
+
+    def __init__(self, sock: socket.socket, budget: int, deadline: float) -> None:
+        super().__init__()
+        self.sock, self.budget, self.deadline = sock, budget, deadline
+        self.count = 0  # bytes read from the socket
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.count >= self.budget:
+            raise _RequestTooLarge(f"over {self.budget} bytes")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the connection's deadline passed")
+        self.sock.settimeout(left)
+        view = memoryview(b)[: min(len(b), self.budget - self.count)]
+        n = self.sock.recv_into(view)
+        self.count += n
+        return n
+
+
 class _BoundedServer(ThreadingHTTPServer):
     """A thread per request, at most `limit` at once: one more is answered 503 at once (the node
     side takes that as "cannot tell" and asks again), so a node holding connections open cannot
-    grow the executor's threads without bound; each connection also times out (`Handler.timeout`)."""
+    grow the executor's threads without bound; each connection has a deadline and a byte budget
+    for its request (`_BudgetedSocket`)."""
 
     daemon_threads = True
 
@@ -279,14 +395,23 @@ class _BoundedServer(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client gone mid-answer is routine: no traceback per connection (stdlib prints one)
+        log.debug("pod view: connection from %s ended with an error", client_address, exc_info=True)
+
 
 class PodViewServer:
-    """``GET /v1/pods`` on a daemon thread: {"node": <the caller's node>, "items": [pod, ...]}."""
+    """``GET /v1/pods`` on a daemon thread: {"node": <the caller's node>, "items": [pod, ...]}.
+
+    Each connection has `request_timeout` s from its accept to send its request, and at most
+    `max_request_bytes` for its request line and headers (the view takes no body): past either it
+    is closed (431 for the too large), so neither slow nor huge requests hold a slot or memory."""
 
     def __init__(self, index: PodIndex, tokens: TokenCheck, *, max_requests: int = 64,
-                 request_timeout: float = 10.0) -> None:
+                 request_timeout: float = 10.0, max_request_bytes: int = 16 * 1024) -> None:
         self.index, self.tokens = index, tokens
-        self.max_requests, self.request_timeout = max_requests, request_timeout
+        self.max_requests, self.request_timeout, self.max_request_bytes = max_requests, request_timeout, max_request_bytes
+        self.most_read = 0  # the most bytes any connection's request read (for tests)
         self._server: ThreadingHTTPServer | None = None
 
     def answer(self, path: str, authorization: str | None) -> tuple[int, bytes]:
@@ -308,7 +433,34 @@ class PodViewServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = view.request_timeout  # a connection that sends nothing is closed
 
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()
+                self._raw = _BudgetedSocket(self.connection, view.max_request_bytes,
+                                            time.monotonic() + view.request_timeout)
+                self.rfile = io.BufferedReader(self._raw, 4096)
+
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except _RequestTooLarge:
+                    log.debug("pod view: %s sent a request over %d bytes; closed", self.client_address,
+                              view.max_request_bytes)
+                    try:
+                        self.connection.settimeout(1.0)
+                        self.connection.sendall(b"HTTP/1.0 431 Request Header Fields Too Large\r\n"
+                                                b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+                    except OSError:
+                        pass
+                    self.close_connection = True
+                except OSError as exc:  # the deadline (TimeoutError), a reset: close quietly
+                    log.debug("pod view: connection from %s closed: %s", self.client_address, exc)
+                    self.close_connection = True
+                finally:
+                    view.most_read = max(view.most_read, self._raw.count)
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.connection.settimeout(view.request_timeout)  # for the answer: the request is in
                 code, body = view.answer(self.path, self.headers.get("Authorization"))
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json" if code == 200 else "text/plain; charset=utf-8")

@@ -124,3 +124,170 @@ def test_requests_over_the_bound_are_answered_503_at_once_and_an_idle_connection
             s.close()
     finally:
         view.close()
+
+
+def _serve(**kw):
+    index = PodIndex()
+    index.replace([pod("p1", "a")])
+    view = PodViewServer(index, TokenCheck(lambda t: node_sa("a"), "xs/xs-xidstream-node"), **kw)
+    return view, view.serve(0)
+
+
+def _get(port):
+    import urllib.request
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/pods", headers={"Authorization": "Bearer t"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return resp.status, resp.read()
+
+
+def test_a_trickling_client_is_closed_at_the_deadline_and_frees_its_slot():
+    """H2: the timeout is per connection from its accept, not per read: a byte every 0.3 s (under
+    the 1 s per-read timeout) is still cut at 1 s, and its slot goes to the next caller."""
+    import socket
+    import time
+
+    view, port = _serve(max_requests=1, request_timeout=1.0)
+    try:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.settimeout(0.05)
+        t0, closed_at = time.monotonic(), None
+        s.sendall(b"GET /v1/pods HTTP/1.0\r\n")
+        while time.monotonic() - t0 < 4.0:
+            try:
+                s.sendall(b"X")
+                if s.recv(1024) == b"":
+                    closed_at = time.monotonic() - t0
+                    break
+            except socket.timeout:
+                pass
+            except OSError:
+                closed_at = time.monotonic() - t0
+                break
+            time.sleep(0.3)
+        s.close()
+        assert closed_at is not None and closed_at < 1.0 + 0.8, closed_at
+        time.sleep(0.1)
+        status, body = _get(port)
+        assert status == 200 and b"p1" in body
+    finally:
+        view.close()
+
+
+def test_oversized_headers_are_refused_and_read_only_up_to_the_budget():
+    """H2: 99 header lines of 65,000 bytes without the final blank line: the stdlib would buffer
+    them all (6 MiB per connection); the view reads at most its budget, answers 431 and closes."""
+    import socket
+    import threading
+
+    view, port = _serve(max_request_bytes=16 * 1024)
+    try:
+        s = socket.create_connection(("127.0.0.1", port))
+
+        def flood():
+            try:
+                s.sendall(b"GET /v1/pods HTTP/1.0\r\n")
+                for i in range(99):
+                    s.sendall(b"X-%d: " % i + b"a" * 65_000 + b"\r\n")
+            except OSError:
+                pass
+
+        t = threading.Thread(target=flood, daemon=True)
+        t.start()
+        s.settimeout(5)
+        got = b""
+        try:
+            while chunk := s.recv(1024):
+                got += chunk
+        except OSError:
+            pass
+        assert got == b"" or got.startswith(b"HTTP/1.0 431"), got[:100]
+        t.join(5)
+        s.close()
+        assert 0 < view.most_read <= 16 * 1024
+        status, _ = _get(port)  # and the view still answers
+        assert status == 200
+    finally:
+        view.close()
+
+
+def test_huge_args_are_cut_in_the_index_and_kureds_period_is_still_read():
+    """M1: a tenant's pod with megabytes of args costs the index a bounded few KiB."""
+    from executors.podview import MAX_ARG_CHARS, MAX_ARGS
+    from executors.reboot import kured_on_node
+
+    big = pod("big", "a")
+    big["spec"]["containers"][0]["args"] = ["x" * 1_000_000] + ["y"] * 10_000
+    big["spec"]["containers"][0]["command"] = ["z" * 100_000]
+    kured = pod("kured-abc", "a")
+    kured["metadata"]["labels"] = {"name": "kured"}
+    kured["spec"]["containers"][0].update(image="ghcr.io/kubereboot/kured:1.15.0", command=["/usr/bin/kured"],
+                                          args=["--ds-name=kured", "--period=10m", "--reboot-sentinel=/sentinel/reboot-required"])
+    index = PodIndex()
+    index.replace([big, kured])
+    pods = index.on_node("a")
+    assert sum(len(p) for p in pods) < 20_000
+    c = project(big)["spec"]["containers"][0]
+    assert len(c["args"]) == MAX_ARGS + 1 and "more cut" in c["args"][-1]
+    assert all(len(a) <= MAX_ARG_CHARS + 10 for a in c["args"] + c["command"])
+
+    class View:
+        def pods(self, node):
+            from lightkube.resources.core_v1 import Pod
+            import json
+            return [Pod.from_dict(json.loads(p)) for p in index.on_node(node)]
+
+    found, period = kured_on_node(None, "a", View())
+    assert found is not None and found.metadata.name == "kured-abc" and period == "10m"
+
+
+def test_a_silent_watch_goes_stale_answers_503_and_a_fresh_worker_lists_again():
+    """M2: lightkube's watch has no read timeout; a half-open connection yields nothing forever.
+    The index answers None past `stale_after`, the stuck worker is abandoned and a new one lists."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from executors.podview import PodWatch
+
+    class P(SimpleNamespace):
+        def to_dict(self):
+            return self.d
+
+    class Listing(list):
+        resourceVersion = "1"
+
+    hang = threading.Event()
+    calls = {"list": 0, "watch": []}
+
+    class Client:
+        def list(self, res, **kw):
+            calls["list"] += 1
+            assert kw.get("chunk_size")
+            return Listing([P(d=pod(f"p{calls['list']}", "a"))])
+
+        def watch(self, res, **kw):
+            calls["watch"].append(kw.get("server_timeout"))
+            hang.wait(30)  # a half-open connection: nothing, ever
+            return iter(())
+
+    now = [0.0]
+    index = PodIndex(clock=lambda: now[0])
+    watch = PodWatch(Client(), index, watch_timeout=300, stale_after=60, check_every=0.05)
+    try:
+        watch.start()
+        deadline = time.monotonic() + 5
+        while index.on_node("a") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [b"p1" in p for p in index.on_node("a")] == [True]
+        assert calls["watch"] == [300]  # the API server ends every watch (timeoutSeconds)
+        now[0] = 61.0  # a minute without a word from the watch
+        assert index.on_node("a") is None  # 503, not old pods
+        deadline = time.monotonic() + 5
+        while calls["list"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while index.on_node("a") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch.restarts == 1 and [b"p2" in p for p in index.on_node("a")] == [True]
+    finally:
+        watch.stop()
+        hang.set()
