@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 XS     := $(BIN)/xidstream
+# the checkout's workshop (workshop/: local broker, API server, node, e2e; not in the wheel)
+WS     := $(BIN)/python -m workshop
 
 .PHONY: demo demo-cluster test test-all test-cluster bench-failover e2e venv jars kube helm promtool chromium image kube-start kube-stop broker-start broker-stop schemas clean bench mutate
 
@@ -18,12 +20,12 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 jars: venv
-	$(XS) broker fetch
+	$(WS) broker fetch
 
 # kube-apiserver built from source once into ~/.cache/xidstream (Go 1.24+; about 5 min on 2
 # cores, then nothing), etcd from Debian's etcd-server when missing. Tests taking `kube` start both.
 kube: venv
-	$(XS) kube fetch
+	$(WS) kube fetch
 
 # Helm (for the chart's tests) is no Debian package: built once from its Go module into
 # ~/.cache/xidstream (about 2 min on 2 cores; a cold Go module cache downloads from the proxy),
@@ -57,7 +59,7 @@ chromium:
 	else echo "make chromium: run as root: apt-get install --no-install-recommends chromium" >&2; exit 1; fi
 
 # The one image (Containerfile) with buildah or podman; IMAGE=registry/name:tag names it, BASE=
-# another Debian 12 base with python3 and pip (`xidstream node image` builds on a debootstrap one).
+# another Debian 12 base with python3 and pip (`python -m workshop node image` builds on a debootstrap one).
 IMAGE ?= ghcr.io/xidstream/xidstream:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 BASE_ARG := $(if $(BASE),--build-arg BASE=$(BASE),)
 image:
@@ -68,14 +70,14 @@ image:
 # Replays the motivating incident through collectors -> Kafka -> processor; starts and stops the
 # local broker unless one is running.
 demo: jars
-	$(XS) replay scenarios/motivating-incident.yaml
+	$(WS) replay scenarios/motivating-incident.yaml
 
 # The closed loop: the motivating incident through collectors -> Kafka -> the signing processor ->
 # both executors (--apply) on the local Kubernetes API server; prints the node's taints, the
 # evictions and the results. Starts and stops the broker and the API server unless they run.
 # Needs what `make kube` builds (Go 1.24+, etcd); `make demo` does not.
 demo-cluster: jars kube
-	$(XS) demo-cluster
+	$(WS) demo-cluster
 
 # What a developer runs on every change (under 8 minutes on 2 cores): the fast tier, the API-server
 # tests and one smoke test on the real broker per subsystem; Hypothesis's quick profile. The session
@@ -89,7 +91,7 @@ test-all: jars kube helm promtool chromium
 	XIDSTREAM_HYPOTHESIS=thorough $(BIN)/pytest -q
 
 # The cluster tier alone (tests/cluster/, marker `cluster`; `make test-all` runs it after everything
-# else): a local KRaft cluster of three brokers (`xidstream broker start --brokers 3`,
+# else): a local KRaft cluster of three brokers (`python -m workshop broker start --brokers 3`,
 # .xidstream/cluster/) started once for the run and stopped at the end; leaders SIGKILLed
 # mid-incident, a rolling restart under a 1,000-GPU fleet, the secure cluster (about 6 minutes).
 test-cluster: jars
@@ -108,19 +110,19 @@ bench-failover: jars
 # binary once (2-8 min). E2E_RUNS=10 repeats the Xid 79 and prints the median latencies.
 E2E_RUNS ?= 1
 e2e: jars kube helm
-	$(XS) e2e --runs $(E2E_RUNS)
+	$(WS) e2e --runs $(E2E_RUNS)
 
 broker-start: jars
-	$(XS) broker start
+	$(WS) broker start
 
 broker-stop: venv
-	$(XS) broker stop
+	$(WS) broker stop
 
 kube-start: kube
-	$(XS) kube start
+	$(WS) kube start
 
 kube-stop: venv
-	$(XS) kube stop
+	$(WS) kube stop
 
 schemas: venv
 	$(XS) schemas generate
@@ -145,6 +147,6 @@ mutate: venv
 	$(BIN)/python bench/mutation_report.py --run --jobs $(MUTATE_JOBS) --tests "$(MUTATE_TESTS)" $(MODULES)
 
 clean:
-	-$(XS) broker stop
-	-$(XS) kube stop
+	-$(WS) broker stop
+	-$(WS) kube stop
 	rm -rf $(VENV) .xidstream .pytest_cache .hypothesis

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.policy import Policy
+from xidstream.streams.policy import Policy
+from workshop.cli import build_parser as workshop_parser
 from xidstream.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ def test_readme_is_a_short_front_page_that_links_every_guide():
 def test_every_cli_flag_is_documented():
     docs = _all_docs()
     missing = []
-    for path, parser in _subparsers(build_parser()):
+    for path, parser in _subparsers(workshop_parser()):  # the operator's commands and the workshop's
         for action in parser._actions:
             for opt in action.option_strings:
                 if not opt.startswith("--") or opt == "--help":
@@ -150,6 +151,21 @@ def test_every_documented_command_parses():
         except SystemExit:
             bad.append(f"{page}:{no}: {command}")
     assert not bad, "commands in the docs that `xidstream` refuses:\n" + "\n".join(bad)
+
+
+def test_every_documented_workshop_command_parses():
+    """`python -m workshop ...` (a checkout's local harnesses) lines parse with the workshop's parser,
+    and no page shows a workshop command as `xidstream ...`, which an installed product refuses."""
+    commands = _commands(r"(\.venv/bin/)?python -m workshop\s")
+    assert len(commands) > 10, f"only {len(commands)} workshop commands found in fenced blocks"
+    parser = workshop_parser()
+    bad = []
+    for page, no, command in commands:
+        try:
+            parser.parse_args(shlex.split(command)[3:])
+        except SystemExit:
+            bad.append(f"{page}:{no}: {command}")
+    assert not bad, "commands in the docs that `python -m workshop` refuses:\n" + "\n".join(bad)
 
 
 def _make_targets() -> set[str]:

@@ -1,11 +1,16 @@
 """The packages have one direction: the command layer (`xidstream`) builds on the
-libraries, never the other way round.
+libraries, never the other way round, and the product never builds on the workshop.
 
     schemas  <-  transport  <-  collectors, streams, executors, exporters  <-  xidstream (the commands)
+                                                                          <-  workshop (a checkout's harnesses)
+
+Every library is imported by its one name, `xidstream.<library>` (the wheel installs nothing else
+at top level: tests/test_wheel.py); a bare `import schemas` would load a second copy of the module
+in a checkout, with classes that are not the first copy's.
 
 `schemas` is the contract (pydantic and orjson only: tests/schemas/test_import_hygiene.py);
 `transport` is the Kafka plumbing; the libraries take small config objects
-(`transport.config.KafkaConfig`, `collectors.agent.CollectorConfig`, ...) that the commands build.
+(`xidstream.transport.config.KafkaConfig`, `xidstream.collectors.agent.CollectorConfig`, ...) that the commands build.
 """
 
 from __future__ import annotations
@@ -16,39 +21,142 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# package -> packages of this project it must never import
+LIBRARIES = ("schemas", "transport", "collectors", "streams", "executors", "exporters")
+# package -> packages of this project it must never import ("xidstream": the command layer)
 FORBIDDEN = {
-    "schemas": {"transport", "collectors", "streams", "executors", "xidstream"},
-    "transport": {"collectors", "streams", "executors", "xidstream"},
-    "collectors": {"streams", "executors", "xidstream"},
-    "streams": {"collectors", "executors", "xidstream"},
-    "executors": {"streams", "exporters", "xidstream"},
-    "exporters": {"collectors", "streams", "executors", "xidstream"},
+    "schemas": {"transport", "collectors", "streams", "executors", "xidstream", "workshop"},
+    "transport": {"collectors", "streams", "executors", "xidstream", "workshop"},
+    "collectors": {"streams", "executors", "xidstream", "workshop"},
+    "streams": {"collectors", "executors", "xidstream", "workshop"},
+    "executors": {"streams", "exporters", "xidstream", "workshop"},
+    "exporters": {"collectors", "streams", "executors", "xidstream", "workshop"},
+    "xidstream": {"workshop"},
 }
 
 
-def imported_packages(path: Path) -> set[str]:
-    """Top-level names of every import in a file, also those inside functions."""
-    names: set[str] = set()
+def layer(module: str) -> str:
+    """The layer of an imported module's dotted name: a library, `xidstream` (the command layer),
+    `workshop`, `bare:<library>` (a library imported outside the namespace), or its top-level name."""
+    parts = module.split(".")
+    if parts[0] == "xidstream":
+        return parts[1] if len(parts) > 1 and parts[1] in LIBRARIES else "xidstream"
+    if parts[0] in LIBRARIES:
+        return f"bare:{parts[0]}"
+    return parts[0]
+
+
+def imports(path: Path) -> list[str]:
+    """Dotted names of every absolute import in a file, also those inside functions
+    (`from xidstream import streams` counts as `xidstream.streams`)."""
+    names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
+            names.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names.append(node.module)
+            names.extend(f"{node.module}.{a.name}" for a in node.names)
     return names
 
 
+def imported_packages(path: Path) -> set[str]:
+    return {layer(name) for name in imports(path)}
+
+
+def _files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_a_library_package_never_imports_the_layers_above_it(package):
+def test_a_package_never_imports_the_layers_above_it(package):
     bad = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in _files(package):
         wrong = imported_packages(path) & FORBIDDEN[package]
         if wrong:
             bad[str(path.relative_to(ROOT))] = sorted(wrong)
     assert not bad, f"{package} must not import {sorted(FORBIDDEN[package])}: {bad}"
 
 
-def test_the_rule_can_fail(tmp_path):
+def test_no_library_is_imported_outside_the_namespace():
+    bad = []
+    for top in (*LIBRARIES, "xidstream", "workshop", "tests", "bench"):
+        for path in _files(top):
+            bare = sorted({n for n in imports(path) if layer(n).startswith("bare:")})
+            if bare:
+                bad.append(f"{path.relative_to(ROOT)}: {bare}")
+    assert not bad, "import these as xidstream.<library>:\n" + "\n".join(bad)
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["xidstream", *parts] if parts[0] in LIBRARIES else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project's modules it imports (at any depth of the file), product and workshop."""
+    modules = {_module_of(p): p for top in (*LIBRARIES, "xidstream", "workshop") for p in _files(top)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported in imports(path):
+            # `from a.b import c`: c may be a module (a.b.c) or a name in a.b
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(imported + "."):
+                edges.add(imported)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles_between_modules():
+    """Imports inside functions count: a lazy import that closes a cycle is still a cycle for the
+    reader (cli.py and node_e2e.py imported each other, so did incidents.py and report.py)."""
+    graph = import_graph()
+    assert len(graph) > 100, f"only {len(graph)} modules found"
+    assert not cycles(graph), f"import cycles: {cycles(graph)}"
+
+
+def test_the_rules_can_fail(tmp_path):
     f = tmp_path / "x.py"
-    f.write_text("def f():\n    from xidstream.settings import Settings\n")
-    assert "xidstream" in imported_packages(f)
+    f.write_text("def f():\n    from xidstream.settings import Settings\n    from workshop import localnode\n"
+                 "    import streams.verdict\n    from xidstream.schemas import models\n")
+    assert imported_packages(f) == {"xidstream", "workshop", "bare:streams", "schemas"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

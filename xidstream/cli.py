@@ -11,18 +11,18 @@ import logging
 import sys
 from typing import Callable
 
-from schemas.errors import XidstreamError
+from xidstream.schemas.errors import XidstreamError
 from xidstream.cliargs import add_kafka_args as _add_kafka_args
 from xidstream.cliargs import add_replication_args as _add_replication_args
 from xidstream.cliargs import positive_int as _positive_int
 from xidstream.settings import Settings
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "settings_from_args"]
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def settings_from_args(args: argparse.Namespace) -> Settings:
     base = Settings.from_env(kafka_config=getattr(args, "kafka_config", None))
     settings = base.with_(
         bootstrap=getattr(args, "bootstrap", None),
@@ -36,96 +36,9 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-# -- broker -------------------------------------------------------------------------------------
-def _cluster(args: argparse.Namespace) -> int:
-    """`xidstream broker ACTION --brokers N`: the local multi-broker KRaft cluster."""
-    import json
-
-    from xidstream.localcluster import LocalCluster
-
-    cluster = LocalCluster(brokers=args.brokers, secure=args.secure, port=args.port, host=args.host)
-    if args.action in ("stop-one", "start-one") and args.id is None:
-        raise XidstreamError(f"`xidstream broker {args.action}` needs the node's ID (1..{args.brokers})")
-    if args.action == "fetch":
-        print(f"Kafka jars in {cluster.nodes[0].fetch()}")
-    elif args.action == "start":
-        kind = "secure (SASL_SSL) " if args.secure else ""
-        print(f"starting a local {kind}Kafka cluster of {args.brokers} brokers ({cluster.state_dir}) ...",
-              file=sys.stderr)
-        print(f"Kafka is up on {cluster.start()}")
-        print(f"topics: --replication-factor {cluster.replication_factor} "
-              f"--min-insync-replicas {cluster.min_insync_replicas}")
-        if args.secure:
-            from xidstream.localbroker import ROLES
-
-            print(f"CA: {cluster.ca_file}")
-            for role in ROLES:
-                print(f"{role:16} --kafka-config {cluster.client_file(role)}")
-    elif args.action == "stop":
-        print("stopped" if cluster.stop() else "not running")
-    elif args.action == "stop-one":
-        done = cluster.stop_one(args.id, kill=args.kill)
-        print(f"node {args.id} {'killed' if args.kill else 'stopped'}" if done else f"node {args.id} not running")
-    elif args.action == "start-one":
-        cluster.start_one(args.id)
-        print(f"node {args.id} up on {cluster.node(args.id).bootstrap}")
-    elif args.action == "status":
-        nodes = cluster.status()
-        if args.json:
-            print(json.dumps({"bootstrap": cluster.bootstrap, "brokers": nodes}, indent=2))
-        else:
-            for n in nodes:
-                state = f"pid {n['pid']}" if n["pid"] else "not running"
-                print(f"node {n['id']}  127.0.0.1:{n['port']}  {state:14} "
-                      f"{'registered' if n['registered'] else 'not registered':15} leads {n['leads']} partition(s)")
-        return 0 if all(n["pid"] and n["registered"] for n in nodes) else 1
-    elif args.action == "reset":
-        cluster.reset()
-        print(f"stopped and deleted {cluster.state_dir}")
-    return 0
-
-
-def _broker(args: argparse.Namespace, settings: Settings) -> int:
-    from xidstream.localbroker import LocalBroker
-
-    if args.brokers > 1:
-        return _cluster(args)
-    if args.action in ("stop-one", "start-one"):
-        raise XidstreamError(f"`xidstream broker {args.action}` is for a cluster: add --brokers 3")
-    broker = LocalBroker(port=args.port, secure=args.secure, host=args.host)
-    if args.action == "fetch":
-        print(f"Kafka jars in {broker.fetch()}")
-    elif args.action == "start":
-        kind = "secure (SASL_SSL) " if args.secure else ""
-        print(f"starting the local {kind}Kafka broker (log: {broker.log_file}) ...", file=sys.stderr)
-        print(f"Kafka is up on {broker.start()}")
-        if args.secure:
-            print(f"CA: {broker.ca_file}")
-            from xidstream.localbroker import ROLES
-
-            for role in ROLES:
-                print(f"{role:16} --kafka-config {broker.client_file(role)}")
-    elif args.action == "stop":
-        print("stopped" if broker.stop() else "not running")
-    elif args.action == "status":
-        pid = broker.pid()
-        if pid and broker.answers():
-            print(f"running, pid {pid}, on {broker.bootstrap}")
-        elif pid:
-            print(f"process {pid} exists but does not answer on {broker.bootstrap}")
-            return 1
-        else:
-            print("not running")
-            return 1
-    elif args.action == "reset":
-        broker.reset()
-        print(f"stopped and deleted {broker.data_dir}")
-    return 0
-
-
 # -- topics -------------------------------------------------------------------------------------
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.topics import TOPICS
+    from xidstream.schemas.topics import TOPICS
 
     if args.action == "list":
         reg = settings.topics
@@ -135,7 +48,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
                 (" (co-partitioned input)" if spec.processed else " (co-partitioned)") if spec.co_partitioned else "")
             print(f"{reg.name(name):32} key: {spec.key:42} {keep:10} {part:38} {spec.model.SCHEMA}")
         return 0
-    from transport.kafka import create_topics, settle_replication
+    from xidstream.transport.kafka import create_topics, settle_replication
 
     settings, replication = settle_replication(settings)
     print(f"topics: {replication}", flush=True)
@@ -146,13 +59,13 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- schemas ------------------------------------------------------------------------------------
 def _schemas(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas import jsonschema
+    from xidstream.schemas import jsonschema
 
     return jsonschema.main(["--check"] if args.action == "check" else [])
 
 
 def _scenario(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.scenario import load_scenario
+    from xidstream.schemas.scenario import load_scenario
 
     for path in args.files:
         sc = load_scenario(path)
@@ -165,8 +78,8 @@ def _scenario(args: argparse.Namespace, settings: Settings) -> int:
 def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from collectors.sink import KafkaSink
-    from transport.kafka import create_topics, settle_replication
+    from xidstream.collectors.sink import KafkaSink
+    from xidstream.transport.kafka import create_topics, settle_replication
     from xidstream.simulate import FaultRates, Simulator
 
     if args.create_topics:
@@ -219,36 +132,19 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
     bootstrap = args.bootstrap or os.environ.get("XIDSTREAM_BOOTSTRAP")
     return run_replay(args.scenarios, bootstrap, as_json=args.json, check=args.check, policy=args.policy,
-                      keep=args.keep, partitions=args.partitions, telemetry=args.telemetry, jobs=args.jobs)
+                      keep=args.keep, partitions=args.partitions, telemetry=args.telemetry, jobs=args.jobs,
+                      local_broker=getattr(args, "local_broker", None))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extra: tuple[Callable[[argparse._SubParsersAction], None], ...] = (),
+                 prog: str = "xidstream") -> argparse.ArgumentParser:
+    """The operator's commands; `extra` registers more (the checkout's workshop: `python -m workshop`)."""
     parser = argparse.ArgumentParser(
-        prog="xidstream",
+        prog=prog,
         description="Find sick GPUs from NVML samples, process lists and kernel Xid records, over Kafka.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("broker", help="the local single-node Kafka for the demo and tests")
-    p.add_argument("action", choices=["fetch", "start", "stop", "status", "reset", "stop-one", "start-one"])
-    p.add_argument("id", nargs="?", type=int, help="stop-one / start-one: the node id of a --brokers cluster (1..N)")
-    p.add_argument("--brokers", type=int, default=1,
-                   help="N > 1: a separate local KRaft cluster of N combined broker+controller nodes "
-                        "(.xidstream/cluster/, ports 19592, 19594, ...; 19692... with --secure); topics on it "
-                        "use --replication-factor 3 --min-insync-replicas 2")
-    p.add_argument("--kill", action="store_true", help="stop-one: SIGKILL (a crash: no controlled shutdown)")
-    p.add_argument("--json", action="store_true", help="status of a --brokers cluster as JSON: each broker's id, "
-                                                       "port, PID and the partitions it leads")
-    p.add_argument("--port", type=int, default=None, help="client port (controller: port+1); default 19092, "
-                                                          "19392 with --secure")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="the address it listens on and advertises (default 127.0.0.1; pods on a CNI bridge cannot "
-                        "reach loopback: give the bridge's address, e.g. the one `xidstream node up` prints)")
-    p.add_argument("--secure", action="store_true",
-                   help="the separate SASL_SSL instance (.xidstream/broker-secure/): TLS, SCRAM-SHA-512 users "
-                        "collector, processor, executor, admin, ACLs; writes clients/ROLE.properties")
-    p.set_defaults(handler=_broker)
 
     p = sub.add_parser("topics", help="create or list the contract's topics",
                        epilog="Replicated as the cluster can hold unless told: 3 replicas with min.insync.replicas 2 on "
@@ -274,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--telemetry", action="store_true", help="with --json: the input records too (samples, process lists, "
                    "Xids, workloads), so `xidstream incident ID --html FILE --stdin` can chart the GPU")
     p.add_argument("--check", action="store_true", help="evaluate expect/forbid; exit 1 naming what failed")
-    p.add_argument("--bootstrap", help="an existing Kafka (default: start the local broker for the run)")
+    p.add_argument("--bootstrap", help="the Kafka to run on (default: XIDSTREAM_BOOTSTRAP; `python -m workshop replay` starts the local broker for the run when neither is given)")
     p.add_argument("--policy", help="policy YAML for the processor")
     p.add_argument("--partitions", type=int, default=1, help="partitions of the run's topics (default 1: the fleet breaker then sees commands in event-time order)")
     p.add_argument("--keep", action="store_true", help="keep the run's topics")
@@ -316,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_args(p)
     p.set_defaults(handler=_evaluate)
 
-    for register in _EXTRA_COMMANDS:
+    for register in (*_EXTRA_COMMANDS, *extra):
         register(sub)
     return parser
 
@@ -334,32 +230,8 @@ def _streams(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
-def _kube(sub: argparse._SubParsersAction) -> None:
-    from xidstream.localkube import register
-
-    register(sub)
-
-
-def _node(sub: argparse._SubParsersAction) -> None:
-    from xidstream.localnode import register
-
-    register(sub)
-
-
-def _e2e(sub: argparse._SubParsersAction) -> None:
-    from xidstream.node_e2e import register
-
-    register(sub)
-
-
 def _executors(sub: argparse._SubParsersAction) -> None:
     from xidstream.execute_cmd import register
-
-    register(sub)
-
-
-def _demo_cluster(sub: argparse._SubParsersAction) -> None:
-    from xidstream.demo_cluster import register
 
     register(sub)
 
@@ -376,17 +248,19 @@ def _incidents(sub: argparse._SubParsersAction) -> None:
     register(sub)
 
 
-_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _kube, _node, _e2e, _executors,
-                                                                       _demo_cluster, _exporters, _incidents]
+_EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collectors, _streams, _executors, _exporters,
+                                                                       _incidents]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None, **defaults: object) -> int:
+    args = (parser or build_parser()).parse_args(argv)
+    for name, value in defaults.items():  # what the workshop lends the commands (its local broker)
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        settings = _settings(args)
+        settings = settings_from_args(args)
         return args.handler(args, settings)
     except XidstreamError as exc:
         print(f"xidstream: error: {exc}", file=sys.stderr)

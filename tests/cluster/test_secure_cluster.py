@@ -1,4 +1,4 @@
-"""The secure three-broker cluster (`xidstream broker start --brokers 3 --secure`: SASL_SSL,
+"""The secure three-broker cluster (`python -m workshop broker start --brokers 3 --secure`: SASL_SSL,
 SCRAM users per role, the contract's ACLs): a broker SIGKILLed while a collector publishes, and
 the clients carry on with their own credentials through the leader change.
 
@@ -15,13 +15,13 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from collectors.sink import KafkaSink
-from schemas.codec import decode_any
-from schemas.models import XidEvent
-from schemas.vocab import XidSource
-from transport.acls import apply_acls
-from transport.config import KafkaConfig
-from transport.kafka import check_replication, consumer_config, create_topics, delete_run
+from xidstream.collectors.sink import KafkaSink
+from xidstream.schemas.codec import decode_any
+from xidstream.schemas.models import XidEvent
+from xidstream.schemas.vocab import XidSource
+from xidstream.transport.acls import apply_acls
+from xidstream.transport.config import KafkaConfig
+from xidstream.transport.kafka import check_replication, consumer_config, create_topics, delete_run
 
 pytestmark = pytest.mark.cluster
 

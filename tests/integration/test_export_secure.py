@@ -24,13 +24,13 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, NewTopic, ResourcePatternType,
                                    ResourceType)
 
-from exporters import ocsf
-from schemas import Approval
-from schemas.codec import encode
-from schemas.topics import spec_for_model
+from xidstream.exporters import ocsf
+from xidstream.schemas import Approval
+from xidstream.schemas.codec import encode
+from xidstream.schemas.topics import spec_for_model
 from tests.exporters.helpers import alerts, commands_and_results
-from transport.acls import acl_bindings
-from transport.kafka import admin, create_topics, delete_run, producer_config, read_all
+from xidstream.transport.acls import acl_bindings
+from xidstream.transport.kafka import admin, create_topics, delete_run, producer_config, read_all
 from xidstream.settings import Settings
 
 # slow (make test-all only): the secure broker's exporter ACL paths
@@ -107,7 +107,7 @@ def _export(props: Path, prefix: str, out: str, *extra: str, timeout: float = 12
 
 
 def test_the_broker_grants_the_exporter_role_its_acls(secure_kafka):
-    """`xidstream broker start --secure` applies transport.acls: the exporter role's too."""
+    """`python -m workshop broker start --secure` applies transport.acls: the exporter role's too."""
     adm = Settings.from_env({}, kafka_config=secure_kafka.client_file("admin"))
     f = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, "User:exporter", None,
                          AclOperation.ANY, AclPermissionType.ANY)

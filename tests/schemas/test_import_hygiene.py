@@ -9,14 +9,18 @@ import pytest
 
 
 def _loaded_after(statement: str) -> set[str]:
-    code = f"import sys; {statement}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    # top-level names, and xidstream's libraries as xidstream.<library>
+    code = (f"import sys; {statement}; print(' '.join(sorted({{'.'.join(m.split('.')[:2]) if m.startswith('xidstream.') "
+            f"else m.split('.')[0] for m in sys.modules}})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return set(out.split())
 
 
 def test_schemas_imports_without_faust_nvml_kafka_or_yaml():
-    loaded = _loaded_after("import schemas, schemas.jsonschema; schemas.TopicRegistry().all()")
-    assert not loaded & {"faust", "mode", "pynvml", "confluent_kafka", "aiokafka", "yaml", "collectors", "streams"}
+    loaded = _loaded_after("import xidstream.schemas.jsonschema; from xidstream import schemas; schemas.TopicRegistry().all()")
+    assert "xidstream.schemas" in loaded
+    assert not loaded & {"faust", "mode", "pynvml", "confluent_kafka", "aiokafka", "yaml", "xidstream.collectors",
+                         "xidstream.streams"}
 
 
 def test_schemas_works_when_faust_and_pynvml_cannot_be_imported():
@@ -24,7 +28,7 @@ def test_schemas_works_when_faust_and_pynvml_cannot_be_imported():
     code = (
         "import sys; sys.modules['faust'] = None; sys.modules['pynvml'] = None; "
         "sys.modules['confluent_kafka'] = None; "
-        "import schemas; print(schemas.decode_any(schemas.encode(schemas.GpuSample("
+        "from xidstream import schemas; print(schemas.decode_any(schemas.encode(schemas.GpuSample("
         "node='n', gpu_uuid='GPU-1', gpu_index=0, pci_bus_id='0000:01:00'))).gpu_uuid)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -40,7 +44,9 @@ def test_dependency_direction(package, forbidden):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.find_spec(package)
+    from tests.test_layers import layer
+
+    spec = importlib.util.find_spec(f"xidstream.{package}")
     if spec is None or spec.submodule_search_locations is None:
         pytest.skip(f"{package} not present")
     root = Path(list(spec.submodule_search_locations)[0])
@@ -48,13 +54,13 @@ def test_dependency_direction(package, forbidden):
     for path in root.rglob("*.py"):
         for line in path.read_text().splitlines():
             words = line.strip().split()
-            if len(words) >= 2 and words[0] in ("import", "from") and words[1].split(".")[0] in forbidden:
+            if len(words) >= 2 and words[0] in ("import", "from") and layer(words[1]) in forbidden:
                 offenders.append(f"{path.relative_to(root.parent)}: {line.strip()}")
     assert not offenders
 
 
 def test_public_surface_of_schemas():
-    import schemas
+    from xidstream import schemas
 
     assert sorted(schemas.__all__) == sorted(set(schemas.__all__))
     missing = [name for name in schemas.__all__ if not hasattr(schemas, name)]

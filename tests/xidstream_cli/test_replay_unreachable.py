@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import transport.kafka as tk
-from schemas.errors import TopicError
+import xidstream.transport.kafka as tk
+from xidstream.schemas.errors import TopicError
 from xidstream.cli import main as cli
 from xidstream.settings import Settings
 
@@ -29,7 +29,7 @@ def test_reachable_names_the_address_within_its_bound_and_prints_nothing_of_libr
     with pytest.raises(TopicError) as err:
         tk.reachable(Settings(bootstrap=addr), timeout=1.0)
     assert str(err.value).startswith(f"no Kafka broker answers at {addr} within 1 s (")
-    assert "is it running (`xidstream broker status`)" in str(err.value)
+    assert "is it running (`python -m workshop broker status`)" in str(err.value)
     assert "Connection refused" not in capfd.readouterr().err
 
 

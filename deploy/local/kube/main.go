@@ -1,6 +1,6 @@
 // Command kube-apiserver is the upstream kube-apiserver main (k8s.io/kubernetes
 // cmd/kube-apiserver/apiserver.go), built from the k8s.io/kubernetes module for xidstream's
-// local API server (xidstream/localkube.py). Never commit the binary: `xidstream kube fetch`
+// local API server (xidstream/localkube.py). Never commit the binary: `python -m workshop kube fetch`
 // builds it into ~/.cache/xidstream/kube-<version>/.
 package main
 

@@ -1,7 +1,7 @@
 // Command kube-node is kubelet, kube-controller-manager, kube-scheduler and kube-proxy in one
 // binary, the upstream mains of k8s.io/kubernetes cmd/<name>, chosen by the first argument
 // (`kube-node kubelet --config=...`). One binary links the shared code once (about 107 MB against
-// four of 60-110 MB each). Built by `xidstream node fetch` into ~/.cache/xidstream/kube-<version>/
+// four of 60-110 MB each). Built by `python -m workshop node fetch` into ~/.cache/xidstream/kube-<version>/
 // for the single-node cluster of xidstream/localnode.py; never commit it.
 package main
 

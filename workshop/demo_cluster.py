@@ -1,11 +1,11 @@
-"""`xidstream demo-cluster` (`make demo-cluster`): the motivating incident through the closed loop.
+"""`python -m workshop demo-cluster` (`make demo-cluster`): the motivating incident through the closed loop.
 
     collectors (the scenario's fakes, the real collector code) -> Kafka -> `xidstream process
     --signing-key` -> gpu.remediation (signed) -> `xidstream execute --scope cluster --apply` and
     `xidstream execute --scope node --apply` -> the local kube-apiserver -> gpu.remediation.results
     -> the processor matches each result to its command -> the incident's timeline shows it
 
-Everything is real but the GPU: the local broker, the local API server (`xidstream kube`), the
+Everything is real but the GPU: the local broker, the local API server (`python -m workshop kube`), the
 processor and both executors run as the real commands (subprocesses). The node `gpu-node-7` is
 created on the API server with a Running/Ready vLLM pod (evicted by the drain) and the collector's
 DaemonSet pod (kept). The node executor finds no GPU here (no NVML), so RESET_GPU is refused on its
@@ -44,10 +44,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from schemas.errors import XidstreamError
-from schemas.models import Alert, RemediationCommand, RemediationResult
-from schemas.scenario import Scenario, load_scenario, parse_scenario
-from schemas.vocab import Action
+from xidstream.schemas.errors import XidstreamError
+from xidstream.schemas.models import Alert, RemediationCommand, RemediationResult
+from xidstream.schemas.scenario import Scenario, load_scenario, parse_scenario
+from xidstream.schemas.vocab import Action
 
 __all__ = ["ClosedLoop", "run_closed_loop", "render", "register", "SCENARIO"]
 
@@ -191,8 +191,8 @@ def wait_enrolled(settings: Any, identities: set[str], timeout: float) -> None:
     enrolled')."""
     from confluent_kafka import Consumer
 
-    from schemas.codec import decode_any
-    from transport.kafka import consumer_config
+    from xidstream.schemas.codec import decode_any
+    from xidstream.transport.kafka import consumer_config
 
     consumer = Consumer({**consumer_config(settings, f"{settings.topic_prefix}demo-enrolled-{uuid.uuid4().hex[:6]}"),
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
@@ -232,7 +232,7 @@ class _Reader:
     def __init__(self, settings: Any, loop: ClosedLoop) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        from transport.kafka import admin, consumer_config
+        from xidstream.transport.kafka import admin, consumer_config
 
         self.loop = loop
         names = [settings.topics.name(n) for n in ("gpu.remediation", "gpu.remediation.results", "gpu.alerts")]
@@ -241,7 +241,7 @@ class _Reader:
         self.consumer.assign([TopicPartition(t, p, 0) for t in names for p in sorted(md.topics[t].partitions)])
 
     def read(self, timeout: float = 0.3) -> None:
-        from transport.kafka import consume_records
+        from xidstream.transport.kafka import consume_records
 
         for rec in consume_records(self.consumer, timeout):
             self.loop.arrived[rec.event_id] = time.time()
@@ -287,13 +287,13 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
                     timeout: float = 40.0, log: Callable[[str], None] | None = None) -> ClosedLoop:
     """Run the motivating incident through the closed loop; return what the topics and the API
     server show. Everything it started is stopped and its topics deleted (the API objects stay)."""
-    from collectors.scenario import ScenarioRunner
-    from collectors.sink import KafkaSink
-    from executors.enroll import request_enrollment
-    from executors.kube import make_client
-    from schemas.signing import SigningKey, generate_keys
-    from transport.identity import CLUSTER_IDENTITY, NodeIdentity, ProcessorIdentity
-    from transport.kafka import create_topics, delete_run
+    from xidstream.collectors.scenario import ScenarioRunner
+    from xidstream.collectors.sink import KafkaSink
+    from xidstream.executors.enroll import request_enrollment
+    from xidstream.executors.kube import make_client
+    from xidstream.schemas.signing import SigningKey, generate_keys
+    from xidstream.transport.identity import CLUSTER_IDENTITY, NodeIdentity, ProcessorIdentity
+    from xidstream.transport.kafka import create_topics, delete_run
     from xidstream.runner import WorkerProcess
     from xidstream.settings import Settings
 
@@ -439,10 +439,10 @@ def render(loop: ClosedLoop, out: TextIO) -> None:
 
 
 def _demo_cluster(args: argparse.Namespace, settings: Any) -> int:
-    from xidstream.localbroker import LocalBroker
-    from xidstream.localkube import LocalKube
+    from workshop.localbroker import LocalBroker
+    from workshop.localkube import LocalKube
 
-    say = (lambda m: print(f"xidstream demo-cluster: {m}", file=sys.stderr, flush=True))
+    say = (lambda m: print(f"python -m workshop demo-cluster: {m}", file=sys.stderr, flush=True))
     broker = kube = None
     workdir = Path(tempfile.mkdtemp(prefix="xidstream-demo-cluster-"))
     try:

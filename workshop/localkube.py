@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import XidstreamError
-from xidstream.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
+from xidstream.schemas.errors import XidstreamError
+from workshop.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
 
 __all__ = ["LocalKube", "KubeHandle", "LocalKubeError", "KUBE_DIR", "register"]
 
@@ -520,7 +520,7 @@ class LocalKube:
             "--feature-gates=DRADeviceTaints=true",
             "--runtime-config=resource.k8s.io/v1alpha3=true",
             # The kubernetes Service cannot have a loopback endpoint; on a bridge address (a real
-            # node's, `xidstream node`) pods reach the API server through it.
+            # node's, `python -m workshop node`) pods reach the API server through it.
             "--endpoint-reconciler-type=" + ("none" if self.host == "127.0.0.1" else "lease"),
             "--kubelet-preferred-address-types=InternalIP",
             "--profiling=false",
@@ -618,7 +618,7 @@ class LocalKube:
         }
 
 
-# -- `xidstream kube` -------------------------------------------------------------------------------
+# -- `python -m workshop kube` -------------------------------------------------------------------------------
 def _kube_command(args: argparse.Namespace, settings: Any) -> int:
     kube = LocalKube(port=args.port, etcd_port=args.etcd_port, etcd_peer_port=args.etcd_port + 1)
     if args.action == "fetch":

@@ -9,12 +9,12 @@ Steps, each idempotent and each logging to `<state>/broker.log`:
           metadata request; a second start finds it running and returns.
 - stop:   SIGTERM, then SIGKILL after a grace period; removes the pid file.
 
-`LocalBroker(secure=True)` (`xidstream broker start --secure`) is a second, separate instance
+`LocalBroker(secure=True)` (`python -m workshop broker start --secure`) is a second, separate instance
 (`.xidstream/broker-secure/`, 127.0.0.1:19392, controller 19393) as a production cluster would
 run it: one SASL_SSL listener (a local CA and a broker certificate made at first start, PEM key
 stores), SCRAM-SHA-512 users `collector`, `processor`, `executor`, `cluster-executor`, `exporter` and
 `admin` (added at format time, passwords generated once), KRaft's StandardAuthorizer with no access unless an ACL grants it,
-and the contract's least-privilege ACLs (`transport.acls`) created as `admin` through the Admin
+and the contract's least-privilege ACLs (`xidstream.transport.acls`) created as `admin` through the Admin
 API. The controller listener is TLS with client certificates on loopback (its principal, the
 broker certificate's subject, is a super user like `admin`). Each role gets a librdkafka properties
 file, `clients/ROLE.properties` (mode 0600), that `--kafka-config` and `kcat -F` read.
@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.errors import BrokerError
+from xidstream.schemas.errors import BrokerError
 
 __all__ = ["LocalBroker", "broker_for_run", "DEPLOY_DIR", "default_cache_dir", "default_state_dir", "ROLES", "SECURE_PORT"]
 
@@ -297,16 +297,16 @@ class LocalBroker:
             missing = [r for r in ROLES if r not in saved]
             if missing:
                 raise BrokerError(f"{self._passwords_file} has no user for role(s) {', '.join(missing)} (made by an "
-                                  f"earlier version); `xidstream broker reset --secure` starts over with every role")
+                                  f"earlier version); `python -m workshop broker reset --secure` starts over with every role")
             return saved
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as exc:
-            raise BrokerError(f"cannot read {self._passwords_file}: {exc}; `xidstream broker reset --secure` "
+            raise BrokerError(f"cannot read {self._passwords_file}: {exc}; `python -m workshop broker reset --secure` "
                               f"starts over") from None
         if (self.data_dir / "meta.properties").exists():
             raise BrokerError(f"{self._passwords_file} is missing but {self.data_dir} was formatted with its users; "
-                              f"`xidstream broker reset --secure` starts over")
+                              f"`python -m workshop broker reset --secure` starts over")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         passwords = {role: secrets.token_urlsafe(24) for role in ROLES}
         fd = os.open(self._passwords_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -377,8 +377,8 @@ class LocalBroker:
 
     def _grant(self) -> None:
         """The contract's ACLs (transport.acls), created as admin; idempotent."""
-        from transport.acls import apply_acls
-        from transport.config import KafkaConfig
+        from xidstream.transport.acls import apply_acls
+        from xidstream.transport.config import KafkaConfig
 
         extra = {k: v for k, v in self.client_config("admin").items() if k != "bootstrap.servers"}
         apply_acls(KafkaConfig(bootstrap=self.bootstrap, kafka_extra=extra))

@@ -1,6 +1,6 @@
 """A local three-broker Apache Kafka (KRaft) cluster on loopback, for the failover tests and bench.
 
-`xidstream broker start --brokers 3` (`--secure` for the SASL_SSL variant) runs it under
+`python -m workshop broker start --brokers 3` (`--secure` for the SASL_SSL variant) runs it under
 `.xidstream/cluster/` (or `cluster-secure/`), one directory per node (`node-1/` ...: its
 `server.properties`, `data/`, `broker.log`, `broker.pid`), on ports of its own (plain 19592, 19594,
 19596; secure 19692, 19694, 19696; each controller on port+1), so it never meets the single local
@@ -33,8 +33,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.errors import BrokerError
-from xidstream.localbroker import DEPLOY_DIR, REPO_ROOT, LocalBroker
+from xidstream.schemas.errors import BrokerError
+from workshop.localbroker import DEPLOY_DIR, REPO_ROOT, LocalBroker
 
 __all__ = ["LocalCluster", "ClusterNode", "CLUSTER_PORT", "SECURE_CLUSTER_PORT"]
 
@@ -137,7 +137,7 @@ class ClusterNode(LocalBroker):
             for node in self.cluster.nodes:
                 if (node.data_dir / "meta.properties").exists():
                     raise BrokerError(f"{self._passwords_file} is missing but {node.data_dir} was formatted with its "
-                                      f"users; `xidstream broker reset --brokers 3 --secure` starts over")
+                                      f"users; `python -m workshop broker reset --brokers 3 --secure` starts over")
         return _passwords_of(self)
 
     def _write_config(self) -> Path:
@@ -262,7 +262,7 @@ def _passwords_of(node: ClusterNode) -> dict[str, str]:
     import json
     import secrets
 
-    from xidstream.localbroker import ROLES
+    from workshop.localbroker import ROLES
 
     path = node._passwords_file
     try:
@@ -270,12 +270,12 @@ def _passwords_of(node: ClusterNode) -> dict[str, str]:
         missing = [r for r in ROLES if r not in saved]
         if missing:
             raise BrokerError(f"{path} has no user for role(s) {', '.join(missing)}; "
-                              f"`xidstream broker reset --brokers 3 --secure` starts over")
+                              f"`python -m workshop broker reset --brokers 3 --secure` starts over")
         return saved
     except FileNotFoundError:
         pass
     except (OSError, ValueError) as exc:
-        raise BrokerError(f"cannot read {path}: {exc}; `xidstream broker reset --brokers 3 --secure` starts over") from None
+        raise BrokerError(f"cannot read {path}: {exc}; `python -m workshop broker reset --brokers 3 --secure` starts over") from None
     passwords = {role: secrets.token_urlsafe(24) for role in ROLES}
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -339,7 +339,7 @@ class LocalCluster:
 
     def _write_client_files(self) -> None:
         """`clients/ROLE.properties` with the whole bootstrap list (mode 0600)."""
-        from xidstream.localbroker import ROLES
+        from workshop.localbroker import ROLES
 
         first = self.nodes[0]
         first.clients_dir.mkdir(parents=True, exist_ok=True)
@@ -396,8 +396,8 @@ class LocalCluster:
             procs[n.node_id] = n.launch(java)
         self.wait(timeout, procs)
         if self.secure:
-            from transport.acls import apply_acls
-            from transport.config import KafkaConfig
+            from xidstream.transport.acls import apply_acls
+            from xidstream.transport.config import KafkaConfig
 
             extra = {k: v for k, v in self.client_config("admin").items() if k != "bootstrap.servers"}
             apply_acls(KafkaConfig(bootstrap=self.bootstrap, kafka_extra=extra))

@@ -1,6 +1,6 @@
-"""A real single-node Kubernetes on this machine, for `make e2e` (`xidstream node`).
+"""A real single-node Kubernetes on this machine, for `make e2e` (`python -m workshop node`).
 
-The local API server of `xidstream kube` gives the executors an API; this gives them a node: a
+The local API server of `python -m workshop kube` gives the executors an API; this gives them a node: a
 kubelet that runs pods in containerd, so a drain's evictions are carried out by a real kubelet,
 the chart's DaemonSet reads the host's real /dev/kmsg, and Pod Security admission judges real pods.
 
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import XidstreamError
-from xidstream.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
-from xidstream.localkube import LocalKube, build_go_binary, kube_version
+from xidstream.schemas.errors import XidstreamError
+from workshop.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
+from workshop.localkube import LocalKube, build_go_binary, kube_version
 
 __all__ = ["LocalNode", "LocalNodeError", "NODE_NAME", "BRIDGE_IP", "register"]
 
@@ -448,7 +448,7 @@ state = "{self.state_dir / 'containerd' / 'state'}"
     def up(self, images: list[tuple[Path, str]] | None = None, timeout: float = 180.0) -> None:
         """Bring the node up (idempotent); `images`: OCI archives to import, with their names."""
         if os.geteuid() != 0:
-            raise LocalNodeError("a kubelet needs root: run `xidstream node up` (or `make e2e`) as root")
+            raise LocalNodeError("a kubelet needs root: run `python -m workshop node up` (or `make e2e`) as root")
         self.fetch()
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -539,7 +539,7 @@ state = "{self.state_dir / 'containerd' / 'state'}"
                     except OSError:
                         pass
         ran |= self.kube.stop()
-        from xidstream.localbroker import LocalBroker  # `xidstream e2e --keep` leaves its broker on the bridge
+        from workshop.localbroker import LocalBroker  # `python -m workshop e2e --keep` leaves its broker on the bridge
 
         for name in ("broker", "broker-secure"):
             ran |= LocalBroker(host=BRIDGE_IP, state_dir=self.state_dir / name, secure=name.endswith("secure")).stop()
@@ -566,7 +566,7 @@ state = "{self.state_dir / 'containerd' / 'state'}"
         return st
 
 
-# -- `xidstream node` -------------------------------------------------------------------------------
+# -- `python -m workshop node` -------------------------------------------------------------------------------
 def _node_command(args: argparse.Namespace, settings: Any) -> int:
     node = LocalNode()
     if args.action == "fetch":
@@ -580,7 +580,7 @@ def _node_command(args: argparse.Namespace, settings: Any) -> int:
         node.up(images=[(archive, PROJECT_IMAGE)] if archive.exists() else [])
         print(f"node {node.node} is Ready ({time.monotonic() - started:.1f}s); API server {node.kube.server}\n"
               f"kubeconfig: {node.kubeconfig}\n  e.g. kubectl --kubeconfig {shlex.quote(str(node.kubeconfig))} get pods -A\n"
-              f"logs: {node.state_dir}/*.log; stop it with `xidstream node down`")
+              f"logs: {node.state_dir}/*.log; stop it with `python -m workshop node down`")
     elif args.action == "down":
         print("stopped" if node.down() else "not running")
     elif args.action == "status":
