@@ -252,7 +252,17 @@ _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_collecto
                                                                        _incidents]
 
 
+# Commands of the checkout's workshop (workshop/cli.py), which an installed xidstream has not: named
+# with where they went instead of argparse's bare "invalid choice".
+WORKSHOP_COMMANDS = ("broker", "kube", "node", "e2e", "demo-cluster")
+
+
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None, **defaults: object) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if parser is None and argv and argv[0] in WORKSHOP_COMMANDS:
+        print(f"xidstream: error: `{argv[0]}` is a command of the checkout's workshop, not of the installed "
+              f"product: run `python -m workshop {' '.join(argv)}` from a checkout of xidstream", file=sys.stderr)
+        return 2
     args = (parser or build_parser()).parse_args(argv)
     for name, value in defaults.items():  # what the workshop lends the commands (its local broker)
         if getattr(args, name, None) is None:
