@@ -103,7 +103,7 @@ MIRRORED = {
 }
 # faust Consumer attributes the cuts read or write directly
 CONSUMER_ATTRIBUTES = ("_read_offset", "_committed_offset", "_n_acked", "_acked", "_acked_index", "_unacked_messages",
-                       "_gap", "_waiting_for_ack", "_commit_every", "_active_partitions")
+                       "_gap", "_waiting_for_ack", "_active_partitions")
 
 
 def _resolve(path: str) -> Any:
@@ -248,11 +248,11 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
     get_nowait, empty, get = queue.get_nowait, queue.empty, channel.__anext__
     processors = stream._processors
     app = stream.app
-    flow_active, acking_topics = app.flow_control.is_active, app.topics._acking_topics
+    flow_active, acks_enabled_for = app.flow_control.is_active, app.topics.acks_enabled_for
     track = app.consumer._unacked_messages.add
     ack_all = getattr(app.consumer, "ack_events", None) or _ack_each
     loop = asyncio.get_running_loop()
-    stopping = asyncio.ensure_future(stream._stopped.wait())
+    stopping = asyncio.ensure_future(stream.wait_until_stopped())
     label = getattr(stream, "shortlabel", "") or str(getattr(stream, "channel", "?"))  # for /livez, once
 
     ended = False
@@ -292,7 +292,7 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
         message = event.message
         if not flow_active() or message.generation_id != app.consumer_generation_id:
             return False
-        if message.topic in acking_topics and not message.tracked:
+        if not message.tracked and acks_enabled_for(message.topic):
             message.tracked = True
             track(message)
         return True
@@ -504,10 +504,9 @@ class FastConsumer(faust_aiokafka.Consumer):
         `_seek_if_stalled` checks it again on aiokafka's thread before it acts."""
         out = {}
         for tp in tps:
-            # the attribute: `.position` asserts it is valid
-            position = getattr(self._partition_state(tp), "_position", None)
-            if position is not None:
-                out[tp] = position
+            state = self._partition_state(tp)
+            if state is not None and state.has_valid_position:  # `.position` asserts it is valid
+                out[tp] = state.position
         return out
 
     @Service.task
@@ -562,8 +561,8 @@ class FastConsumer(faust_aiokafka.Consumer):
         consumer = self._thread._ensure_consumer()
         sought = {}
         for tp, offset in stalled.items():
-            position = getattr(self._partition_state(tp), "_position", None)  # None: revoked meanwhile
-            if position is None or position <= offset + 1:
+            state = self._partition_state(tp)  # None: revoked meanwhile
+            if state is None or not state.has_valid_position or state.position <= offset + 1:
                 continue
             consumer.seek(TopicPartition(tp.topic, tp.partition), offset)
             if offset > 0:
@@ -654,12 +653,18 @@ class FastConsumer(faust_aiokafka.Consumer):
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.
         callback = self.callback
         getmany = self.getmany
-        consumer_should_stop = self._stopped.is_set
-        fetcher_should_stop = fetcher._stopped.is_set
+        # Service.should_stop: faust's loop reads the stopped events themselves; should_stop
+        # also ends the loop once the consumer or the fetcher crashed, when it has nothing to do
+        def consumer_should_stop() -> bool:
+            return self.should_stop
+
+        def fetcher_should_stop() -> bool:
+            return fetcher.should_stop
+
         get_read_offset = self._read_offset.__getitem__
         set_read_offset = self._read_offset.__setitem__
         set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
-        commit_every = self._commit_every
+        commit_every = self.app.conf.broker_commit_every  # what faust's Consumer keeps as _commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for
         suspend_flow = self.suspend_flow
         channels_of = getattr(self.app.topics, "_tp_index", {}).get  # the conductor's tp -> channels
@@ -790,7 +795,7 @@ class FastConsumer(faust_aiokafka.Consumer):
         times and looks up the same things each time. The same steps, under the lock once. (They are
         faust's `Event.ack` and `Consumer.ack`: an app whose Event class overrides `ack` would be
         bypassed; this one's is faust's.)"""
-        acking = self.app.topics._acking_topics
+        acks_enabled_for = self.app.topics.acks_enabled_for
         committed_offsets, acked_index, acked, unacked = (self._committed_offset, self._acked_index,
                                                           self._acked, self._unacked_messages)
         with ack_lock:
@@ -806,7 +811,7 @@ class FastConsumer(faust_aiokafka.Consumer):
                     if refcount:
                         continue
                     message.acked = True  # Consumer.ack, for the message's final ack
-                    if message.topic not in acking:
+                    if not acks_enabled_for(message.topic):
                         continue
                     tp, offset = message.tp, message.offset
                     committed = committed_offsets[tp]
@@ -1026,5 +1031,6 @@ class _QuietSensor(Sensor):
 
 def drop_monitor(app: Any) -> None:
     """Take faust's Monitor out of the app's sensors (see the module's docstring)."""
-    app.sensors._sensors.discard(app.monitor)
+    if app.monitor in app.sensors:
+        app.sensors.remove(app.monitor)
     app.sensors.add(_QuietSensor())

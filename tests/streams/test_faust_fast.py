@@ -246,7 +246,7 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
     c._read_offset = defaultdict(lambda: None)
     c._committed_offset[tp] = c._read_offset[tp] = committed  # as perform_seek leaves them
     c._rewound, c._delivered, c._seeks, c._seeks_total, c._seek_done = {}, {}, {}, 0, None
-    c._commit_every, c._n_acked, c.log = commit_every, 0, logging.getLogger("test")
+    c._n_acked, c.log = 0, logging.getLogger("test")
     c.log.dev = c.log.debug  # faust's logger has a level below debug
     c.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
     flow_control = FlowControlEvent(initially_suspended=False)
@@ -255,7 +255,8 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
     c.app = SimpleNamespace(
         topics=SimpleNamespace(acks_enabled_for=lambda topic: True, _tp_index={tp: channels} if channels else {},
                                _tp_to_callback_lock=asyncio.Lock()),
-        conf=SimpleNamespace(Event=faust.Event, producer_threaded=producer_threaded), flow_control=flow_control,
+        conf=SimpleNamespace(Event=faust.Event, producer_threaded=producer_threaded, broker_commit_every=commit_every),
+        flow_control=flow_control,
         producer=producer)
     sought, delivered = [], []
 
@@ -280,7 +281,14 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
         delivered.append(message.offset)
 
     c.callback = callback
-    fetcher = SimpleNamespace()
+    class Fetcher:  # faust's Fetcher service: the drain loop asks whether it should stop
+        _stopped = None
+
+        @property
+        def should_stop(self):
+            return self._stopped.is_set()
+
+    fetcher = Fetcher()
     pending = list(batches)
 
     def getmany(timeout):
@@ -1070,3 +1078,17 @@ def test_the_workers_clients_refresh_metadata_every_ten_seconds():
 
     conf = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app.conf
     assert conf.consumer_metadata_max_age_ms == conf.producer_metadata_max_age_ms == 10_000
+
+
+def test_dropping_the_monitor_leaves_one_quiet_sensor_and_may_run_twice():
+    import faust
+
+    from streams.faust_fast import _QuietSensor, drop_monitor
+
+    app = faust.App("drop-monitor-test", broker="kafka://127.0.0.1:1", autodiscover=False)  # never connected
+    app.sensors.add(app.monitor)  # as faust's on_init_dependencies leaves it
+    drop_monitor(app)
+    drop_monitor(app)  # the monitor already gone: nothing to remove, no error
+    sensors = list(app.sensors)
+    assert app.monitor not in sensors
+    assert [type(s) for s in sensors if isinstance(s, _QuietSensor)] == [_QuietSensor, _QuietSensor]
