@@ -125,6 +125,21 @@ def _upstream_bases(cls: type | None) -> bool:
     return cls is not None and any(b.__module__.split(".")[0] in UPSTREAM for b in cls.__mro__[1:])
 
 
+def _effective(cls: type | None) -> type | None:
+    """`cls`, or for a mixin of ours (no upstream base itself) the first subclass that has one:
+    the mixin's ``self`` is that class's instance (streams/faust_mends' mends are mixins of
+    faust_fast's consumer classes)."""
+    if cls is None or _upstream_bases(cls):
+        return cls
+    todo = list(cls.__subclasses__())
+    while todo:
+        sub = todo.pop(0)
+        if _upstream_bases(sub):
+            return sub
+        todo.extend(sub.__subclasses__())
+    return cls
+
+
 class Scan(ast.NodeVisitor):
     def __init__(self, path: Path, module: str, up: Upstream, ours: set, touches: list, ambiguous: list) -> None:
         self.path, self.module, self.up, self.ours = path, module, up, ours
@@ -141,12 +156,7 @@ class Scan(ast.NodeVisitor):
         for alias in node.names:
             if alias.name.split(".")[0] not in UPSTREAM:
                 self.stdlib_modules.add((alias.asname or alias.name).split(".")[0])
-            else:
-                self.imports_upstream = True
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level == 0 and (node.module or "").split(".")[0] in UPSTREAM:
-            self.imports_upstream = True
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         runtime = None
@@ -155,7 +165,7 @@ class Scan(ast.NodeVisitor):
                 runtime = getattr(importlib.import_module(self.module), node.name, None)
             except Exception:  # noqa: BLE001 - a module that does not import: counted without MROs
                 runtime = None
-        self.classes.append((node, runtime if inspect.isclass(runtime) else None))
+        self.classes.append((node, _effective(runtime) if inspect.isclass(runtime) else None))
         if _upstream_bases(self.classes[-1][1]):
             cls = self.classes[-1][1]
             for item in node.body:
@@ -251,12 +261,21 @@ def scan(paths: list) -> tuple[list, list, Upstream]:
     touches: list = []
     ambiguous: list = []
     sys.path.insert(0, str(ROOT))
+    for path, _ in files:  # every module imported first: a mixin's subclasses are then known
+        try:
+            importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"))
+        except Exception:  # noqa: BLE001 - a module that does not import: counted without MROs
+            pass
     for path, tree in files:
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         ours = our_names(tree)
         # a name our subclass overrides or assigns on an upstream object is still upstream's
         ours -= {n for n in ours if n in up.owners and _defined_only_in_upstream_subclasses(n, [(path, tree)], up)}
         s = Scan(path, module, up, ours, touches, ambiguous)
+        s.imports_upstream = any(  # anywhere in the module, a function's own imports included
+            (isinstance(n, ast.Import) and any(a.name.split(".")[0] in UPSTREAM for a in n.names))
+            or (isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] in UPSTREAM)
+            for n in ast.walk(tree))
         for parent in ast.walk(tree):
             for child in ast.iter_child_nodes(parent):
                 s.parents[child] = parent
@@ -285,6 +304,7 @@ def _defined_only_in_upstream_subclasses(name: str, files: list, up: Upstream) -
                 cls = getattr(importlib.import_module(module), node.name)
             except Exception:  # noqa: BLE001
                 return False
+            cls = _effective(cls)
             if not _upstream_bases(cls) or not up.in_mro(cls, name):
                 return False
     return found
