@@ -12,9 +12,9 @@ its own classes or modules, are not counted. How each access is attributed:
   (its runtime MRO: classes of the faust, aiokafka or mode packages) defines ``_x`` or uses
   ``self._x`` in its own source; otherwise ours.
 - ``expr._x`` on anything else (and ``getattr``/``hasattr``/``setattr`` with the name as a string
-  constant), in a module that imports faust, aiokafka or mode itself (elsewhere the receiver is
-  not theirs: a module that never imports them holds none of their objects but what it is handed,
-  and none of ours is handed one): upstream when ``_x`` is a private name of some faust/aiokafka/
+  constant), in a module that imports faust, aiokafka or mode itself, or has a class that is (or
+  is mixed into) a subclass of theirs (elsewhere the receiver is not theirs: such a module holds
+  none of their objects but what it is handed, and none of ours is handed one): upstream when ``_x`` is a private name of some faust/aiokafka/
   mode (or asyncio) class and not one the same module defines; a name in both is printed as
   ambiguous, not counted (none at the time of writing). ``os._exit`` and the like (an imported
   stdlib module's name) are skipped.
@@ -275,7 +275,7 @@ def scan(paths: list) -> tuple[list, list, Upstream]:
         s.imports_upstream = any(  # anywhere in the module, a function's own imports included
             (isinstance(n, ast.Import) and any(a.name.split(".")[0] in UPSTREAM for a in n.names))
             or (isinstance(n, ast.ImportFrom) and n.level == 0 and (n.module or "").split(".")[0] in UPSTREAM)
-            for n in ast.walk(tree))
+            for n in ast.walk(tree)) or _holds_upstream(module, tree)
         for parent in ast.walk(tree):
             for child in ast.iter_child_nodes(parent):
                 s.parents[child] = parent
@@ -308,6 +308,17 @@ def _defined_only_in_upstream_subclasses(name: str, files: list, up: Upstream) -
             if not _upstream_bases(cls) or not up.in_mro(cls, name):
                 return False
     return found
+
+
+def _holds_upstream(module: str, tree: ast.Module) -> bool:
+    """Whether a class of `module` is (or is mixed into) a subclass of an upstream class: its
+    ``self.app``, ``self.consumer`` ... are then upstream objects, imports or not."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001
+        return False
+    return any(_upstream_bases(_effective(getattr(mod, n.name, None)))
+               for n in tree.body if isinstance(n, ast.ClassDef) and inspect.isclass(getattr(mod, n.name, None)))
 
 
 def summary(touches: list) -> dict:

@@ -259,7 +259,7 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
     channel = aiter(stream.channel)  # app.stream made the stream's channel the conductor's iterator
     queue = channel.queue
     get_nowait, empty, get = queue.get_nowait, queue.empty, channel.__anext__
-    processors = stream._processors
+    processors = stream.info()["processors"]  # the stream's own list (faust's clone reads it so)
     app = stream.app
     flow_active, acks_enabled_for = app.flow_control.is_active, app.topics.acks_enabled_for
     track = app.consumer._unacked_messages.add
@@ -459,8 +459,8 @@ class FastConsumer(SeekOnConsumerThread, NeverCommittedFromBeginning, LivelockCh
         judged (same consumer generation, still in recovery, position still past the offset + 1),
         the way faust's own `seek_wait` does; what was sought. Judged on the event loop's thread,
         a seek that lands after a rebalance would skip records of the next recovery."""
-        recovery = getattr(self.app.tables, "_recovery", None)
-        if self.app.consumer_generation_id != generation or recovery is None or not recovery.in_recovery:
+        recovery = self.app.tables.recovery
+        if self.app.consumer_generation_id != generation or not recovery.in_recovery:
             return {}
         consumer = self._thread._ensure_consumer()
         sought = {}
@@ -481,8 +481,9 @@ class FastConsumer(SeekOnConsumerThread, NeverCommittedFromBeginning, LivelockCh
         (flow on, the partition fetched) whose received offset stood still for its wait
         (`RECOVERY_STALL_S`, doubled after each seek at that offset) while aiokafka's position is
         past the next record; none while records wait in recovery's queue."""
-        recovery = getattr(self.app.tables, "_recovery", None)
-        if recovery is None or not recovery.in_recovery or not self.flow_active:
+        # faust's table manager's one Recovery (made on first use; the manager starts it)
+        recovery = self.app.tables.recovery
+        if not recovery.in_recovery or not self.flow_active:
             return {}
         if self.app.tables.changelog_queue.qsize():
             for tp, (applied, _, wait) in progress.items():  # events on their way: progress

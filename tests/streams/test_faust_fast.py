@@ -656,7 +656,7 @@ def _watching(applied: dict, high: dict, positions: dict, *, queued: int = 0, fe
     recovery = SimpleNamespace(in_recovery=in_recovery, active_tps=set(applied), active_offsets=applied,
                                active_highwaters=high)
     queue = SimpleNamespace(qsize=lambda: queued)
-    return SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(_recovery=recovery, changelog_queue=queue)),
+    return SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(recovery=recovery, changelog_queue=queue)),
                            flow_active=True, _active_partitions=set(applied) if fetching is None else fetching,
                            _positions=lambda tps: {tp: positions[tp] for tp in tps if tp in positions})
 
