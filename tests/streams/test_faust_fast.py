@@ -602,6 +602,25 @@ def test_a_batchs_messages_are_tracked_as_unacked_until_its_body_ran():
     assert _batches(body) == ([True, True], True)
 
 
+def test_only_the_messages_of_topics_faust_acks_are_tracked_whatever_batch_they_come_in():
+    """`take_batches` asks the conductor once per topic and batch whether faust acks a topic: a
+    topic it does not ack (none of its messages is committed) is never tracked, in the first batch
+    or a later one, and one it acks always is."""
+    async def body(put, batches, acked, stream):
+        queue, gen = stream.channel.queue, stream.app.consumer_generation_id
+        seen = []
+        for n in range(2):
+            for topic in ("t.gpu.samples", "t.unacked", "t.gpu.samples"):
+                queue.put_nowait(_Event(topic, acked, _Message(gen, topic)))
+            async for batch in batches:
+                seen.append([(e.value, e.message.tracked) for e in batch])
+                break
+        return seen
+
+    expected = [("t.gpu.samples", True), ("t.unacked", False), ("t.gpu.samples", True)]
+    assert _batches(body) == [expected, expected]
+
+
 def test_an_event_fetched_before_a_rebalance_is_dropped_not_processed():
     """As faust's stream iterator: an event of an earlier consumer generation belongs to a
     partition that may have moved; it is read again from its commit by its owner."""
