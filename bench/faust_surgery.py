@@ -343,7 +343,7 @@ def summary(touches: list) -> dict:
 
 def mirrored() -> int:
     try:
-        from streams import faust_fast
+        from xidstream.streams import faust_fast
     except Exception:  # noqa: BLE001
         return -1
     return len(getattr(faust_fast, "MIRRORED", {}))

@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, PrivateAttr
 
-from schemas.limits import ID_MAX, NODE_NAME_MAX
+from xidstream.schemas.limits import ID_MAX, NODE_NAME_MAX
 
 __all__ = ["Record", "NodeRecord", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci", "plain_text",
            "NODE_NAME_PATTERN", "NodeName", "is_node_name"]

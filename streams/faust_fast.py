@@ -29,7 +29,7 @@ faust-streaming 0.15.x (pinned in pyproject.toml): `FastConsumer._drain_messages
 - `drop_monitor`: faust's Monitor sensor keeps per-event statistics for faust's own web views,
   which this worker does not serve (it has ``/metrics``); the sensor calls cost per event.
 
-The fixes (failover bench). Those that mend one upstream defect each are in `streams.faust_mends`
+The fixes (failover bench). Those that mend one upstream defect each are in `xidstream.streams.faust_mends`
 (a module, an upstream-ready patch file and a test that fails once upstream fixes it, per defect),
 composed here as bases of `FastConsumer` and `FastConsumerThread` and in `mend_aiokafka`: a
 partition the group never committed is read from its beginning after a rebalance
@@ -68,13 +68,13 @@ from faust.types.tuples import ConsumerMessage, ack_lock
 from mode import Service
 from mode.utils.futures import maybe_async, notify
 
-from streams.faust_mends import offset_fetch_group_error, offset_reset_stale_leader
-from streams.faust_mends.dropped_records_committed_past import DroppedRecordsCommittedPast
-from streams.faust_mends.fetch_across_rebalance import FetchAcrossRebalance
-from streams.faust_mends.gap_offsets_acked_twice import GapOffsetsAckedTwice
-from streams.faust_mends.livelock_check_without_position import LivelockCheckWithoutPosition
-from streams.faust_mends.never_committed_from_beginning import NeverCommittedFromBeginning
-from streams.faust_mends.seek_on_consumer_thread import SeekOnConsumerThread
+from xidstream.streams.faust_mends import offset_fetch_group_error, offset_reset_stale_leader
+from xidstream.streams.faust_mends.dropped_records_committed_past import DroppedRecordsCommittedPast
+from xidstream.streams.faust_mends.fetch_across_rebalance import FetchAcrossRebalance
+from xidstream.streams.faust_mends.gap_offsets_acked_twice import GapOffsetsAckedTwice
+from xidstream.streams.faust_mends.livelock_check_without_position import LivelockCheckWithoutPosition
+from xidstream.streams.faust_mends.never_committed_from_beginning import NeverCommittedFromBeginning
+from xidstream.streams.faust_mends.seek_on_consumer_thread import SeekOnConsumerThread
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "BatchWatch",
            "BATCHES", "IdempotentProducer", "faster_transport", "drop_monitor", "faust_drift", "WRITTEN_FOR", "MIRRORED",
@@ -368,7 +368,7 @@ RECOVERY_STALL_S = 3.0
 # agent took each hundred as it came and had emptied the stream buffer by the time the drain loop
 # waited for its next fetch (aiokafka's thread parsing the next 2,000 records, ~6 ms): the main
 # thread idled through every fetch, 0.74-0.82 cores in a catch-up. With a whole fetch delivered
-# (`streams.app.MAX_POLL_RECORDS`) the agent folds it while the next one is parsed: 0.94 cores,
+# (`xidstream.streams.app.MAX_POLL_RECORDS`) the agent folds it while the next one is parsed: 0.94 cores,
 # 43-46k instead of 33-37k records/s (2,000 GPUs x 60 s, two runs each). The loop is held
 # for ~5 ms per fetch of input records (direct delivery), longer for a fetch of 2,000 changelog or
 # fleet records through the conductor (table recovery, a backlog); heartbeats run on aiokafka's own
@@ -377,7 +377,7 @@ DELIVER_BETWEEN_TURNS = 2000
 
 
 def mend_aiokafka(consumer: Any) -> None:
-    """The aiokafka mends (`streams.faust_mends`), on a started aiokafka consumer (its fetcher and
+    """The aiokafka mends (`xidstream.streams.faust_mends`), on a started aiokafka consumer (its fetcher and
     group coordinator): an offset reset that meets a stale leader refreshes the metadata, and an
     OffsetFetch answered with a group-level error is that retriable error, not "nothing committed"."""
     offset_reset_stale_leader.mend(consumer)
@@ -394,7 +394,7 @@ class FastConsumer(SeekOnConsumerThread, NeverCommittedFromBeginning, LivelockCh
                    GapOffsetsAckedTwice, DroppedRecordsCommittedPast, faust_aiokafka.Consumer):
     """faust's aiokafka consumer with the cuts of this module (`_drain_messages`, `ack_events`,
     `on_buffer_full`), the recovery watch (`_watch_recovery`), the fixes woven into the drain loop
-    (stale records after a seek, absent offsets) and the mends of `streams.faust_mends` (the bases
+    (stale records after a seek, absent offsets) and the mends of `xidstream.streams.faust_mends` (the bases
     before faust's: `GapOffsetsAckedTwice` before `DroppedRecordsCommittedPast`, as the hole at
     the head is judged on distinct offsets)."""
 

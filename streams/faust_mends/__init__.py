@@ -6,7 +6,7 @@ against the pinned upstream file (``patch -p1`` in site-packages), ready to send
 tests/streams/test_faust_mends.py shows each defect on plain upstream code (so a test fails,
 naming the module to remove, once an upgrade fixes it) and that each patch still applies.
 
-`streams.faust_fast` composes them into the worker's consumer: the faust mends are mixins of
+`xidstream.streams.faust_fast` composes them into the worker's consumer: the faust mends are mixins of
 `FastConsumer` / `FastConsumerThread`, the aiokafka ones mend a started aiokafka consumer
 (`mend_aiokafka`). Nothing here registers anything on import.
 """

@@ -10,7 +10,7 @@ failovers. No upstream issue found; `patches/dropped_records_committed_past.patc
 
 A partition whose dropped records have nothing acked after them shows no hole; on a quiet gpu.xid
 partition the next record may be hours away. That half needs to know what was delivered since the
-last seek, which only `streams.faust_fast`'s drain loop records (``self._delivered``: tp -> offset
+last seek, which only `xidstream.streams.faust_fast`'s drain loop records (``self._delivered``: tp -> offset
 of the last record handed to the streams since the last seek), so it is not in the patch file.
 
 Here: a hole at the head commits nothing and reads the partition again from the commit (once per
@@ -28,7 +28,7 @@ REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again on
 
 
 class DroppedRecordsCommittedPast:
-    """Mixin for faust's `Consumer`; needs ``self._delivered`` (`streams.faust_fast.FastConsumer`)."""
+    """Mixin for faust's `Consumer`; needs ``self._delivered`` (`xidstream.streams.faust_fast.FastConsumer`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

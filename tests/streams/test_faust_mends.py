@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 from intervaltree import IntervalTree
 
-from streams import faust_mends
+from xidstream.streams import faust_mends
 
 PATCHES = Path(faust_mends.__file__).parent / "patches"
 SITE = Path(importlib.import_module("faust").__file__).parents[1]
@@ -271,7 +271,7 @@ def test_every_mend_has_a_defect_check_and_a_patch_and_nothing_else_is_there():
     assert set(DEFECTS) == set(faust_mends.MODULES)
     assert {p.stem for p in PATCHES.glob("*.patch")} == set(faust_mends.MODULES)
     for name in faust_mends.MODULES:
-        doc = importlib.import_module(f"streams.faust_mends.{name}").__doc__
+        doc = importlib.import_module(f"xidstream.streams.faust_mends.{name}").__doc__
         assert f"patches/{name}.patch" in doc, f"{name}'s docstring names its patch file"
 
 

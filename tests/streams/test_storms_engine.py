@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from collectors.sink import MemorySink
-from schemas import Classification, Severity
-from schemas.vocab import BREAKER_ACTIONS
-from streams.engine import Engine
-from streams.routing import groups_of
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import Classification, Severity
+from xidstream.schemas.vocab import BREAKER_ACTIONS
+from xidstream.streams.engine import Engine
+from xidstream.streams.routing import groups_of
 from xidstream.settings import Settings
 from xidstream.simulate import FaultRates, Simulator
 
