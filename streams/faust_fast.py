@@ -29,23 +29,28 @@ faust-streaming 0.15.x (pinned in pyproject.toml): `FastConsumer._drain_messages
 - `drop_monitor`: faust's Monitor sensor keeps per-event statistics for faust's own web views,
   which this worker does not serve (it has ``/metrics``); the sensor calls cost per event.
 
-The fixes (failover bench), all in `FastConsumer`: a partition the group never committed
-is read from its beginning after a rebalance (`seek_to_committed`); a record missing at the head of
-a partition, or dropped with nothing after it, is read again instead of committed past
-(`_new_offset`, `force_commit`); records fetched before a seek of their partition are not
-delivered after it, where faust took the offsets they jumped over for a gap and committed past
-them (`_drain_messages`); gap offsets are kept once, so commits do not stall; a table recovery that
-waits for changelog records aiokafka has already read past reads them again (`_watch_recovery`);
-and, the cause of that wait (`FastConsumerThread`), a fetch from before a rebalance no longer takes
-every partition's records once faust's set of active partitions is empty, and what a fetch returns
-after the flow stopped is put back, not dropped. A seek runs on aiokafka's thread (`_seek`), never
-from the event loop's thread in the middle of aiokafka's hand-over of that partition's records.
+The fixes (failover bench). Those that mend one upstream defect each are in `xidstream.streams.faust_mends`
+(a module, an upstream-ready patch file and a test that fails once upstream fixes it, per defect),
+composed here as bases of `FastConsumer` and `FastConsumerThread` and in `mend_aiokafka`: a
+partition the group never committed is read from its beginning after a rebalance
+(`never_committed_from_beginning`); gap offsets are kept once, so commits do not stall
+(`gap_offsets_acked_twice`); a record missing at the head of a partition, or dropped with nothing
+after it, is read again instead of committed past (`dropped_records_committed_past`); a seek runs on
+aiokafka's thread, never from the event loop's thread in the middle of aiokafka's hand-over of that
+partition's records (`seek_on_consumer_thread`); faust's livelock check passes over a partition
+waiting for its offset reset (`livelock_check_without_position`); a fetch from before a rebalance no
+longer takes every partition's records once faust's set of active partitions is empty, and what a
+fetch returns after the flow stopped is put back, not dropped (`fetch_across_rebalance`); and, on
+aiokafka's consumer (`mend_aiokafka`, three-broker tier: the worker stopped folding for minutes
+after leadership moved), an offset reset that meets a stale leader refreshes metadata
+(`offset_reset_stale_leader`) and an OffsetFetch answered with a group-level error is that retriable
+error (`offset_fetch_group_error`).
 
-`mend_aiokafka` (three-broker tier: the worker stopped folding for minutes after leadership moved),
-on each consumer `FastConsumerThread` starts: an offset reset that meets a stale leader refreshes
-metadata (aiokafka's `Fetcher._update_fetch_positions` asked the old leader every 100 ms), and an
-OffsetFetch answered with a group-level error (a coordinator that moved) is that retriable error,
-where aiokafka read it as "nothing committed" for every partition.
+Two fixes stay here, woven into the drain loop that replaces faust's: records fetched before a seek
+of their partition are not delivered after it, where faust took the offsets they jumped over for a
+gap and committed past them; and offsets absent at the committed offset count as processed
+(`_drain_messages`, `_add_absent`, `_seek_to_expected`). A watch, not a mend: a table recovery that
+waits for changelog records aiokafka has already read past reads them again (`_watch_recovery`).
 """
 
 from __future__ import annotations
@@ -62,6 +67,14 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.tuples import ConsumerMessage, ack_lock
 from mode import Service
 from mode.utils.futures import maybe_async, notify
+
+from xidstream.streams.faust_mends import offset_fetch_group_error, offset_reset_stale_leader
+from xidstream.streams.faust_mends.dropped_records_committed_past import DroppedRecordsCommittedPast
+from xidstream.streams.faust_mends.fetch_across_rebalance import FetchAcrossRebalance
+from xidstream.streams.faust_mends.gap_offsets_acked_twice import GapOffsetsAckedTwice
+from xidstream.streams.faust_mends.livelock_check_without_position import LivelockCheckWithoutPosition
+from xidstream.streams.faust_mends.never_committed_from_beginning import NeverCommittedFromBeginning
+from xidstream.streams.faust_mends.seek_on_consumer_thread import SeekOnConsumerThread
 
 __all__ = ["FastTransport", "FastConsumer", "RawSchema", "deliver", "wait_for_room", "take_batches", "BatchWatch",
            "BATCHES", "IdempotentProducer", "faster_transport", "drop_monitor", "faust_drift", "WRITTEN_FOR", "MIRRORED",
@@ -103,7 +116,7 @@ MIRRORED = {
 }
 # faust Consumer attributes the cuts read or write directly
 CONSUMER_ATTRIBUTES = ("_read_offset", "_committed_offset", "_n_acked", "_acked", "_acked_index", "_unacked_messages",
-                       "_gap", "_waiting_for_ack", "_commit_every", "_active_partitions")
+                       "_gap", "_waiting_for_ack", "_active_partitions")
 
 
 def _resolve(path: str) -> Any:
@@ -246,13 +259,13 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
     channel = aiter(stream.channel)  # app.stream made the stream's channel the conductor's iterator
     queue = channel.queue
     get_nowait, empty, get = queue.get_nowait, queue.empty, channel.__anext__
-    processors = stream._processors
+    processors = stream.info()["processors"]  # the stream's own list (faust's clone reads it so)
     app = stream.app
-    flow_active, acking_topics = app.flow_control.is_active, app.topics._acking_topics
+    flow_active, acks_enabled_for = app.flow_control.is_active, app.topics.acks_enabled_for
     track = app.consumer._unacked_messages.add
     ack_all = getattr(app.consumer, "ack_events", None) or _ack_each
     loop = asyncio.get_running_loop()
-    stopping = asyncio.ensure_future(stream._stopped.wait())
+    stopping = asyncio.ensure_future(stream.wait_until_stopped())
     label = getattr(stream, "shortlabel", "") or str(getattr(stream, "channel", "?"))  # for /livez, once
 
     ended = False
@@ -292,9 +305,15 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
         message = event.message
         if not flow_active() or message.generation_id != app.consumer_generation_id:
             return False
-        if message.topic in acking_topics and not message.tracked:
-            message.tracked = True
-            track(message)
+        if not message.tracked:
+            topic = message.topic
+            try:
+                acks = acking[topic]
+            except KeyError:
+                acks = acking[topic] = acks_enabled_for(topic)
+            if acks:
+                message.tracked = True
+                track(message)
         return True
 
     async def took(event: Any) -> Any:
@@ -302,8 +321,13 @@ async def take_batches(stream: Any, max_: int, within: float, watch: BatchWatch 
             await maybe_async(processor(event.value))
         return event
 
+    # the conductor's answer per topic, asked once per batch: `acks_enabled_for` is a method call
+    # per event where faust's own loop looks the topic up in the set behind it (~50 ns more, twice
+    # per record with `ack_events`); the set changes only when the app's topics do
+    acking: dict = {}
     try:
         while not (ended or stream.should_stop):
+            acking.clear()
             first = next_queued() if not empty() else await next_event(None)
             if first is None or not wanted(first):
                 continue
@@ -330,7 +354,6 @@ def _ack_each(events: list) -> None:
         event.ack()
 
 
-REREAD_AFTER_S = 10.0  # a partition read again from its commit is read again once more after this
 # Table recovery: an active changelog partition that aiokafka has read past the last record recovery
 # received, and that gave recovery nothing for this long, lost those records on their way (see
 # `FastConsumer._watch_recovery`). Records flow within milliseconds while a recovery reads; 3 s is
@@ -353,134 +376,33 @@ RECOVERY_STALL_S = 3.0
 DELIVER_BETWEEN_TURNS = 2000
 
 
-class _Wanted:
-    """The partitions a fetch asks aiokafka for: faust's live set of active partitions, except that
-    it is never "none". aiokafka's `Fetcher.fetched_records(partitions)` takes an empty set for
-    "every partition" (``if partitions and tp not in partitions``), and faust hands it its live set,
-    which a rebalance empties (revoked, then every partition paused while the tables recover) while
-    a fetch from before it still waits. That fetch then took every partition's records, the
-    changelog partitions table recovery had just sought included; faust dropped them (flow stopped)
-    and recovery waited for them for good (failover bench: the survivor's stall)."""
-
-    __slots__ = ("live",)
-
-    def __init__(self, live: Any) -> None:
-        self.live = live
-
-    def __bool__(self) -> bool:
-        return True
-
-    def __contains__(self, tp: Any) -> bool:
-        return tp in self.live
-
-
-def _put_back(consumer: Any, records: dict) -> None:
-    """Seek each partition of `records` (aiokafka's, just handed over and not to be delivered) back
-    to its first record, so that they are fetched again rather than lost. On aiokafka's thread,
-    right after the fetch that returned them: nothing has moved those partitions since."""
-    for tp, batch in records.items():
-        if batch:
-            try:
-                consumer.seek(tp, batch[0].offset)
-            except Exception:  # noqa: BLE001 - revoked meanwhile: its next owner reads it from its commit
-                pass
-
-
-# -- aiokafka 0.14's consumer, mended --------------------------------------------------------------
-# Found by the three-broker tier (a leader SIGKILLed, a rolling restart): the worker stopped folding
-# for minutes after leadership moved. Applied per consumer, on its instance, by FastConsumerThread.
-_GROUP_ERRORS = {14, 15, 16}  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
-_OFFSET_FETCH = 9  # the OffsetFetch API key
-
-
 def mend_aiokafka(consumer: Any) -> None:
-    """Two fixes to a started aiokafka consumer (its fetcher and group coordinator).
-
-    - A partition whose position is reset asks its leader for offsets (ListOffsets). When the
-      cached leader is no longer the leader (NotLeaderForPartition: a broker restarted, or the
-      preferred leader took the partition back), `Fetcher._update_fetch_positions` logs it, waits
-      100 ms and asks the same broker again, never refreshing metadata (its fetch path and
-      `_retrieve_offsets` do): the worker asked the old leader every 100 ms for minutes, until the
-      periodic metadata refresh. Now an offset request that fails on stale metadata refreshes it.
-    - OffsetFetch v2 and later carry a group-level error at the top of the response, with no
-      partitions (a coordinator that moved answers NOT_COORDINATOR so). aiokafka reads only the
-      partitions, so it took "no committed offset" for every partition, and they were read again
-      from their beginning (or the reset sent them to ListOffsets, above); a partition-level
-      COORDINATOR_NOT_AVAILABLE it raised as a non-retriable error. Now both mark the coordinator
-      dead (a load in progress does not) and raise the retriable group error, which
-      `fetch_committed_offsets` retries against the coordinator it finds again."""
-    fetcher = getattr(consumer, "_fetcher", None)
-    if fetcher is not None:
-        fetcher._proc_offset_request = _refreshing_offsets(fetcher, fetcher._proc_offset_request)
-    coordinator = getattr(consumer, "_coordinator", None)
-    if coordinator is not None:
-        coordinator._send_req = _group_errors_raised(coordinator, coordinator._send_req)
+    """The aiokafka mends (`xidstream.streams.faust_mends`), on a started aiokafka consumer (its fetcher and
+    group coordinator): an offset reset that meets a stale leader refreshes the metadata, and an
+    OffsetFetch answered with a group-level error is that retriable error, not "nothing committed"."""
+    offset_reset_stale_leader.mend(consumer)
+    offset_fetch_group_error.mend(consumer)
 
 
-def _refreshing_offsets(fetcher: Any, request: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    from aiokafka.errors import KafkaError, NodeNotReadyError
-
-    async def proc_offset_request(node_id: Any, topic_data: Any) -> Any:
-        try:
-            return await request(node_id, topic_data)
-        except KafkaError as exc:
-            if getattr(exc, "invalid_metadata", False) or isinstance(exc, NodeNotReadyError):
-                fetcher._client.force_metadata_update()
-            raise
-
-    return proc_offset_request
-
-
-def _group_errors_raised(coordinator: Any, send: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    from aiokafka.errors import for_code
-
-    async def send_req(request: Any) -> Any:
-        response = await send(request)
-        if getattr(response, "API_KEY", None) != _OFFSET_FETCH:
-            return response
-        top = getattr(response, "error_code", 0)
-        codes = [top] + [part[-1] for _, parts in response.topics for part in parts]
-        group = next((c for c in codes if c in _GROUP_ERRORS), None)
-        if group is not None:
-            if group != 14:  # a coordinator loading its offsets is still the coordinator
-                coordinator.coordinator_dead()
-            raise for_code(group)()
-        if top:  # any other group-level error (GROUP_AUTHORIZATION_FAILED): never "nothing committed"
-            raise for_code(top)()
-        return response
-
-    return send_req
-
-
-class FastConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+class FastConsumerThread(FetchAcrossRebalance, faust_aiokafka.AIOKafkaConsumerThread):
     async def on_start(self) -> None:
         await super().on_start()
         mend_aiokafka(self._consumer)
 
-    async def _fetch_records(self, consumer: Any, active_partitions: Any, timeout: float | None = None,
-                             max_records: int | None = None) -> Any:
-        # A fetch waits up to its timeout, and a rebalance can begin and end meanwhile (aiokafka
-        # holds a fetch over the reassignment). faust drops what such a fetch returns: the stream
-        # partitions are sought to their commits afterwards, but a changelog partition table
-        # recovery sought in the meantime is not, and its records were gone for that recovery. They
-        # are put back instead.
-        app = self.consumer.app
-        generation = app.consumer_generation_id
-        records = await super()._fetch_records(consumer, _Wanted(active_partitions), timeout=timeout,
-                                               max_records=max_records)
-        if records and (not self.consumer.flow_active or app.consumer_generation_id != generation):
-            _put_back(consumer, records)
-            return {}
-        return records
 
+class FastConsumer(SeekOnConsumerThread, NeverCommittedFromBeginning, LivelockCheckWithoutPosition,
+                   GapOffsetsAckedTwice, DroppedRecordsCommittedPast, faust_aiokafka.Consumer):
+    """faust's aiokafka consumer with the cuts of this module (`_drain_messages`, `ack_events`,
+    `on_buffer_full`), the recovery watch (`_watch_recovery`), the fixes woven into the drain loop
+    (stale records after a seek, absent offsets) and the mends of `xidstream.streams.faust_mends` (the bases
+    before faust's: `GapOffsetsAckedTwice` before `DroppedRecordsCommittedPast`, as the hole at
+    the head is judged on distinct offsets)."""
 
-class FastConsumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> Any:
         return FastConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._rewound: dict = {}  # tp -> (the committed offset it was last read again from, when)
         # tp -> offset of the last record handed to the streams since the last seek (faust's read
         # offset cannot tell: a seek sets it to the next offset to read, a delivery to the last read)
         self._delivered: dict = {}
@@ -491,23 +413,15 @@ class FastConsumer(faust_aiokafka.Consumer):
         self._seeks_total = 0  # all of them: the drain loop's one comparison per record
         self._seek_done: asyncio.Event | None = None  # set when the newest perform_seek ends
 
-    def _partition_state(self, tp: Any) -> Any:
-        """aiokafka's state of `tp` (its position, ...); None when it is not assigned."""
-        subscription = self._thread._ensure_consumer()._fetcher._subscriptions.subscription
-        if subscription is None:
-            return None
-        return subscription.assignment.state_value(TopicPartition(tp.topic, tp.partition))
-
     def _positions(self, tps: Any) -> dict:
         """aiokafka's next offset to fetch for each of `tps` that has a valid one. Read on the event
         loop's thread while aiokafka's thread writes it: a check that tolerates a stale value, and
         `_seek_if_stalled` checks it again on aiokafka's thread before it acts."""
         out = {}
         for tp in tps:
-            # the attribute: `.position` asserts it is valid
-            position = getattr(self._partition_state(tp), "_position", None)
-            if position is not None:
-                out[tp] = position
+            state = self._partition_state(tp)
+            if state is not None and state.has_valid_position:  # `.position` asserts it is valid
+                out[tp] = state.position
         return out
 
     @Service.task
@@ -556,14 +470,14 @@ class FastConsumer(faust_aiokafka.Consumer):
         judged (same consumer generation, still in recovery, position still past the offset + 1),
         the way faust's own `seek_wait` does; what was sought. Judged on the event loop's thread,
         a seek that lands after a rebalance would skip records of the next recovery."""
-        recovery = getattr(self.app.tables, "_recovery", None)
-        if self.app.consumer_generation_id != generation or recovery is None or not recovery.in_recovery:
+        recovery = self.app.tables.recovery
+        if self.app.consumer_generation_id != generation or not recovery.in_recovery:
             return {}
         consumer = self._thread._ensure_consumer()
         sought = {}
         for tp, offset in stalled.items():
-            position = getattr(self._partition_state(tp), "_position", None)  # None: revoked meanwhile
-            if position is None or position <= offset + 1:
+            state = self._partition_state(tp)  # None: revoked meanwhile
+            if state is None or not state.has_valid_position or state.position <= offset + 1:
                 continue
             consumer.seek(TopicPartition(tp.topic, tp.partition), offset)
             if offset > 0:
@@ -578,8 +492,9 @@ class FastConsumer(faust_aiokafka.Consumer):
         (flow on, the partition fetched) whose received offset stood still for its wait
         (`RECOVERY_STALL_S`, doubled after each seek at that offset) while aiokafka's position is
         past the next record; none while records wait in recovery's queue."""
-        recovery = getattr(self.app.tables, "_recovery", None)
-        if recovery is None or not recovery.in_recovery or not self.flow_active:
+        # faust's table manager's one Recovery (made on first use; the manager starts it)
+        recovery = self.app.tables.recovery
+        if not recovery.in_recovery or not self.flow_active:
             return {}
         if self.app.tables.changelog_queue.qsize():
             for tp, (applied, _, wait) in progress.items():  # events on their way: progress
@@ -624,18 +539,6 @@ class FastConsumer(faust_aiokafka.Consumer):
             self._count_seek(None)
             done.set()
 
-    async def _seek(self, partition: Any, offset: int) -> None:
-        # faust calls aiokafka's seek from the event loop's thread while aiokafka's own thread may be
-        # handing out that partition's fetched records: its `fetched_records` then met a partition
-        # the seek had just removed (a KeyError that stopped a worker, latency bench), or set the
-        # position past the seek's offset as it handed over a batch. On aiokafka's thread, a seek
-        # runs between two of its steps, never inside one.
-        # (So never `seek` from aiokafka's thread: it would wait there for itself.)
-        await self._thread.call_thread(self._seek_on_thread, partition, offset)
-
-    async def _seek_on_thread(self, partition: Any, offset: int) -> None:
-        self._thread._ensure_consumer().seek(partition, offset)
-
     async def seek(self, partition: Any, offset: int) -> None:
         self._count_seek(partition)
         self._delivered.pop(partition, None)
@@ -654,12 +557,18 @@ class FastConsumer(faust_aiokafka.Consumer):
         # faust 0.15's loop, but one delivery (`deliver`) per message instead of wait_first.
         callback = self.callback
         getmany = self.getmany
-        consumer_should_stop = self._stopped.is_set
-        fetcher_should_stop = fetcher._stopped.is_set
+        # Service.should_stop: faust's loop reads the stopped events themselves; should_stop
+        # also ends the loop once the consumer or the fetcher crashed, when it has nothing to do
+        def consumer_should_stop() -> bool:
+            return self.should_stop
+
+        def fetcher_should_stop() -> bool:
+            return fetcher.should_stop
+
         get_read_offset = self._read_offset.__getitem__
         set_read_offset = self._read_offset.__setitem__
         set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
-        commit_every = self._commit_every
+        commit_every = self.app.conf.broker_commit_every  # what faust's Consumer keeps as _commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for
         suspend_flow = self.suspend_flow
         channels_of = getattr(self.app.topics, "_tp_index", {}).get  # the conductor's tp -> channels
@@ -790,7 +699,8 @@ class FastConsumer(faust_aiokafka.Consumer):
         times and looks up the same things each time. The same steps, under the lock once. (They are
         faust's `Event.ack` and `Consumer.ack`: an app whose Event class overrides `ack` would be
         bypassed; this one's is faust's.)"""
-        acking = self.app.topics._acking_topics
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        acking: dict = {}  # its answer per topic, asked once per batch (as in `take_batches`)
         committed_offsets, acked_index, acked, unacked = (self._committed_offset, self._acked_index,
                                                           self._acked, self._unacked_messages)
         with ack_lock:
@@ -806,7 +716,12 @@ class FastConsumer(faust_aiokafka.Consumer):
                     if refcount:
                         continue
                     message.acked = True  # Consumer.ack, for the message's final ack
-                    if message.topic not in acking:
+                    topic = message.topic
+                    try:
+                        acks = acking[topic]
+                    except KeyError:
+                        acks = acking[topic] = acks_enabled_for(topic)
+                    if not acks:
                         continue
                     tp, offset = message.tp, message.offset
                     committed = committed_offsets[tp]
@@ -868,101 +783,6 @@ class FastConsumer(faust_aiokafka.Consumer):
                     await self.seek(tp, offset)
             except Exception as exc:  # noqa: BLE001 - revoked meanwhile: its next owner reads it from the commit
                 self.log.info("%s: not sought again after a stale fetch: %r", tp, exc)
-
-    def verify_event_path(self, now: float, tp: Any) -> None:
-        # faust's livelock check reads aiokafka's position of each partition, and that asserts
-        # while a partition waits for its offset reset (`seek_to_committed` below sends a
-        # never-committed one to its beginning): the consumer crashed and the survivor of a
-        # failover exited (failover bench, a kill during start-up). No position, nothing to check.
-        state = self._partition_state(tp)
-        if state is not None and not state.has_valid_position:
-            return None
-        return super().verify_event_path(now, tp)
-
-    async def seek_to_committed(self) -> Any:
-        # aiokafka seeks a partition to its committed offset only when that is above 0. One the
-        # group never committed keeps the position its fetches had reached: after a rebalance,
-        # which drops what faust's stream buffers held, those records were never read again and
-        # the next commit went past them (16 of 333 fatal Xids without a command over
-        # 10 failovers, on quiet gpu.xid partitions). Such a partition starts at its beginning,
-        # as auto.offset.reset=earliest says: nothing of it is known to be processed.
-        committed = await super().seek_to_committed()
-        # changelog partitions are never committed: table recovery places them itself
-        fresh = [tp for tp, offset in committed.items()
-                 if (not offset or offset <= 0) and self.app.topics.acks_enabled_for(tp.topic)]
-        if fresh:
-            await self._thread.seek_to_beginning(*fresh)
-        return committed
-
-    def _new_offset(self, tp: Any) -> Any:
-        # faust adds the offsets of a gap (offsets it never saw, e.g. compacted away) to the acked
-        # list without marking them acked, so a record of that range read later (records fetched
-        # before a rebalance's seek) is acked once more: with every offset twice the list's first
-        # run of consecutive offsets is one or two long, and the commits of that partition
-        # advanced an offset per commit interval (12 minutes to commit 272 records
-        # after a failover). Fill the gaps here, then keep each offset once.
-        acked, gap = self._acked[tp], self._gap[tp]
-        if acked and gap:
-            top = max(acked)
-            spans = sorted(gap.overlap(0, top), key=lambda iv: iv.begin)
-            if spans:
-                acked.extend(o for iv in spans for o in range(iv.begin, iv.end))
-                gap.chop(0, max(spans[-1].end - 1, top + 1))
-        if len(acked) > 1:
-            unique = sorted(set(acked))
-            if len(unique) != len(acked):
-                acked[:] = unique
-        # faust commits the first run of consecutive acked offsets when it starts at most one past
-        # the committed offset (the next one to read): with offset 3 never acked and 4, 5 acked,
-        # it committed 6, and record 3 was never processed (a record a rebalance dropped
-        # from the stream buffer; 16 of 333 fatal Xids without a command over 10 failovers). A
-        # partition's records are acked in order, so acked offsets past a hole at the head mean
-        # the hole's records were dropped: commit nothing, and read them again from there.
-        committed = self._committed_offset[tp]
-        if acked and committed is not None and min(acked) > committed:
-            self._read_again(tp, committed)
-            return None
-        return super()._new_offset(tp)
-
-    async def force_commit(self, topics: Any = None, start_new_transaction: bool = True) -> bool:
-        self._read_dropped_tails_again()
-        return await super().force_commit(topics, start_new_transaction=start_new_transaction)
-
-    def _read_dropped_tails_again(self) -> None:
-        """A partition whose records from its committed offset on were delivered (its read offset
-        is past the commit) but are neither acked nor held anywhere (no live message of it, none
-        waiting in a stream buffer) lost them in a rebalance, like a hole at the head; with
-        nothing acked after them there is no hole to see, and on a quiet `gpu.xid` partition the
-        next record may be hours away. Read them again now."""
-        pending = None
-        for tp, read in list(self._delivered.items()):
-            committed = self._committed_offset[tp]
-            if read is None or committed is None or read < committed or self._acked.get(tp):
-                continue
-            if not self.app.topics.acks_enabled_for(tp.topic):
-                continue
-            if pending is None:
-                pending = {m.tp for m in list(self._unacked_messages)}
-            if tp not in pending and not self._queued(tp):
-                self._read_again(tp, committed)
-
-    def _queued(self, tp: Any) -> bool:
-        """An event of `tp` still waits in a stream buffer: delivered, not yet taken by its agent,
-        so neither acked nor tracked (taken for lost, 45 needless re-reads in 90 s)."""
-        for channel in getattr(self.app.topics, "_tp_index", {}).get(tp, ()):
-            if any(event.message.tp == tp for event in list(channel.queue._queue)):
-                return True
-        return False
-
-    def _read_again(self, tp: Any, committed: int) -> None:
-        last = self._rewound.get(tp)
-        now = time.monotonic()
-        if last is not None and last[0] == committed and now - last[1] < REREAD_AFTER_S:
-            return  # already being read again
-        self._rewound[tp] = (committed, now)
-        self.log.warning("%s: offsets from %d were never processed (dropped in a rebalance?); "
-                         "reading them again", tp, committed)
-        asyncio.ensure_future(self.seek(tp, committed))
 
 
 class IdempotentProducer(faust_aiokafka.Producer):
@@ -1026,5 +846,6 @@ class _QuietSensor(Sensor):
 
 def drop_monitor(app: Any) -> None:
     """Take faust's Monitor out of the app's sensors (see the module's docstring)."""
-    app.sensors._sensors.discard(app.monitor)
+    if app.monitor in app.sensors:
+        app.sensors.remove(app.monitor)
     app.sensors.add(_QuietSensor())

@@ -533,14 +533,14 @@ def test_a_fetch_over_an_emptied_partition_set_takes_nothing_and_records_put_bac
     paused while tables recover) while a fetch from before it still waits, and aiokafka reads an
     empty set as "every partition": that fetch took the changelog records table recovery had just
     sought, and faust dropped them. On the real broker and aiokafka: the trap itself, that
-    `faust_fast._Wanted` over an empty set takes nothing, and that `_put_back` makes records handed
-    over (and not delivered) come again."""
+    `faust_mends.fetch_across_rebalance.Wanted` over an empty set takes nothing, and that
+    `put_back` makes records handed over (and not delivered) come again."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition as KTP
 
-    from xidstream.streams.faust_fast import _put_back, _Wanted
+    from xidstream.streams.faust_mends.fetch_across_rebalance import Wanted as _Wanted, put_back as _put_back
     from xidstream.transport.kafka import create_topics
 
     s = kafka_settings

@@ -246,7 +246,7 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
     c._read_offset = defaultdict(lambda: None)
     c._committed_offset[tp] = c._read_offset[tp] = committed  # as perform_seek leaves them
     c._rewound, c._delivered, c._seeks, c._seeks_total, c._seek_done = {}, {}, {}, 0, None
-    c._commit_every, c._n_acked, c.log = commit_every, 0, logging.getLogger("test")
+    c._n_acked, c.log = 0, logging.getLogger("test")
     c.log.dev = c.log.debug  # faust's logger has a level below debug
     c.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
     flow_control = FlowControlEvent(initially_suspended=False)
@@ -255,7 +255,8 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
     c.app = SimpleNamespace(
         topics=SimpleNamespace(acks_enabled_for=lambda topic: True, _tp_index={tp: channels} if channels else {},
                                _tp_to_callback_lock=asyncio.Lock()),
-        conf=SimpleNamespace(Event=faust.Event, producer_threaded=producer_threaded), flow_control=flow_control,
+        conf=SimpleNamespace(Event=faust.Event, producer_threaded=producer_threaded, broker_commit_every=commit_every),
+        flow_control=flow_control,
         producer=producer)
     sought, delivered = [], []
 
@@ -280,7 +281,14 @@ def _drainer(batches, committed, commit_every=None, *, tp=TP("t.xidstream.fleet"
         delivered.append(message.offset)
 
     c.callback = callback
-    fetcher = SimpleNamespace()
+    class Fetcher:  # faust's Fetcher service: the drain loop asks whether it should stop
+        _stopped = None
+
+        @property
+        def should_stop(self):
+            return self._stopped.is_set()
+
+    fetcher = Fetcher()
     pending = list(batches)
 
     def getmany(timeout):
@@ -594,6 +602,25 @@ def test_a_batchs_messages_are_tracked_as_unacked_until_its_body_ran():
     assert _batches(body) == ([True, True], True)
 
 
+def test_only_the_messages_of_topics_faust_acks_are_tracked_whatever_batch_they_come_in():
+    """`take_batches` asks the conductor once per topic and batch whether faust acks a topic: a
+    topic it does not ack (none of its messages is committed) is never tracked, in the first batch
+    or a later one, and one it acks always is."""
+    async def body(put, batches, acked, stream):
+        queue, gen = stream.channel.queue, stream.app.consumer_generation_id
+        seen = []
+        for n in range(2):
+            for topic in ("t.gpu.samples", "t.unacked", "t.gpu.samples"):
+                queue.put_nowait(_Event(topic, acked, _Message(gen, topic)))
+            async for batch in batches:
+                seen.append([(e.value, e.message.tracked) for e in batch])
+                break
+        return seen
+
+    expected = [("t.gpu.samples", True), ("t.unacked", False), ("t.gpu.samples", True)]
+    assert _batches(body) == [expected, expected]
+
+
 def test_an_event_fetched_before_a_rebalance_is_dropped_not_processed():
     """As faust's stream iterator: an event of an earlier consumer generation belongs to a
     partition that may have moved; it is read again from its commit by its owner."""
@@ -648,7 +675,7 @@ def _watching(applied: dict, high: dict, positions: dict, *, queued: int = 0, fe
     recovery = SimpleNamespace(in_recovery=in_recovery, active_tps=set(applied), active_offsets=applied,
                                active_highwaters=high)
     queue = SimpleNamespace(qsize=lambda: queued)
-    return SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(_recovery=recovery, changelog_queue=queue)),
+    return SimpleNamespace(app=SimpleNamespace(tables=SimpleNamespace(recovery=recovery, changelog_queue=queue)),
                            flow_active=True, _active_partitions=set(applied) if fetching is None else fetching,
                            _positions=lambda tps: {tp: positions[tp] for tp in tps if tp in positions})
 
@@ -1070,3 +1097,17 @@ def test_the_workers_clients_refresh_metadata_every_ten_seconds():
 
     conf = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app.conf
     assert conf.consumer_metadata_max_age_ms == conf.producer_metadata_max_age_ms == 10_000
+
+
+def test_dropping_the_monitor_leaves_one_quiet_sensor_and_may_run_twice():
+    import faust
+
+    from xidstream.streams.faust_fast import _QuietSensor, drop_monitor
+
+    app = faust.App("drop-monitor-test", broker="kafka://127.0.0.1:1", autodiscover=False)  # never connected
+    app.sensors.add(app.monitor)  # as faust's on_init_dependencies leaves it
+    drop_monitor(app)
+    drop_monitor(app)  # the monitor already gone: nothing to remove, no error
+    sensors = list(app.sensors)
+    assert app.monitor not in sensors
+    assert [type(s) for s in sensors if isinstance(s, _QuietSensor)] == [_QuietSensor, _QuietSensor]
