@@ -154,6 +154,21 @@ def test_mutmut_names_a_staged_mutant_as_the_tests_import_its_module():
     assert mutation_report.from_stage("src/xidstream/cli.py") == "xidstream/cli.py"
 
 
+def test_the_listed_equivalents_name_mutants_of_the_mutated_modules():
+    """Each name in tests/mutation_equivalent.txt is a mutant name of a module in `only_mutate`,
+    as mutmut names it now (a name of the old top-level modules would match no mutant, and the
+    report would flag every entry as gone)."""
+    from mutmut.utils.format_utils import get_module_from_key
+
+    patterns = mutation_report.mutant_globs(mutation_report.pyproject_mutmut()["only_mutate"])
+    listed = mutation_report.read_equivalent()
+    assert listed
+    for name in listed:
+        assert any(fnmatch.fnmatch(name, p) for p in patterns), name
+        module = get_module_from_key(name).removeprefix("xidstream.").replace(".", "/")
+        assert (ROOT / f"{module}.py").is_file() or (ROOT / module / "__init__.py").is_file(), name
+
+
 def _checkout(root: Path) -> Path:
     """A small checkout laid out as the project's: the libraries at the top, the real
     xidstream/__init__.py (its finder) and the real pyproject.toml's package-dir, one module to
