@@ -164,7 +164,8 @@ def staged_pyproject(text: str, folders: dict[str, str]) -> str:
     lines = text.splitlines(keepends=True)
     start = next(i for i, ln in enumerate(lines) if ln.strip() == "[tool.mutmut]")
     end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
-    table = ["[tool.mutmut]\n", "# written by bench/mutation_report.py: the checkout's [tool.mutmut], the product under src/\n",
+    table = ["[tool.mutmut]\n",
+             "# written by bench/mutation_report.py: the checkout's [tool.mutmut], the product under src/\n",
              *(f"{k} = {_toml(v)}\n" for k, v in conf.items()), "\n"]
     return "".join(lines[:start] + table + lines[end:])
 
@@ -191,9 +192,10 @@ def stage(root: Path | None = None, stage_dir: Path | None = None) -> Path:
         pyproject.write_text(want)
     for name in ["tests", *conf.get("also_copy", [])]:
         _link(stage_dir / name, root / name)
-    (stage_dir / "mutants").mkdir(exist_ok=True)
+    mutants = stage_dir / "mutants"
+    mutants.mkdir(exist_ok=True)
     for folder, staged in folders.items():
-        _link(stage_dir / "mutants" / folder, Path(os.path.relpath(stage_dir / "mutants" / staged, stage_dir / "mutants")))
+        _link(mutants / folder, Path(os.path.relpath(mutants / staged, mutants)))
     return stage_dir
 
 
