@@ -133,7 +133,7 @@ bench: jars
 	$(BIN)/python bench/processor_bench.py
 	$(BIN)/python bench/processor_scale.py
 
-# Mutation testing of the rule modules (mutmut 3, in a copy under mutants/; not part of `make test`):
+# Mutation testing of the rule modules (mutmut 3, in a staged copy under .xidstream/mutate/; not part of `make test`):
 # the score per module and the surviving mutants (bench/mutation_report.py; reviewed equivalent
 # mutants are listed in tests/mutation_equivalent.txt). One module, incrementally:
 #   make mutate MODULES=schemas/signing.py MUTATE_TESTS="tests/schemas"

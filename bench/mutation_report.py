@@ -5,12 +5,20 @@
 MODULE is a file or a folder of the checkout (`schemas/signing.py`, `collectors/parse/`); none
 means every module [tool.mutmut] `only_mutate` in pyproject.toml names (a module must be one of
 them). `--run` first runs mutmut on those modules' mutants only: mutants are made in a copy under
-mutants/ (never in the checkout), judged by the fast tests (`-m "not broker and not kube"`) under
-`--tests` (default: all of tests/), with `--jobs` workers; results are kept there, so a second
-run only tests what changed, and a run over some modules keeps the others' results (mutmut would
-reset them when the test selection differs; the report says which commit and tests judged each).
-Without `--run` it reports what the runs left in mutants/. After changing `only_mutate`, remove
-mutants/ for a fresh copy.
+.xidstream/mutate/mutants/ (never in the checkout), judged by the fast tests (`-m "not broker and
+not kube"`) under `--tests` (default: all of tests/), with `--jobs` workers; results are kept there,
+so a second run only tests what changed, and a run over some modules keeps the others' results
+(mutmut would reset them when the test selection differs; the report says which commit and tests
+judged each). Without `--run` it reports what the runs left there. After changing `only_mutate`,
+remove .xidstream/mutate/ for a fresh copy.
+
+mutmut names a mutant after its file's path (`src/` left out) and its trampoline after the module
+the function was imported as; the checkout's streams/verdict.py is imported as
+`xidstream.streams.verdict`, so mutmut runs in a staged tree, .xidstream/mutate/, that has the
+product where the wheel has it: src/xidstream/ (xidstream/ and, as the wheel's package-dir maps
+them, schemas/ as src/xidstream/schemas/, ...), beside links to tests/ and the other folders the
+tests read. Its mutants are named `xidstream.streams.verdict.x_...`; MODULE stays the checkout's
+path and the report prints those.
 
 A surviving mutant that no test can kill, because it behaves exactly like the original, is listed
 in tests/mutation_equivalent.txt with the reason: one line each, the mutant's name, the digest of
@@ -32,6 +40,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +49,8 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the staged tree mutmut runs in (gitignored with .xidstream/); its mutants/ holds the results
+STAGE = ROOT / ".xidstream" / "mutate"
 EQUIVALENT = ROOT / "tests" / "mutation_equivalent.txt"
 FAST_TIER = ["-m", "not broker and not kube"]
 
@@ -69,6 +80,135 @@ def pyproject_mutmut() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
 
 
+def staged_folders(root: Path | None = None) -> dict[str, str]:
+    """Checkout folder -> its folder in the staged tree, where the wheel puts it (pyproject's
+    package-dir): `streams` -> `src/xidstream/streams`, `xidstream` -> `src/xidstream`."""
+    setuptools = tomllib.loads(((root or ROOT) / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"xidstream": "src/xidstream"}
+    for package, folder in setuptools.get("package-dir", {}).items():
+        folders[folder.rstrip("/")] = "src/" + package.replace(".", "/")
+    return folders
+
+
+def to_stage(path: str, folders: dict[str, str] | None = None) -> str:
+    """A checkout path or glob in the staged tree: `streams/policy.py` -> `src/xidstream/streams/policy.py`."""
+    folders = folders or staged_folders()
+    for folder in sorted(folders, key=len, reverse=True):
+        if path == folder or path.startswith(folder + "/"):
+            return folders[folder] + path[len(folder):]
+    raise SystemExit(f"{path}: in none of the product's folders ({', '.join(sorted(folders))}): mutmut mutates "
+                     "only the product")
+
+
+def from_stage(path: str, folders: dict[str, str] | None = None) -> str | None:
+    """The checkout path of a staged path (`src/xidstream/cli.py` -> `xidstream/cli.py`); None
+    for a path outside the staged product."""
+    folders = folders or staged_folders()
+    for folder, staged in sorted(folders.items(), key=lambda kv: len(kv[1]), reverse=True):
+        if path == staged or path.startswith(staged + "/"):
+            return folder + path[len(staged):]
+    return None
+
+
+def _sync(src: Path, dst: Path, keep: frozenset[str] = frozenset()) -> None:
+    """Make `dst` a copy of `src` (no __pycache__), leaving the names in `keep` at its top. A
+    file is copied only when it differs, keeping its mtime: mutmut reads the mtime to tell a
+    changed source from one it already mutated, as it did reading the checkout itself."""
+    dst.mkdir(parents=True, exist_ok=True)
+    names = {p.name for p in src.iterdir() if p.name != "__pycache__"}
+    for p in dst.iterdir():
+        if p.name in names or p.name in keep or p.name == "__pycache__":
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    for name in sorted(names):
+        s, d = src / name, dst / name
+        if s.is_dir():
+            if d.is_symlink() or d.is_file():
+                d.unlink()
+            _sync(s, d)
+            continue
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d)
+        if (not d.exists() or s.stat().st_mtime_ns != d.stat().st_mtime_ns or s.stat().st_size != d.stat().st_size
+                or s.read_bytes() != d.read_bytes()):
+            shutil.copy2(s, d)
+
+
+def _toml(value) -> str:  # noqa: ANN001 (what [tool.mutmut] holds: strings, numbers, booleans, lists)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"{value!r}: no TOML for it here")
+
+
+def staged_pyproject(text: str, folders: dict[str, str]) -> str:
+    """The checkout's pyproject.toml with [tool.mutmut]'s paths in the staged tree (the rest, the
+    pytest settings among it, as it is)."""
+    conf = tomllib.loads(text)["tool"]["mutmut"]
+    conf = dict(conf)
+    # the product's folders collapse to the one that holds them all (mutmut walks each source path:
+    # a folder twice would be mutated twice)
+    staged = sorted({to_stage(p.rstrip("/"), folders) for p in conf.get("source_paths", list(folders))})
+    conf["source_paths"] = [p for p in staged if not any(p.startswith(o + "/") for o in staged)]
+    for key in ("only_mutate", "do_not_mutate"):
+        if key in conf:
+            conf[key] = [to_stage(g, folders) for g in conf[key]]
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.strip() == "[tool.mutmut]")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    table = ["[tool.mutmut]\n",
+             "# written by bench/mutation_report.py: the checkout's [tool.mutmut], the product under src/\n",
+             *(f"{k} = {_toml(v)}\n" for k, v in conf.items()), "\n"]
+    return "".join(lines[:start] + table + lines[end:])
+
+
+def stage(root: Path | None = None, stage_dir: Path | None = None) -> Path:
+    """Bring the staged tree up to the checkout: the product copied under src/xidstream/, links
+    to tests/ and also_copy's folders (mutmut copies them into mutants/ itself), and in mutants/
+    links from each checkout folder to its mutated copy, so that a test reading the source
+    (`ROOT / "streams"`) reads what it read when mutmut ran in the checkout."""
+    root, stage_dir = root or ROOT, stage_dir or STAGE
+    folders = staged_folders(root)
+    text = (root / "pyproject.toml").read_text()
+    conf = tomllib.loads(text)["tool"]["mutmut"]
+    product = stage_dir / folders["xidstream"]
+    # the libraries' folders inside src/xidstream/ are synced on their own
+    inside = frozenset(Path(s).name for f, s in folders.items() if f != "xidstream")
+    _sync(root / "xidstream", product, keep=inside)
+    for folder, staged in folders.items():
+        if folder != "xidstream":
+            _sync(root / folder, stage_dir / staged)
+    pyproject = stage_dir / "pyproject.toml"
+    want = staged_pyproject(text, folders)
+    if not pyproject.exists() or pyproject.read_text() != want:
+        pyproject.write_text(want)
+    for name in ["tests", *conf.get("also_copy", [])]:
+        _link(stage_dir / name, root / name)
+    mutants = stage_dir / "mutants"
+    mutants.mkdir(exist_ok=True)
+    for folder, staged in folders.items():
+        _link(mutants / folder, Path(os.path.relpath(mutants / staged, mutants)))
+    return stage_dir
+
+
+def _link(path: Path, target: Path) -> None:
+    if path.is_symlink() and Path(os.readlink(path)) == target:
+        return
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    path.symlink_to(target, target_is_directory=True)
+
+
 def module_globs(modules: list[str]) -> list[str]:
     """`only_mutate` patterns for the modules given (a folder: every file under it)."""
     if not modules:
@@ -86,8 +226,11 @@ def module_globs(modules: list[str]) -> list[str]:
 
 
 def mutant_globs(globs: list[str]) -> list[str]:
-    """mutmut mutant-name patterns for file patterns: `schemas/signing.py` -> `xidstream.schemas.signing.*`."""
-    return [g.removesuffix(".py").replace("/", ".").rstrip("*").rstrip(".") + ".*" for g in globs]
+    """mutmut mutant-name patterns for file patterns: `schemas/signing.py` -> `xidstream.schemas.signing.*`
+    (the staged path, `src/` left out, as mutmut names them)."""
+    folders = staged_folders()
+    return [to_stage(g, folders).removeprefix("src/").removesuffix(".py").replace("/", ".").rstrip("*").rstrip(".")
+            + ".*" for g in globs]
 
 
 def run(globs: list[str], jobs: int, tests: str | None, only_open: bool = False) -> int:
@@ -98,7 +241,7 @@ def run(globs: list[str], jobs: int, tests: str | None, only_open: bool = False)
     outside = [g for g in globs if not any(fnmatch.fnmatch(g.rstrip("*") or g, c) or g == c for c in configured)]
     if outside:
         raise SystemExit(f"{', '.join(outside)}: not in [tool.mutmut] only_mutate of pyproject.toml (add it there, "
-                         "then remove mutants/ for a fresh copy)")
+                         f"then remove {os.path.relpath(STAGE, ROOT)}/ for a fresh copy)")
     over: dict = {"use_git_change_detection": False}
     if tests:
         over["pytest_add_cli_args_test_selection"] = [*tests.split(), *FAST_TIER]
@@ -107,6 +250,7 @@ def run(globs: list[str], jobs: int, tests: str | None, only_open: bool = False)
     # what a mutant is judged by.
     env = {k: v for k, v in os.environ.items() if k != "CI"} | {"GIT_OPTIONAL_LOCKS": "0"}
     names = mutant_globs(globs)
+    stage()
     if only_open:
         names = open_mutants(globs)
         if not names:
@@ -118,7 +262,7 @@ def run(globs: list[str], jobs: int, tests: str | None, only_open: bool = False)
     # --open names only some of this module's mutants: its other results need keeping too
     kept = snapshot([] if only_open else globs)
     try:
-        rc = subprocess.call(cmd, cwd=ROOT, env=env)
+        rc = subprocess.call(cmd, cwd=STAGE, env=env)
     finally:  # an interrupted run too: mutmut reset the results before it began judging
         restored = restore(kept)
         if restored:
@@ -144,17 +288,29 @@ def open_mutants(globs: list[str]) -> list[str]:
     return out
 
 
-def _metas(root: Path) -> dict[str, Path]:
-    """Source file (relative) -> its .meta file under mutants/."""
-    return {str(m.relative_to(root / "mutants"))[: -len(".meta")]: m for m in sorted((root / "mutants").rglob("*.py.meta"))}
+def _metas(stage_dir: Path | None = None) -> dict[str, Path]:
+    """Source file (the checkout's path) -> its .meta file under the staged tree's mutants/ (mutmut
+    writes one beside each mutated file: mutants/src/xidstream/streams/verdict.py.meta)."""
+    mutants = (stage_dir or STAGE) / "mutants"
+    folders = staged_folders()
+    out = {}
+    # not rglob: it would follow mutants/streams, the link to src/xidstream/streams, too
+    for dirpath, _, files in os.walk(mutants):
+        for f in sorted(files):
+            if f.endswith(".py.meta"):
+                meta = Path(dirpath) / f
+                src = from_stage(str(meta.relative_to(mutants))[: -len(".meta")], folders)
+                if src is not None:
+                    out[src] = meta
+    return dict(sorted(out.items()))
 
 
-def snapshot(globs: list[str], root: Path | None = None) -> dict[Path, dict]:
+def snapshot(globs: list[str], stage_dir: Path | None = None) -> dict[Path, dict]:
     """The .meta of every module this run does not judge. mutmut resets the results of every
     module when the run's test selection differs from the last run's (its configuration's
     fingerprint changes), though only this run's modules are judged again: without this, a run
     over one module forgot the others'."""
-    return {meta: json.loads(meta.read_text()) for src, meta in _metas(root or ROOT).items()
+    return {meta: json.loads(meta.read_text()) for src, meta in _metas(stage_dir).items()
             if not any(fnmatch.fnmatch(src, g) for g in globs)}
 
 
@@ -189,24 +345,24 @@ def restore(kept: dict[Path, dict]) -> int:
 RUNS = "xidstream-runs.json"
 
 
-def record_run(globs: list[str], tests: str, root: Path | None = None) -> None:
-    """Note, per module, the commit and test selection its results were last judged with, for the
-    report: results kept from an earlier run are that run's."""
+def record_run(globs: list[str], tests: str, root: Path | None = None, stage_dir: Path | None = None) -> None:
+    """Note, per module, the commit (of the checkout, `root`) and test selection its results were
+    last judged with, for the report: results kept from an earlier run are that run's."""
     root = root or ROOT
-    path = root / "mutants" / RUNS
+    path = (stage_dir or STAGE) / "mutants" / RUNS
     runs = json.loads(path.read_text()) if path.exists() else {}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
                            text=True).stdout.strip()
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-    for src in _metas(root):
+    for src in _metas(stage_dir):
         if any(fnmatch.fnmatch(src, g) for g in globs):
             runs[src] = {"commit": head + ("+changes" if dirty else ""), "tests": tests, "at": when}
     path.write_text(json.dumps(runs, indent=2, sort_keys=True))
 
 
 def runs_of() -> dict[str, dict]:
-    path = ROOT / "mutants" / RUNS
+    path = STAGE / "mutants" / RUNS
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -263,18 +419,14 @@ def pin(globs: list[str], path: Path | None = None) -> int:
 
 def results(globs: list[str]) -> dict[str, dict[str, int | None]]:
     """Source file -> {mutant name: exit code}, from the .meta files mutmut writes beside each mutant file."""
-    out = {}
-    for meta in sorted((ROOT / "mutants").rglob("*.py.meta")):
-        src = str(meta.relative_to(ROOT / "mutants"))[: -len(".meta")]
-        if any(fnmatch.fnmatch(src, g) for g in globs):
-            out[src] = json.loads(meta.read_text())["exit_code_by_key"]
-    return out
+    return {src: json.loads(meta.read_text())["exit_code_by_key"] for src, meta in _metas().items()
+            if any(fnmatch.fnmatch(src, g) for g in globs)}
 
 
 def _changed_lines(name: str) -> list[str] | None:
     """The changed lines of one mutant (`mutmut show`), without the diff's headers; None when
     mutmut shows none."""
-    p = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=ROOT, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=STAGE, capture_output=True, text=True,
                        env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
     lines = [ln for ln in p.stdout.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
     return lines or None
@@ -290,7 +442,7 @@ def report(globs: list[str], *, diffs: bool = True, out=sys.stdout) -> dict[str,
     equivalent = read_equivalent()
     by_file = results(globs)
     if not by_file:
-        print("no mutation results for these modules in mutants/: run with --run (make mutate)", file=out)
+        print(f"no mutation results for these modules in {STAGE / 'mutants'}: run with --run (make mutate)", file=out)
         return {}
     # a listed name whose mutant is not the one reviewed (its diff's digest changed) is no equivalent
     moved = {name for codes in by_file.values() for name in codes
