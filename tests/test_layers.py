@@ -16,6 +16,8 @@ in a checkout, with classes that are not the first copy's.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,24 @@ def test_the_rules_can_fail(tmp_path):
     assert imported_packages(f) == {"xidstream", "workshop", "bare:streams", "schemas"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_checkout_maps_its_own_libraries_before_another_finder(tmp_path):
+    """A finder already on sys.meta_path that answers `xidstream.schemas` from elsewhere (another
+    checkout's editable install) must not win over this checkout's folders."""
+    decoy = tmp_path / "elsewhere" / "schemas"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("DECOY = True\n")
+    code = f"""
+import importlib.abc, importlib.util, sys
+class Decoy(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "xidstream.schemas":
+            return importlib.util.spec_from_file_location(
+                fullname, {str(decoy / "__init__.py")!r}, submodule_search_locations=[{str(decoy)!r}])
+sys.meta_path.append(Decoy())
+import xidstream.schemas
+print(xidstream.schemas.__file__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(ROOT / "schemas" / "__init__.py")

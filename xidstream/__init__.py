@@ -45,7 +45,11 @@ def _from_checkout() -> None:
     root = here.parent
     if all((root / name / "__init__.py").is_file() for name in _LIBRARIES) and not any(
             isinstance(f, _CheckoutLibraries) for f in _sys.meta_path):
-        _sys.meta_path.append(_CheckoutLibraries(root))
+        # First, not last: another checkout's editable install (setuptools appends its finder to
+        # sys.meta_path at startup, e.g. a shared venv's `pip install -e`) also answers
+        # `xidstream.<library>`, with its own folders; this package came from this checkout, so
+        # its libraries must too.
+        _sys.meta_path.insert(0, _CheckoutLibraries(root))
 
 
 _from_checkout()
