@@ -163,7 +163,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         try:
             import rocksdict  # noqa: F401
         except ImportError:
-            raise ConfigError("--store rocksdb:// needs the rocksdict package (pip install rocksdict)") from None
+            raise ConfigError("--store rocksdb:// needs the rocksdb extra (no module named 'rocksdict'): pip install 'xidstream[rocksdb]'") from None
     data_dir = args.data_dir or conf.get("data_dir") or ".xidstream/processor"
     web_port = args.web_port if args.web_port is not None else conf.get("web_port")
     proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, web_bind=args.web_bind, store=store,
