@@ -218,6 +218,11 @@ def build_parser(extra: tuple[Callable[[argparse._SubParsersAction], None], ...]
     return parser
 
 
+def command_names() -> list[str]:
+    """The operator's commands (`xidstream --help`)."""
+    return sorted(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no API
+
+
 # Later subsystems (collectors, stream processor, replay) add their subcommands here.
 def _collectors(sub: argparse._SubParsersAction) -> None:
     from xidstream.collect_cmd import register

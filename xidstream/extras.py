@@ -10,6 +10,7 @@ not a traceback from deep inside an import.
 from __future__ import annotations
 
 import importlib.util
+from typing import Iterable
 
 from xidstream.schemas.errors import XidstreamError
 
@@ -22,6 +23,15 @@ MODULES: dict[str, tuple[str, ...]] = {
     "exporter": ("pyarrow",),
     "report": ("matplotlib",),
     "rocksdb": ("rocksdict",),
+}
+
+# Each role's image (the Containerfile's stage of that name) -> the extras it installs;
+# tests/deploy/test_containerfile.py checks the stages install exactly these.
+ROLES: dict[str, tuple[str, ...]] = {
+    "node": ("collector", "executors"),  # the DaemonSet every GPU node pulls: collector, node executor
+    "processor": ("processor", "rocksdb"),  # the processor, the topics Job
+    "cluster-executor": ("executors",),  # the cluster executor and its pod view
+    "exporter": ("exporter",),
 }
 
 # Command -> the extras it needs; a command not named here needs only the base.
@@ -47,6 +57,12 @@ class MissingExtra(XidstreamError):
                          f"pip install 'xidstream[{extra}]'")
         self.extra = extra
         self.module = module
+
+
+def runs_in(role: str, commands: Iterable[str]) -> list[str]:
+    """Of `commands` (xidstream.cli.command_names()), those a role's image can run: the ones whose
+    extras it installs, and the base's."""
+    return sorted(c for c in commands if set(COMMANDS.get(c, ())) <= set(ROLES[role]))
 
 
 def _absent(module: str) -> bool:

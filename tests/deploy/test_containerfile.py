@@ -32,14 +32,14 @@ DIST_MODULES = {"nvidia-ml-py": "pynvml", "prometheus-client": "prometheus_clien
                 "lightkube": "lightkube", "faust-streaming": "faust", "aiokafka": "aiokafka", "uvloop": "uvloop",
                 "pyarrow": "pyarrow", "matplotlib": "matplotlib", "rocksdict": "rocksdict"}
 
-# what each role runs: the packages whose every module it must import, the ones it never loads
-# (transport.kube is the Kubernetes client's, which the processor and the exporter never call), and
-# its commands
+# what each role runs: the packages whose every module it must import, and the ones it never loads
+# (transport.kube is the Kubernetes client's, which the processor and the exporter never call); its
+# commands are those xidstream.extras.runs_in(role) names
 ROLE_CODE = {
-    "node": (("collectors", "executors", "transport"), (), ("collect", "execute", "identity", "parse", "gpu-check")),
-    "processor": (("streams", "transport", "schemas"), ("xidstream.transport.kube",), ("process", "topics", "incident")),
-    "cluster-executor": (("executors", "transport"), (), ("execute", "keys", "approve")),
-    "exporter": (("exporters", "transport"), ("xidstream.transport.kube",), ("export",)),
+    "node": (("collectors", "executors", "transport"), ()),
+    "processor": (("streams", "transport", "schemas"), ("xidstream.transport.kube",)),
+    "cluster-executor": (("executors", "transport"), ()),
+    "exporter": (("exporters", "transport"), ("xidstream.transport.kube",)),
 }
 
 
@@ -125,6 +125,14 @@ def test_every_role_has_a_stage_that_installs_its_extras_runs_as_non_root_and_sm
         assert stage_extras(role) <= set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
 
 
+def test_the_stages_install_the_extras_the_cli_says_each_role_has():
+    """xidstream.extras.ROLES (what `make e2e` checks in each built image) is the Containerfile's."""
+    from xidstream.extras import ROLES as EXTRAS_OF
+
+    assert set(EXTRAS_OF) == set(ROLES)
+    assert {role: stage_extras(role) for role in ROLES} == {role: set(e) for role, e in EXTRAS_OF.items()}
+
+
 def test_the_node_stage_installs_no_faust_pyarrow_or_matplotlib():
     node = extras_distributions(stage_extras("node"))
     assert not node & NOT_ON_THE_NODE, sorted(node & NOT_ON_THE_NODE)
@@ -165,7 +173,12 @@ def _blocked(role: str) -> list[str]:
 
 @pytest.mark.parametrize("role", ROLES)
 def test_each_role_imports_and_parses_without_the_other_roles_modules(role):
-    packages, skip, commands = ROLE_CODE[role]
+    from xidstream.cli import command_names
+    from xidstream.extras import runs_in
+
+    packages, skip = ROLE_CODE[role]
+    commands = runs_in(role, command_names())
+    assert {"node": "collect", "processor": "process", "cluster-executor": "execute", "exporter": "export"}[role] in commands
     blocked = _blocked(role)
     if role == "node":
         assert {"faust", "pyarrow", "matplotlib"} <= set(blocked)
