@@ -278,9 +278,9 @@ class LocalNode:
         started = time.monotonic()
         # --network host: RUN steps (pip, apt-get) use the host's network and resolver. --layers:
         # the shared `wheels` stage is built once for the four targets and kept between runs (its
-        # dependencies layer keyed by pyproject.toml alone); a role's install of the wheels, which
-        # buildah 1.28 keys by the RUN's text and not by what its `--mount=type=bind,from=wheels`
-        # brings, follows the COPY of wheels.sha256, so a code change reinstalls the new wheel.
+        # dependencies layer keyed by pyproject.toml alone), and a code change reinstalls only
+        # xidstream in each role (the Containerfile's checksum files key the installs, which
+        # buildah 1.28 would otherwise reuse by their text alone).
         ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
         secret = ["--secret", f"id=ca,src={ca}"] if Path(ca).is_file() else []
         out = []

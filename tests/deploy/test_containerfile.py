@@ -122,6 +122,8 @@ def test_every_role_has_a_stage_that_installs_its_extras_runs_as_non_root_and_sm
         assert re.findall(r"^USER (\S+)", text, re.M)[-1:] == ["10001:10001"], f"{role} ends as the non-root user"
         assert "--mount=type=bind,from=wheels" in text and "--no-index" in text, f"{role} installs only the built wheels"
         assert "xidstream --help" in text, f"{role} smoke-tests the installed command"
+        # its dependencies first (a layer a code change leaves alone), the same extras' as it installs
+        assert set(re.findall(r"-r /req/([a-z]+)\.txt", text)) == {"base"} | stage_extras(role), role
         assert stage_extras(role) <= set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
 
 
