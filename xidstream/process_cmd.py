@@ -205,7 +205,7 @@ def _breaker(args: argparse.Namespace, settings: Settings) -> int:
     import orjson
     from confluent_kafka import KafkaException, Producer
 
-    from xidstream.streams.app import FLEET_KEY, internal_topics
+    from xidstream.streams.routing import FLEET_KEY, internal_topics
     from xidstream.transport.kafka import admin, list_topics, producer_config, unreachable
 
     fleet = list(internal_topics(settings))[1]

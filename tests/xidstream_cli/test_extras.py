@@ -80,3 +80,19 @@ def test_an_extras_module_missing_inside_a_command_is_said_in_one_line(capsys):
     assert main(["scenario", "check", "x.yaml"], parser=parser) == 2
     assert capsys.readouterr().err == ("xidstream: error: xidstream scenario needs the report extra (no module named "
                                        "'matplotlib'): pip install 'xidstream[report]'\n")
+
+
+def test_breaker_reset_runs_on_the_base_install():
+    """`xidstream breaker reset` (an operator's, from any image or a workstation) needs no extra:
+    it once took the fleet topic's name from streams.app, which imports faust at module level."""
+    every = sorted({m for mods in MODULES.values() for m in mods} | {"mode", "uvloop"})
+    code = (f"import sys\nfor m in {every!r}:\n    sys.modules[m] = None\n"
+            "from confluent_kafka import KafkaException\n"
+            "import xidstream.transport.kafka as kafka\n"
+            "def unreachable_here(*a, **k):\n    raise KafkaException('no broker in this test')\n"
+            "kafka.list_topics = unreachable_here\n"
+            "from xidstream.cli import main\n"
+            "raise SystemExit(main(['breaker', 'reset', '--bootstrap', '127.0.0.1:9']))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr[-1500:]
+    assert "needs the" not in out.stderr and "nothing was sent" in out.stderr, out.stderr
