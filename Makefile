@@ -58,14 +58,22 @@ chromium:
 	     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; \
 	else echo "make chromium: run as root: apt-get install --no-install-recommends chromium" >&2; exit 1; fi
 
-# The one image (Containerfile) with buildah or podman; IMAGE=registry/name:tag names it, BASE=
-# another Debian 12 base with python3 and pip (`python -m workshop node image` builds on a debootstrap one).
-IMAGE ?= ghcr.io/xidstream/xidstream:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# One image per role (Containerfile's stages: node, processor, cluster-executor, exporter), from one
+# build of the wheels (--layers keeps the shared stage), with buildah or podman: each is named
+# $(IMAGE_REGISTRY)/xidstream-ROLE:$(IMAGE_TAG), as the Helm chart's values name them (image.registry,
+# image.repositories, image.tag). BASE= another Debian 12 base with python3 and pip (`python -m
+# workshop node image` builds on a debootstrap one); ROLES= a subset.
+IMAGE_REGISTRY ?= ghcr.io/xidstream
+IMAGE_TAG    ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+ROLES        ?= node processor cluster-executor exporter
 BASE_ARG := $(if $(BASE),--build-arg BASE=$(BASE),)
 image:
-	@if command -v buildah >/dev/null 2>&1; then buildah build $(BASE_ARG) -f Containerfile -t $(IMAGE) . ; \
-	elif command -v podman >/dev/null 2>&1; then podman build $(BASE_ARG) -f Containerfile -t $(IMAGE) . ; \
-	else echo "make image: neither buildah nor podman is installed (e.g. apt-get install buildah); no image built" >&2; exit 1; fi
+	@if command -v buildah >/dev/null 2>&1; then builder="buildah build"; \
+	elif command -v podman >/dev/null 2>&1; then builder="podman build"; \
+	else echo "make image: neither buildah nor podman is installed (e.g. apt-get install buildah); no image built" >&2; exit 1; fi; \
+	for role in $(ROLES); do \
+	  $$builder --layers $(BASE_ARG) --target $$role -f Containerfile -t $(IMAGE_REGISTRY)/xidstream-$$role:$(IMAGE_TAG) . || exit 1; \
+	done
 
 # Replays the motivating incident through collectors -> Kafka -> processor; starts and stops the
 # local broker unless one is running.

@@ -72,7 +72,7 @@ from xidstream.streams.handoff import MAX_AGE_S, Handoff, HandoffError
 from xidstream.streams.metrics import LabelledCounts, metrics_text
 from xidstream.transport.identity import CLUSTER_IDENTITY, AuthError
 from xidstream.streams.policy import Policy
-from xidstream.streams.routing import FLEET_KEY, fan_out, state_key
+from xidstream.streams.routing import FLEET_KEY, fan_out, internal_topics, state_key  # noqa: F401 (re-exported)
 from xidstream.transport.config import KafkaConfig
 from xidstream.transport.faust_auth import faust_kwargs
 
@@ -248,12 +248,6 @@ def decode_input(model: type[Record], raw: bytes | None) -> Record:
         return model.model_validate_json(raw)  # type: ignore[arg-type]
     except ValidationError:
         return decode(model, raw)
-
-
-def internal_topics(settings: KafkaConfig) -> dict[str, int]:
-    """Topics the processor needs besides the contract's: name -> partitions."""
-    p = settings.topic_prefix
-    return {f"{p}xidstream.results-by-gpu": settings.partitions, f"{p}xidstream.fleet": 1}
 
 
 def assignor_topic(app_id: str) -> dict[str, int]:

@@ -15,15 +15,27 @@ Kafka-free `xidstream.streams.engine.Engine` and the tests, so the three cannot 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from xidstream.schemas.base import Record
 from xidstream.schemas.models import Alert, GpuInventory, RemediationResult, XidEvent
 from xidstream.streams.policy import is_app_class
 from xidstream.schemas.topics import TopicRegistry
 
-__all__ = ["state_key", "fan_out", "groups_of", "FLEET_KEY"]
+if TYPE_CHECKING:
+    from xidstream.transport.config import KafkaConfig
+
+__all__ = ["state_key", "fan_out", "groups_of", "FLEET_KEY", "internal_topics"]
 
 FLEET_KEY = b"fleet"
 _REGISTRY = TopicRegistry()
+
+
+def internal_topics(settings: KafkaConfig) -> dict[str, int]:
+    """Topics the processor needs besides the contract's: name -> partitions. Here, not in
+    streams.app, so that `xidstream breaker reset` runs without faust (the base install)."""
+    p = settings.topic_prefix
+    return {f"{p}xidstream.results-by-gpu": settings.partitions, f"{p}xidstream.fleet": 1}
 
 
 def state_key(record: Record) -> str | None:

@@ -19,8 +19,8 @@ Steps, each idempotent, each logging under `.xidstream/node/` (one log per daemo
   a Debian base image with Python (debootstrap, about 90 s): no registry is needed. Everything is
   kept in ~/.cache/xidstream/ (binaries, the base rootfs tarball) and containerd's image store in
   ~/.cache/xidstream/node/containerd.
-- image: builds the project's image from the Containerfile on that base (buildah) and imports it
-  into containerd as localhost/xidstream/xidstream:e2e.
+- image: builds each role's image from the Containerfile on that base (buildah --layers) and imports them
+  into containerd as localhost/xidstream/xidstream-ROLE:e2e (the chart's image.registry and image.tag).
 - up:    the bridge, the control plane, containerd and the kubelet; waits for the node to be Ready.
 - down:  every pod's container killed, the daemons stopped by PID (kubelet first), the pods' mounts
          and network namespaces removed, kube-proxy's iptables rules cleaned, the bridge deleted.
@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xidstream.extras import ROLES
 from xidstream.schemas.errors import XidstreamError
 from workshop.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
 from workshop.localkube import LocalKube, build_go_binary, kube_version
@@ -62,7 +63,12 @@ NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 
 PAUSE_IMAGE = "localhost/xidstream/pause:1"
 BASE_IMAGE = "localhost/xidstream/debian-python:bookworm"
-PROJECT_IMAGE = "localhost/xidstream/xidstream:e2e"
+# One image per role (the Containerfile's stages, xidstream.extras.ROLES), named as the chart's
+# values name them: <image.registry>/xidstream-<role>:<image.tag>.
+IMAGE_REGISTRY = "localhost/xidstream"
+IMAGE_TAG = "e2e"
+PROJECT_IMAGES = {role: f"{IMAGE_REGISTRY}/xidstream-{role}:{IMAGE_TAG}" for role in ROLES}
+NODE_IMAGE = PROJECT_IMAGES["node"]
 
 # Ports off the defaults, so that a real kubelet or API server on this machine is untouched.
 APISERVER_PORT = 26443
@@ -263,25 +269,38 @@ class LocalNode:
         self._pause_archive()
         self.base_image()
 
-    def build_image(self, image: str = PROJECT_IMAGE) -> Path:
-        """The project's image from the Containerfile on the debootstrap base, as an OCI archive."""
+    def build_images(self) -> list[tuple[Path, str]]:
+        """Each role's image from the Containerfile on the debootstrap base, as OCI archives, with
+        their names (what `up` imports)."""
         self.fetch()
-        print(f"building {image} from the Containerfile (buildah; 1-3 min) ...", file=sys.stderr, flush=True)
+        print(f"building {', '.join(PROJECT_IMAGES.values())} from the Containerfile (buildah; cold 2-4 min, "
+              f"then seconds) ...", file=sys.stderr, flush=True)
         started = time.monotonic()
-        # --network host: RUN steps (pip, apt-get) use the host's network and resolver. No --layers:
-        # buildah 1.28 keys a cached RUN by its text, not by what `--mount=type=bind,from=build`
-        # brings, so a code change would reinstall the previous build's wheel (seen here).
+        # --network host: RUN steps (pip, apt-get) use the host's network and resolver. --layers:
+        # the shared `wheels` stage is built once for the four targets and kept between runs (its
+        # dependencies layer keyed by pyproject.toml alone), and a code change reinstalls only
+        # xidstream in each role (the Containerfile's checksum files key the installs, which
+        # buildah 1.28 would otherwise reuse by their text alone).
         ca = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
         secret = ["--secret", f"id=ca,src={ca}"] if Path(ca).is_file() else []
-        self._run(["buildah", "build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}", *secret,
-                   "-f", str(REPO_ROOT / "Containerfile"), "-t", image, str(REPO_ROOT)], "buildah build")
-        archive = self.node_cache / "xidstream-e2e.oci.tar"
-        tmp = archive.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        self._run(["buildah", "push", "-q", image, f"oci-archive:{tmp}:{image}"], "buildah push")
-        tmp.rename(archive)
-        self._log(f"built {image} in {time.monotonic() - started:.0f}s")
-        return archive
+        out = []
+        for role, image in PROJECT_IMAGES.items():
+            self._run(["buildah", "build", "--layers", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}",
+                       *secret, "--target", role, "-f", str(REPO_ROOT / "Containerfile"), "-t", image,
+                       str(REPO_ROOT)], f"buildah build --target {role}")
+            archive = self.node_cache / f"xidstream-{role}-e2e.oci.tar"
+            tmp = archive.with_suffix(".tmp")
+            tmp.unlink(missing_ok=True)
+            self._run(["buildah", "push", "-q", image, f"oci-archive:{tmp}:{image}"], "buildah push")
+            tmp.rename(archive)
+            out.append((archive, image))
+        self._log(f"built {', '.join(PROJECT_IMAGES.values())} in {time.monotonic() - started:.0f}s")
+        return out
+
+    def built_images(self) -> list[tuple[Path, str]]:
+        """The archives `build_images` left, with their names (none of a role not built)."""
+        archives = [(self.node_cache / f"xidstream-{role}-e2e.oci.tar", image) for role, image in PROJECT_IMAGES.items()]
+        return [(a, i) for a, i in archives if a.exists()]
 
     # -- up -----------------------------------------------------------------------------------
     def _bridge(self) -> None:
@@ -573,11 +592,11 @@ def _node_command(args: argparse.Namespace, settings: Any) -> int:
         node.fetch()
         print(f"node binary: {node.binary}\nbase image: {BASE_IMAGE}\npause image: {node._pause_archive()}")
     elif args.action == "image":
-        print(f"{PROJECT_IMAGE}: {node.build_image()}")
+        for archive, image in node.build_images():
+            print(f"{image}: {archive}")
     elif args.action == "up":
         started = time.monotonic()
-        archive = node.node_cache / "xidstream-e2e.oci.tar"
-        node.up(images=[(archive, PROJECT_IMAGE)] if archive.exists() else [])
+        node.up(images=node.built_images())
         print(f"node {node.node} is Ready ({time.monotonic() - started:.1f}s); API server {node.kube.server}\n"
               f"kubeconfig: {node.kubeconfig}\n  e.g. kubectl --kubeconfig {shlex.quote(str(node.kubeconfig))} get pods -A\n"
               f"logs: {node.state_dir}/*.log; stop it with `python -m workshop node down`")

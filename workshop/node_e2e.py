@@ -1,6 +1,6 @@
 """`python -m workshop e2e` (`make e2e`): the chart on a real node, from a kernel line to a drained node.
 
-    the image built (buildah, Containerfile) -> `python -m workshop node up` (kubelet + containerd) -> the
+    each role's image built (buildah, Containerfile) -> `python -m workshop node up` (kubelet + containerd) -> the
     broker on the node's bridge -> `helm install` of deploy/helm/xidstream -> tenants' pods ->
     an Xid 79 written to the host's real /dev/kmsg -> the collector (DaemonSet) -> Kafka -> the
     processor (Deployment) -> signed commands -> the cluster executor (Deployment) cordons and
@@ -33,7 +33,8 @@ from typing import Any, Callable
 from xidstream.schemas.errors import XidstreamError
 from workshop.demo_cluster import _ok  # an API answer or a XidstreamError naming what failed
 from workshop.localbroker import REPO_ROOT, LocalBroker, default_cache_dir
-from workshop.localnode import BRIDGE_IP, BROKER_PORT, PAUSE_IMAGE, PROJECT_IMAGE, LocalNode
+from workshop.localnode import (BRIDGE_IP, BROKER_PORT, IMAGE_REGISTRY, IMAGE_TAG, NODE_IMAGE, PAUSE_IMAGE,
+                                PROJECT_IMAGES, LocalNode)
 
 __all__ = ["register", "run_e2e"]
 
@@ -187,26 +188,46 @@ def _wait(what: str, check: Callable[[], Any], timeout: float, poll: float = 0.1
         time.sleep(poll)
 
 
-def check_image_commands(image: str = PROJECT_IMAGE) -> list[str]:
-    """Every `xidstream` subcommand's --help inside the built image (an import missing from the
-    image, like exporters/ once, fails here). Returns the commands checked."""
-    from xidstream.cli import build_parser
+# what no role's image but the processor's, the exporter's or a workstation's holds (issue 44: the
+# node image, which every GPU node pulls, carries none of them)
+NOT_ON_THE_NODE = ("faust", "aiokafka", "pyarrow", "matplotlib", "rocksdict")
 
-    commands = sorted(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no API
+
+def _in_image(image: str, script: str) -> subprocess.CompletedProcess:
     ctr = subprocess.run(["buildah", "from", "--pull-never", image], capture_output=True, text=True)
     if ctr.returncode != 0:
         raise E2eError(f"buildah from {image}: {ctr.stderr.strip()}")
     name = ctr.stdout.strip()
     try:
-        script = "set -e; " + "; ".join(f"xidstream {c} --help >/dev/null || {{ echo FAILED {c}; exit 1; }}"
-                                        for c in commands)
-        run = subprocess.run(["buildah", "run", "--network", "none", name, "--", "sh", "-c", script],
-                             capture_output=True, text=True, timeout=300)
-        if run.returncode != 0:
-            raise E2eError(f"a subcommand fails in {image}: {(run.stdout + run.stderr)[-1500:]}")
+        return subprocess.run(["buildah", "run", "--network", "none", name, "--", "sh", "-c", script],
+                              capture_output=True, text=True, timeout=300)
     finally:
         subprocess.run(["buildah", "rm", name], capture_output=True)
-    return commands
+
+
+def check_image_commands(images: dict[str, str] = PROJECT_IMAGES) -> dict[str, list[str]]:
+    """Each role's image runs the --help of every command its extras serve (an import missing from
+    the image, like exporters/ once, fails here); the node image lacks faust, aiokafka, pyarrow,
+    matplotlib and rocksdict, and its `xidstream process` names the extra it lacks in one line.
+    Returns the commands checked, by role."""
+    from xidstream.cli import command_names
+    from xidstream.extras import runs_in
+
+    checked = {}
+    for role, image in images.items():
+        commands = runs_in(role, command_names())
+        script = "set -e; " + "; ".join(f"xidstream {c} --help >/dev/null || {{ echo FAILED {c}; exit 1; }}"
+                                        for c in commands)
+        if role == "node":
+            script += "; " + "; ".join(f"! python3 -c 'import {m}' 2>/dev/null || {{ echo HOLDS {m}; exit 1; }}"
+                                       for m in NOT_ON_THE_NODE)
+            script += ("; out=$(xidstream process --bootstrap 127.0.0.1:9 2>&1) && exit 1; "
+                       "case \"$out\" in *\"needs the processor extra\"*) ;; *) echo \"PROCESS SAID: $out\"; exit 1;; esac")
+        run = _in_image(image, script)
+        if run.returncode != 0:
+            raise E2eError(f"the {role} image {image} fails its check: {(run.stdout + run.stderr)[-1500:]}")
+        checked[role] = commands
+    return checked
 
 
 POD_VIEW_IP = "10.0.0.66"
@@ -215,8 +236,8 @@ POD_VIEW_IP = "10.0.0.66"
 def _values(node: LocalNode, workdir: Path) -> Path:
     host = workdir / "host"  # what the chart would put in the host's /var/lib and /var/run
     values = {
-        "image": {"repository": PROJECT_IMAGE.rsplit(":", 1)[0], "tag": PROJECT_IMAGE.rsplit(":", 1)[1],
-                  "pullPolicy": "Never"},
+        # each workload its role's image, as `build_images` named them
+        "image": {"registry": IMAGE_REGISTRY, "tag": IMAGE_TAG, "pullPolicy": "Never"},
         "kafka": {"bootstrap": f"{BRIDGE_IP}:{BROKER_PORT}", "partitions": 2},
         # NVML from the fake file (no GPU here); the RuntimeClass mode with a class whose handler is
         # plain runc, as the NVIDIA one would be on a GPU node
@@ -507,7 +528,7 @@ def _probe(node: LocalNode, node_pod: dict, name: str, security: dict, code: str
     given container security context, running `python3 -c code`; returns its terminated state
     (the message carries the log's tail: FallbackToLogsOnError, no kubelet API needed)."""
     kube = node.kube.handle()
-    container: dict = {"name": "probe", "image": PROJECT_IMAGE, "imagePullPolicy": "Never",
+    container: dict = {"name": "probe", "image": NODE_IMAGE, "imagePullPolicy": "Never",
                        "command": ["python3", "-c", code], "securityContext": security,
                        "terminationMessagePolicy": "FallbackToLogsOnError"}
     spec: dict = {"restartPolicy": "Never", "hostPID": True, "nodeName": node.node, "tolerations": [{"operator": "Exists"}],
@@ -899,7 +920,7 @@ def install_operands(node: LocalNode, tl: Timeline) -> None:
     for op in OPERANDS:
         spec = {"nodeSelector": {DEPLOY + op: "true"}, "tolerations": [{"operator": "Exists"}],
                 "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": op, "image": PROJECT_IMAGE, "imagePullPolicy": "Never",
+                "containers": [{"name": op, "image": NODE_IMAGE, "imagePullPolicy": "Never",
                                 "securityContext": {"runAsUser": 0},
                                 "command": ["sh", "-c", "touch /dev/nvidia2 /dev/nvidia3 && exec 3</dev/nvidia2 "
                                                         "4</dev/nvidia3 && exec sleep 2147483647"]}]}
@@ -1126,14 +1147,15 @@ def run_e2e(runs: int = 1, keep: bool = False) -> int:
     workdir = node.state_dir / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}"
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"== python -m workshop e2e: the chart on a real node (work: {workdir})", flush=True)
-    archive = node.build_image()
-    tl.mark(f"image {PROJECT_IMAGE} built from the Containerfile")
+    archives = node.build_images()
+    tl.mark(f"images {', '.join(PROJECT_IMAGES.values())} built from the Containerfile")
     checked = check_image_commands()
-    tl.mark(f"every subcommand's --help ran inside the image ({len(checked)}: {', '.join(checked)})")
+    tl.mark("each role's commands' --help ran inside its image (" + "; ".join(
+        f"{role}: {len(cmds)}" for role, cmds in checked.items()) + f"); the node image lacks {', '.join(NOT_ON_THE_NODE)}")
     node.down()  # a fresh cluster: etcd is wiped by the API server's start
     broker = LocalBroker(host=BRIDGE_IP, port=BROKER_PORT, state_dir=node.state_dir / "broker")
     try:
-        node.up(images=[(archive, PROJECT_IMAGE)])
+        node.up(images=archives)
         tl.mark(f"node {node.node} Ready (kubelet, containerd, API server on {node.kube.server})")
         broker.fetch()
         broker.reset()

@@ -15,6 +15,7 @@ from xidstream.schemas.errors import XidstreamError
 from xidstream.cliargs import add_kafka_args as _add_kafka_args
 from xidstream.cliargs import add_replication_args as _add_replication_args
 from xidstream.cliargs import positive_int as _positive_int
+from xidstream.extras import explain, require
 from xidstream.settings import Settings
 
 __all__ = ["main", "build_parser", "settings_from_args"]
@@ -217,6 +218,11 @@ def build_parser(extra: tuple[Callable[[argparse._SubParsersAction], None], ...]
     return parser
 
 
+def command_names() -> list[str]:
+    """The operator's commands (`xidstream --help`)."""
+    return sorted(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse has no API
+
+
 # Later subsystems (collectors, stream processor, replay) add their subcommands here.
 def _collectors(sub: argparse._SubParsersAction) -> None:
     from xidstream.collect_cmd import register
@@ -271,7 +277,11 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = settings_from_args(args)
-        return args.handler(args, settings)
+        require(args.command)  # the command's extra (pyproject.toml), named in one line when missing
+        try:
+            return args.handler(args, settings)
+        except ModuleNotFoundError as exc:
+            raise (explain(args.command, exc) or exc) from None
     except XidstreamError as exc:
         print(f"xidstream: error: {exc}", file=sys.stderr)
         return 2

@@ -163,7 +163,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         try:
             import rocksdict  # noqa: F401
         except ImportError:
-            raise ConfigError("--store rocksdb:// needs the rocksdict package (pip install rocksdict)") from None
+            raise ConfigError("--store rocksdb:// needs the rocksdb extra (no module named 'rocksdict'): pip install 'xidstream[rocksdb]'") from None
     data_dir = args.data_dir or conf.get("data_dir") or ".xidstream/processor"
     web_port = args.web_port if args.web_port is not None else conf.get("web_port")
     proc = create_app(settings, policy, app_id=args.app_id or conf.get("app_id"), web_port=web_port, web_bind=args.web_bind, store=store,
@@ -205,7 +205,7 @@ def _breaker(args: argparse.Namespace, settings: Settings) -> int:
     import orjson
     from confluent_kafka import KafkaException, Producer
 
-    from xidstream.streams.app import FLEET_KEY, internal_topics
+    from xidstream.streams.routing import FLEET_KEY, internal_topics
     from xidstream.transport.kafka import admin, list_topics, producer_config, unreachable
 
     fleet = list(internal_topics(settings))[1]

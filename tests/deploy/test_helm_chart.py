@@ -529,6 +529,58 @@ def test_every_container_command_line_parses_with_the_real_cli(helm, values):
     assert seen == {"collect", "execute node", "execute cluster", "process", "topics"}
 
 
+# which role's image each workload runs (the Containerfile's stages)
+WORKLOAD_ROLES = {("DaemonSet", "xs-xidstream-node"): "node", ("Deployment", "xs-xidstream-processor"): "processor",
+                  ("Job", "xs-xidstream-topics"): "processor",
+                  ("Deployment", "xs-xidstream-cluster-executor"): "cluster-executor",
+                  ("Deployment", "xs-xidstream-exporter"): "exporter"}
+EVERY_WORKLOAD = ("--set", "exporter.enabled=true", "--set", "exporter.parquet.enabled=true",
+                  "--set", "exporter.parquet.claimName=lake")
+
+
+def _images(objs: list[dict]) -> dict[tuple[str, str, str], str]:
+    """(kind, workload, container) -> image, init containers included."""
+    out = {}
+    for obj in objs:
+        if obj["kind"] in ("DaemonSet", "Deployment", "Job"):
+            spec = pod_spec(obj)
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                out[(obj["kind"], obj["metadata"]["name"], c["name"])] = c["image"]
+    return out
+
+
+@pytest.mark.parametrize("values", ["default", "secure"])
+def test_each_workload_runs_its_roles_image_which_holds_its_commands_extras(helm, values):
+    """The node DaemonSet pulls the node image (no faust, pyarrow, matplotlib), the processor and
+    the topics Job the processor's, and so on; and every container's command needs no extra its
+    image's stage does not install (a command on the wrong image would fail at start)."""
+    from tests.deploy.test_containerfile import stage_extras
+    from xidstream.extras import COMMANDS
+
+    objs, _ = render(helm, *EVERY_WORKLOAD, *(["-f", str(SECURE)] if values == "secure" else []))
+    images = _images(objs)
+    assert {(k, w) for k, w, _ in images} == set(WORKLOAD_ROLES)
+    commands = {(o["kind"], o["metadata"]["name"], c["name"]): c["args"][0] for o in objs
+                if o["kind"] in ("DaemonSet", "Deployment", "Job")
+                for c in pod_spec(o).get("initContainers", []) + pod_spec(o)["containers"]}
+    for (kind, workload, container), image in images.items():
+        role = WORKLOAD_ROLES[(kind, workload)]
+        assert image == f"ghcr.io/xidstream/xidstream-{role}:0.1.0", (workload, container)
+        needs = set(COMMANDS.get(commands[(kind, workload, container)], ()))
+        assert needs <= stage_extras(role), (workload, container, sorted(needs - stage_extras(role)))
+
+
+def test_one_registry_and_tag_move_every_roles_image_and_the_old_single_image_value_is_refused(helm):
+    objs, _ = render(helm, *EVERY_WORKLOAD, "--set", "image.registry=registry.example.com/gpu",
+                     "--set", "image.tag=1.2.3", "--set", "image.repositories.processor=xs-proc")
+    images = _images(objs)
+    assert set(images.values()) == {"registry.example.com/gpu/xidstream-node:1.2.3", "registry.example.com/gpu/xs-proc:1.2.3",
+                                    "registry.example.com/gpu/xidstream-cluster-executor:1.2.3",
+                                    "registry.example.com/gpu/xidstream-exporter:1.2.3"}
+    _, proc = render(helm, "--set", "image.repository=registry.example.com/xidstream", check=False)
+    assert proc.returncode != 0 and "image.repository is gone" in proc.stderr and "image.registry" in proc.stderr
+
+
 def test_identity_renders_enrollment_macs_and_the_processors_check(helm):
     """identity.processorKey given as hex: the node pod may create CSRs and MACs its records and
     results with that key; the cluster executor enrolls (lists CSRs, holds the enroller key) and

@@ -24,8 +24,15 @@ app.kubernetes.io/instance: {{ $ctx.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
+{{/* A role's image: (list . ROLE), ROLE a key of image.repositories; one registry and tag for all. */}}
 {{- define "xidstream.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $ctx := index . 0 -}}
+{{- $img := $ctx.Values.image -}}
+{{- if $img.repository -}}
+{{- fail "image.repository is gone: each role has its own image now; set image.registry (and image.tag), or one role's image.repositories.<role> (values.yaml)" -}}
+{{- end -}}
+{{- $repo := required (printf "image.repositories.%s is required" (index . 1)) (index $img.repositories (index . 1)) -}}
+{{ with $img.registry }}{{ . }}/{{ end }}{{ $repo }}:{{ $img.tag | default $ctx.Chart.AppVersion }}
 {{- end -}}
 
 {{/* Kafka settings every command reads from the environment. */}}
