@@ -8,7 +8,7 @@ unless one runs already). One topic of 3 partitions, replication 3, min.insync.r
 
 1. acks=all vs acks=1: the publish latency (produce() to delivery report) of `--latency-records`
    records at `--rate` per second on the healthy cluster, with the project's producer settings
-   (`transport.kafka.producer_config`: acks=all, idempotence, lz4, linger.ms 5) and the same with
+   (`xidstream.transport.kafka.producer_config`: acks=all, idempotence, lz4, linger.ms 5) and the same with
    acks=1 (idempotence off: it needs acks=all). p50, p99.
 2. `--kills` times: while a producer writes `--rate` records per second, round robin over the
    partitions, and a consumer reads them, the leader of partition 0 is SIGKILLed. Measured from
@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import NewTopic  # noqa: E402
 
-from transport.config import KafkaConfig  # noqa: E402
-from transport.kafka import admin, consumer_config, producer_config  # noqa: E402
-from xidstream.localcluster import LocalCluster  # noqa: E402
+from xidstream.transport.config import KafkaConfig  # noqa: E402
+from xidstream.transport.kafka import admin, consumer_config, producer_config  # noqa: E402
+from workshop.localcluster import LocalCluster  # noqa: E402
 
 PARTITIONS = 3
 
@@ -269,7 +269,7 @@ def main() -> int:
         load.finish()
 
         # everything acknowledged must be there, once
-        from transport.kafka import read_all
+        from xidstream.transport.kafka import read_all
 
         got = [m.value().decode() for m in read_all(settings, [topic], timeout=120, idle=3)
                if not m.value().startswith(b"lat-")]

@@ -42,15 +42,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collectors.agent import Collector, CollectorConfig  # noqa: E402
-from collectors.fakes import FakeFabric, FakeGpu, FakeNvLink, FakeProcess, FakePynvml  # noqa: E402
-from collectors.nvml import NvmlReader  # noqa: E402
-from collectors.parse.kernel import parse_line  # noqa: E402
-from collectors.sink import KafkaSink  # noqa: E402
-from collectors.sources.kernel import FileSource  # noqa: E402
-from collectors.scenario import FakeProcFs  # noqa: E402
-from collectors.sources.procfs import ProcFs  # noqa: E402
-from transport.kafka import create_topics  # noqa: E402
+from xidstream.collectors.agent import Collector, CollectorConfig  # noqa: E402
+from xidstream.collectors.fakes import FakeFabric, FakeGpu, FakeNvLink, FakeProcess, FakePynvml  # noqa: E402
+from xidstream.collectors.nvml import NvmlReader  # noqa: E402
+from xidstream.collectors.parse.kernel import parse_line  # noqa: E402
+from xidstream.collectors.sink import KafkaSink  # noqa: E402
+from xidstream.collectors.sources.kernel import FileSource  # noqa: E402
+from xidstream.collectors.scenario import FakeProcFs  # noqa: E402
+from xidstream.collectors.sources.procfs import ProcFs  # noqa: E402
+from xidstream.transport.kafka import create_topics  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 
 
@@ -284,7 +284,7 @@ def main() -> int:
         churner = ctx.Process(target=churn_proc_tree, args=(proc_root, churn_stop), daemon=True)
         churner.start()
 
-    from xidstream.localbroker import broker_for_run
+    from workshop.localbroker import broker_for_run
 
     bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     settings = Settings(bootstrap=bootstrap, topic_prefix=f"bench{int(time.time())}.", node="bench-node")

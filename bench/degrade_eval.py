@@ -3,7 +3,7 @@ fault, how long before, and how often it warned of a healthy GPU. Prints figures
 
     .venv/bin/python bench/degrade_eval.py [--gpus 320] [--days 14] [--per-kind 20] [--seed 1]
 
-The decision path without Kafka (`streams.engine.Engine`: the processor's own fold and fleet agent)
+The decision path without Kafka (`xidstream.streams.engine.Engine`: the processor's own fold and fleet agent)
 over weeks of event time: every GPU publishes a `gpu.counters` reading every `--interval` s (300;
 the collector's default is 60, which only makes the trends smoother) and a sample every 600 s (the
 samples only keep the GPU's clock and let incidents resolve; 1 Hz over weeks would be 10^9 records).
@@ -41,12 +41,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collectors.parse.kernel import parse_line  # noqa: E402
-from collectors.agent import xid_fields  # noqa: E402
-from schemas.models import GpuCounters, GpuProcesses, GpuSample, NvLinkCounters, XidEvent  # noqa: E402
-from schemas.vocab import NODE_ACTIONS, Action, Classification  # noqa: E402
-from streams.engine import Engine  # noqa: E402
-from streams.policy import Policy  # noqa: E402
+from xidstream.collectors.parse.kernel import parse_line  # noqa: E402
+from xidstream.collectors.agent import xid_fields  # noqa: E402
+from xidstream.schemas.models import GpuCounters, GpuProcesses, GpuSample, NvLinkCounters, XidEvent  # noqa: E402
+from xidstream.schemas.vocab import NODE_ACTIONS, Action, Classification  # noqa: E402
+from xidstream.streams.engine import Engine  # noqa: E402
+from xidstream.streams.policy import Policy  # noqa: E402
 
 H = 3600.0
 DAY = 86400.0

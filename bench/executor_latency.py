@@ -30,13 +30,13 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 from lightkube.resources.core_v1 import Node  # noqa: E402
 
-from executors.kube import list_then_watch, make_client  # noqa: E402
-from schemas import GpuInventory, GpuSample, XidEvent, encode  # noqa: E402
-from schemas.signing import generate_keys  # noqa: E402
-from schemas.xid_catalog import lookup  # noqa: E402
-from transport.kafka import create_topics, delete_run, producer_config  # noqa: E402
-from xidstream.localbroker import LocalBroker  # noqa: E402
-from xidstream.localkube import LocalKube  # noqa: E402
+from xidstream.executors.kube import list_then_watch, make_client  # noqa: E402
+from xidstream.schemas import GpuInventory, GpuSample, XidEvent, encode  # noqa: E402
+from xidstream.schemas.signing import generate_keys  # noqa: E402
+from xidstream.schemas.xid_catalog import lookup  # noqa: E402
+from xidstream.transport.kafka import create_topics, delete_run, producer_config  # noqa: E402
+from workshop.localbroker import LocalBroker  # noqa: E402
+from workshop.localkube import LocalKube  # noqa: E402
 from xidstream.runner import WorkerProcess  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 

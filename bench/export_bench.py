@@ -18,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer  # noqa: E402
 
-from exporters.parquet import ParquetLander  # noqa: E402
-from exporters.pipeline import Exporter, ParquetSink  # noqa: E402
-from schemas import GpuSample  # noqa: E402
-from schemas.codec import encode  # noqa: E402
-from transport.config import KafkaConfig  # noqa: E402
-from transport.kafka import create_topics, delete_topics, producer_config  # noqa: E402
+from xidstream.exporters.parquet import ParquetLander  # noqa: E402
+from xidstream.exporters.pipeline import Exporter, ParquetSink  # noqa: E402
+from xidstream.schemas import GpuSample  # noqa: E402
+from xidstream.schemas.codec import encode  # noqa: E402
+from xidstream.transport.config import KafkaConfig  # noqa: E402
+from xidstream.transport.kafka import create_topics, delete_topics, producer_config  # noqa: E402
 
 
 def main() -> int:

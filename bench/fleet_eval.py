@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collectors.sink import KafkaSink  # noqa: E402
-from schemas.topics import INPUT_TOPICS  # noqa: E402
-from streams.app import internal_topics  # noqa: E402
-from transport.kafka import consumer_lag, create_topics  # noqa: E402
+from xidstream.collectors.sink import KafkaSink  # noqa: E402
+from xidstream.schemas.topics import INPUT_TOPICS  # noqa: E402
+from xidstream.streams.app import internal_topics  # noqa: E402
+from xidstream.transport.kafka import consumer_lag, create_topics  # noqa: E402
 from xidstream.runner import WorkerProcess  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 from xidstream.simulate import Simulator, evaluate  # noqa: E402
@@ -52,7 +52,7 @@ def main() -> int:
     ap.add_argument("--xid45-teardowns", type=int, default=0, metavar="N",
                     help="multi-node job teardowns with Xid 45 on every rank to add (default 0)")
     args = ap.parse_args()
-    from xidstream.localbroker import broker_for_run
+    from workshop.localbroker import broker_for_run
 
     bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     tmp = Path(tempfile.mkdtemp(prefix="xidstream-fleet-"))

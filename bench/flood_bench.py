@@ -6,7 +6,7 @@
 Each flood (tests/streams/floods.py, the shape of tests/streams/test_flood.py's big case) runs on
 `--gpus` GPUs, 8 to a node, a `--hot` share of it on one GPU: application Xids (13, 31, 43, 45)
 from new processes, hardware Xids, pinned GPUs, failing pods, executors answering. It is folded
-through `streams.engine.Engine` record by record. Figures: the wall time per record in the first,
+through `xidstream.streams.engine.Engine` record by record. Figures: the wall time per record in the first,
 the middle (fifth) and the last tenth; the largest GPU row (`GpuState.to_dict()` as orjson, looked
 at ten times along the way) and fleet row; the largest alert or command on the wire; the total.
 Building the records is not timed. Each flood is folded `--runs` times and each tenth's time is

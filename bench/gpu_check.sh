@@ -38,7 +38,7 @@ echo "== NvmlReader on the real pynvml"
 "$PY" - <<'PY' > "$OUT/reader.txt" 2>&1 || rc=1
 import statistics, sys, time
 import pynvml
-from collectors.nvml import NEW_SAMPLE_FIELDS, NvmlReader
+from xidstream.collectors.nvml import NEW_SAMPLE_FIELDS, NvmlReader
 r = NvmlReader(pynvml)
 gpus = r.init()
 print(f"{len(gpus)} GPU(s), refused {r.refused}")
@@ -56,7 +56,7 @@ for g in gpus:
     print(f"  compute apps: {apps!r}" + ("" if apps is not None else f" (unknown: {r.last_error})"))
     if missing:
         print("  MISSING:", missing); bad += 1
-from collectors.nvml import COUNTER_FIELDS
+from xidstream.collectors.nvml import COUNTER_FIELDS
 for g in gpus:
     t0 = time.perf_counter(); c = r.counters(g); first = time.perf_counter() - t0
     times = []
@@ -82,7 +82,7 @@ echo "== collect --once"
   > "$OUT/collect.jsonl" 2> "$OUT/collect.err" || rc=1
 "$PY" - "$OUT/collect.jsonl" <<'PY' || rc=1
 import sys, orjson
-from schemas import decode_any
+from xidstream.schemas import decode_any
 recs = [decode_any(orjson.dumps(orjson.loads(l)["value"])) for l in open(sys.argv[1]) if l.strip()]
 kinds = {}
 for r in recs:
@@ -112,10 +112,10 @@ echo "== the node executor's reset facts (read only: nothing is reset, no persis
 # (architecture, MIG, virtualization, NVLink to an NVSwitch, Fabric Manager) and the scope rule's
 # answer, persistence mode as nvidia-smi reads it, and who holds each GPU's /dev/nvidia<minor>.
 import pynvml
-from collectors.nvml import NvmlReader
-from collectors.sources.procfs import ProcFs
-from executors.gpureset import NvidiaSmi, classify_holders, reset_scope
-from executors.node import NvmlGpuOps
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.sources.procfs import ProcFs
+from xidstream.executors.gpureset import NvidiaSmi, classify_holders, reset_scope
+from xidstream.executors.node import NvmlGpuOps
 ops = NvmlGpuOps(pynvml)
 smi = NvidiaSmi()
 procfs = ProcFs()

@@ -3,7 +3,7 @@
     .venv/bin/python bench/identity_cost.py [--records 200000]
 
 The per-record work `xidstream process --enroller-key` adds on the hot path
-(`transport.identity.RecordVerifier.sender`: find the header, recompute the node's HMAC-SHA256
+(`xidstream.transport.identity.RecordVerifier.sender`: find the header, recompute the node's HMAC-SHA256
 over topic, key and value, compare), on a real sample record's bytes, against what a node pays to
 add it (`RecordAuth.header`) and, for scale, an Ed25519 verification of the same bytes (what a
 signature per record would have cost instead). One core, in-process, best of 5 passes.
@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schemas import GpuSample, encode  # noqa: E402
-from schemas.signing import SigningKey, generate_keys  # noqa: E402
-from transport.identity import NodeIdentity, ProcessorIdentity, RecordVerifier  # noqa: E402
+from xidstream.schemas import GpuSample, encode  # noqa: E402
+from xidstream.schemas.signing import SigningKey, generate_keys  # noqa: E402
+from xidstream.transport.identity import NodeIdentity, ProcessorIdentity, RecordVerifier  # noqa: E402
 
 
 def best(fn, n: int) -> float:

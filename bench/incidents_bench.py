@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer  # noqa: E402
 
-from schemas.codec import to_dict  # noqa: E402
+from xidstream.schemas.codec import to_dict  # noqa: E402
 from tests.streams.builders import run, wedge, xid, sample, procs, inventory  # noqa: E402
-from transport.kafka import create_topics, delete_topics, producer_config  # noqa: E402
+from xidstream.transport.kafka import create_topics, delete_topics, producer_config  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 
 
@@ -87,7 +87,7 @@ def main() -> int:
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from xidstream.localbroker import LocalBroker
+        from workshop.localbroker import LocalBroker
 
         broker = LocalBroker()
         if broker.pid() is not None:

@@ -32,9 +32,9 @@ def _rss_mib() -> float:
 
 
 def child(roll_mb: float, gpus: int) -> int:
-    from exporters.parquet import ParquetLander
-    from schemas import GpuSample
-    from schemas.codec import encode
+    from xidstream.exporters.parquet import ParquetLander
+    from xidstream.schemas import GpuSample
+    from xidstream.schemas.codec import encode
 
     def sample(i: int) -> GpuSample:
         g = i % gpus

@@ -86,7 +86,7 @@ def module_globs(modules: list[str]) -> list[str]:
 
 
 def mutant_globs(globs: list[str]) -> list[str]:
-    """mutmut mutant-name patterns for file patterns: `schemas/signing.py` -> `schemas.signing.*`."""
+    """mutmut mutant-name patterns for file patterns: `schemas/signing.py` -> `xidstream.schemas.signing.*`."""
     return [g.removesuffix(".py").replace("/", ".").rstrip("*").rstrip(".") + ".*" for g in globs]
 
 

@@ -13,7 +13,7 @@ also on failure. The exact method of each figure is printed with it.
 1. Throughput, one worker, against a yardstick on the same topics: `--gpus` GPUs x `--seconds` of
    1 Hz samples and process lists (+ one inventory record per GPU) are loaded; then the yardstick, a
    plain confluent-kafka consumer that consumes 1,000 at a time, decodes every record
-   (`schemas.decode_any`) and folds it into a per-GPU dict, reads them all; then one worker
+   (`xidstream.schemas.decode_any`) and folds it into a per-GPU dict, reads them all; then one worker
    processes them from the start. `--runs` times, fresh topics each time; best and median (the goals
    are judged by the median).
 2. Memory per tracked GPU: worker RSS after catching up on `--memory-gpus` GPUs x 10 s and 15 s of
@@ -51,14 +51,14 @@ import orjson  # noqa: E402
 import psutil  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
-from collectors.sink import KafkaSink  # noqa: E402
-from schemas import INPUT_TOPICS, GpuProcesses, GpuSample, RemediationCommand, XidEvent, encode, to_dict  # noqa: E402
-from schemas.vocab import Action  # noqa: E402
-from schemas.xid_catalog import lookup  # noqa: E402
-from streams.app import TRIM_INTERVAL_S, changelog_topics, internal_topics  # noqa: E402
-from streams.policy import Policy  # noqa: E402
-from streams.routing import FLEET_KEY  # noqa: E402
-from transport.kafka import (LagProbe, admin, consume_records, consumer_config, create_topics, delete_topics,  # noqa: E402
+from xidstream.collectors.sink import KafkaSink  # noqa: E402
+from xidstream.schemas import INPUT_TOPICS, GpuProcesses, GpuSample, RemediationCommand, XidEvent, encode, to_dict  # noqa: E402
+from xidstream.schemas.vocab import Action  # noqa: E402
+from xidstream.schemas.xid_catalog import lookup  # noqa: E402
+from xidstream.streams.app import TRIM_INTERVAL_S, changelog_topics, internal_topics  # noqa: E402
+from xidstream.streams.policy import Policy  # noqa: E402
+from xidstream.streams.routing import FLEET_KEY  # noqa: E402
+from xidstream.transport.kafka import (LagProbe, admin, consume_records, consumer_config, create_topics, delete_topics,  # noqa: E402
                              ensure_processor_topics, producer_config, read_all)
 from xidstream.runner import WorkerProcess  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
@@ -887,7 +887,7 @@ def main() -> int:
         ap.error(str(exc))
     args.latency = ",".join(f"{g}x{w}" for g, w in args.latency_specs)
 
-    from xidstream.localbroker import broker_for_run
+    from workshop.localbroker import broker_for_run
 
     bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     tmp = Path(tempfile.mkdtemp(prefix="xidstream-pbench-"))

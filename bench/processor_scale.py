@@ -55,12 +55,12 @@ import psutil  # noqa: E402
 from aiokafka.partitioner import DefaultPartitioner  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 
-from collectors.sink import KafkaSink  # noqa: E402
-from schemas import INPUT_TOPICS, XidEvent, encode  # noqa: E402
-from schemas.models import RemediationCommand  # noqa: E402
-from schemas.xid_catalog import lookup  # noqa: E402
-from streams.app import GPU_TABLE, changelog_topics  # noqa: E402
-from transport.kafka import (LagProbe, admin, consume_records, consumer_config, create_topics, delete_topics,  # noqa: E402
+from xidstream.collectors.sink import KafkaSink  # noqa: E402
+from xidstream.schemas import INPUT_TOPICS, XidEvent, encode  # noqa: E402
+from xidstream.schemas.models import RemediationCommand  # noqa: E402
+from xidstream.schemas.xid_catalog import lookup  # noqa: E402
+from xidstream.streams.app import GPU_TABLE, changelog_topics  # noqa: E402
+from xidstream.transport.kafka import (LagProbe, admin, consume_records, consumer_config, create_topics, delete_topics,  # noqa: E402
                              producer_config, read_all)
 from xidstream.runner import WorkerProcess  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
@@ -156,7 +156,7 @@ def broker_process(bootstrap: str) -> psutil.Process | None:
     if not bootstrap.endswith(":19092"):
         return None
     try:
-        from xidstream.localbroker import LocalBroker
+        from workshop.localbroker import LocalBroker
 
         pid = LocalBroker().pid()
         return psutil.Process(pid) if pid else None
@@ -841,7 +841,7 @@ def main() -> int:
     unknown = set(args.kinds.split(",")) - set(KINDS) if args.kinds else set()
     if unknown:
         ap.error(f"unknown --kinds {', '.join(sorted(unknown))}; known: {', '.join(KINDS)}")
-    from xidstream.localbroker import broker_for_run
+    from workshop.localbroker import broker_for_run
 
     bootstrap, broker = broker_for_run(args.bootstrap)  # broker: ours to stop, else None
     # `timeout` and friends send SIGTERM: end through the finally blocks, which stop the workers and

@@ -1,4 +1,4 @@
-"""Pure decision path throughput: `streams.classify.step` over decoded records, no Kafka.
+"""Pure decision path throughput: `xidstream.streams.classify.step` over decoded records, no Kafka.
 
     .venv/bin/python bench/pure_path_bench.py [--gpus 2000] [--seconds 60] [--runs 3]
 
@@ -14,9 +14,9 @@ import statistics
 import time
 from datetime import datetime, timedelta, timezone
 
-from schemas import ComputeApp, GpuProcesses, GpuSample, XidEvent
-from streams.classify import step
-from streams.policy import Policy
+from xidstream.schemas import ComputeApp, GpuProcesses, GpuSample, XidEvent
+from xidstream.streams.classify import step
+from xidstream.streams.policy import Policy
 
 T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)
 

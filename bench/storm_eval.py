@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collectors.sink import MemorySink  # noqa: E402
-from schemas.vocab import BREAKER_ACTIONS, Classification  # noqa: E402
-from streams.engine import Engine  # noqa: E402
+from xidstream.collectors.sink import MemorySink  # noqa: E402
+from xidstream.schemas.vocab import BREAKER_ACTIONS, Classification  # noqa: E402
+from xidstream.streams.engine import Engine  # noqa: E402
 from xidstream.settings import Settings  # noqa: E402
 from xidstream.simulate import FaultRates, Simulator  # noqa: E402
 

@@ -6,9 +6,9 @@ The processor bench's load (`xidstream.simulate.Simulator`, no faults: `--gpus` 
 of 1 Hz samples and process lists, + one inventory per GPU), encoded and keyed as the collector's
 sink publishes it, then three passes over it, each on fresh state:
 
-- decode: `streams.app.decode_input` with the model of the record's topic (`decode_any` where a
+- decode: `xidstream.streams.app.decode_input` with the model of the record's topic (`decode_any` where a
   checkout has no such function), what the worker does to every input record;
-- fold: `streams.routing.state_key` and `streams.classify.step` over the decoded records (the pure
+- fold: `xidstream.streams.routing.state_key` and `xidstream.streams.classify.step` over the decoded records (the pure
   path, as `bench/pure_path_bench.py`);
 - agent: every record through the GPU agent's own body (`agent.test_context()`, in-memory table,
   sends counted and dropped) in batches of 500 (`create_app`'s batch), the events built first:
@@ -70,7 +70,7 @@ class _Calls:
 
 
 def load(settings, gpus: int, seconds: int) -> list[tuple[str, bytes, bytes]]:
-    from schemas import encode
+    from xidstream.schemas import encode
     from xidstream.simulate import FaultRates, Simulator
 
     sim = Simulator(settings, max(1, gpus // 8), 8, duration=seconds, rates=FaultRates(0, 0, 0, 0, 0), start=START)
@@ -80,8 +80,8 @@ def load(settings, gpus: int, seconds: int) -> list[tuple[str, bytes, bytes]]:
 
 
 def decode_pass(settings, recs: list, count: bool) -> tuple[float, list]:
-    import streams.app as sapp
-    from schemas import decode_any
+    import xidstream.streams.app as sapp
+    from xidstream.schemas import decode_any
 
     models = getattr(sapp, "_MODELS", {})
     names = {settings.topics.name(n): n for n in models}
@@ -103,9 +103,9 @@ def decode_pass(settings, recs: list, count: bool) -> tuple[float, list]:
 
 
 def fold_pass(records: list, count: bool) -> float:
-    from streams.classify import step
-    from streams.policy import Policy
-    from streams.routing import state_key
+    from xidstream.streams.classify import step
+    from xidstream.streams.policy import Policy
+    from xidstream.streams.routing import state_key
 
     policy, states = Policy(), {}
     calls = _Calls()
@@ -123,7 +123,7 @@ def fold_pass(records: list, count: bool) -> float:
 async def agent_pass(settings, recs: list, count: bool) -> dict:
     from faust.types import Message
 
-    from streams.app import create_app
+    from xidstream.streams.app import create_app
 
     proc = create_app(settings)
     sent: collections.Counter = collections.Counter()

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import orjson
 
-from collectors.metrics import CollectorMetrics
-from collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable, XidNotice
-from collectors.parse.kernel import (REFUSALS, SCENARIO_TEXT, KernelRecord, Parsed, continues_fallen,
+from xidstream.collectors.metrics import CollectorMetrics
+from xidstream.collectors.nvml import EventWaitFailed, GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable, XidNotice
+from xidstream.collectors.parse.kernel import (REFUSALS, SCENARIO_TEXT, KernelRecord, Parsed, continues_fallen,
                                      parse_line_checked, parse_scenario_line, sxid_continues)
-from collectors.sink import Sink
-from collectors.sources.kernel import KernelSource
-from collectors.sources.rack import valid_rack
-from collectors.spool import write_durably
-from schemas.limits import (
+from xidstream.collectors.sink import Sink
+from xidstream.collectors.sources.kernel import KernelSource
+from xidstream.collectors.sources.rack import valid_rack
+from xidstream.collectors.spool import write_durably
+from xidstream.schemas.limits import (
     GPU_UUID_MAX,
     JOB_MAX,
     K8S_LABEL_MAX,
@@ -47,7 +47,7 @@ from schemas.limits import (
     TASK_COMM_MAX,
     clip,
 )
-from schemas.models import (
+from xidstream.schemas.models import (
     ComputeApp,
     DeviceHolder,
     GpuCounters,
@@ -59,9 +59,9 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.vocab import SampleStatus, TsSource, XidSource
-from schemas.sxid_catalog import lookup_sxid
-from schemas.xid_catalog import XID_CATALOG, lookup
+from xidstream.schemas.vocab import SampleStatus, TsSource, XidSource
+from xidstream.schemas.sxid_catalog import lookup_sxid
+from xidstream.schemas.xid_catalog import XID_CATALOG, lookup
 
 __all__ = ["CollectorConfig", "Collector", "IdentityMap", "XidMerger", "ProcessInfo", "WorkloadSource", "RackSource",
            "xid_fields", "line_time", "unidentified_key", "unidentified_pci"]

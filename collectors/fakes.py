@@ -1,6 +1,6 @@
 """In-memory twins of the collector's I/O, driven by the scenario format.
 
-`FakePynvml` mimics the surface of NVIDIA's `pynvml` module that `collectors.nvml.NvmlReader` uses:
+`FakePynvml` mimics the surface of NVIDIA's `pynvml` module that `xidstream.collectors.nvml.NvmlReader` uses:
 the same function names and arguments, return objects with the same attributes, and pynvml's own
 `NVMLError` with its per-code subclasses (`pynvml.NVMLError_GpuIsLost`, ...; `.value` is the NVML
 return code): the fake raises the very classes the real module raises. A GPU

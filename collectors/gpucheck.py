@@ -9,7 +9,7 @@ gpu.counters (NVLink per link, PCIe, ECC, retired pages, clock event reasons, te
 which counters the board does not support, and the time of a first read (it probes the NVLinks)
 and of a second one (what every `--counters-interval` costs). Last, NVML shut down and initialised
 again in the same process, as the collector does for the node executor's GPU reset
-(`collectors.nvml.NvmlRelease`): how long it takes, whether the same GPUs come back, and each
+(`xidstream.collectors.nvml.NvmlRelease`): how long it takes, whether the same GPUs come back, and each
 GPU's recovery action after it (an action an event delivered before is not carried over). A GPU that NVML
 refuses a handle for, or that is lost during the check, is printed as lost, never as a traceback.
 A driver without a call (nvmlDeviceGetComputeRunningProcesses_v3 before R510)
@@ -30,7 +30,7 @@ MAX_EVENTS = 256  # pending events printed at most: a node in an Xid storm must 
 
 
 def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -> int:
-    from collectors.nvml import EventWaitFailed, NvmlReader, NvmlUnavailable
+    from xidstream.collectors.nvml import EventWaitFailed, NvmlReader, NvmlUnavailable
 
     out = out or sys.stdout
     if nvml_module is None:
@@ -120,7 +120,7 @@ def run_gpu_check(nvml_module: Any = None, out=None, wait_events: float = 1.0) -
 def _say_reinit(reader: Any, gpus: list, say: Any) -> int:
     """nvmlShutdown then nvmlInit in this process (the collector's release and resume around a GPU
     reset, on this driver and pynvml); 1 when NVML does not come back with the same GPUs."""
-    from collectors.nvml import NvmlUnavailable
+    from xidstream.collectors.nvml import NvmlUnavailable
 
     t0 = time.perf_counter()
     reader.shutdown()

@@ -1,7 +1,7 @@
 """NVML behind one small class, `NvmlReader`, over a pynvml-like module.
 
 The real module is `pynvml` from NVIDIA's `nvidia-ml-py`; tests, the demo and replay pass
-`collectors.fakes.FakePynvml`, which mimics pynvml's surface (functions, return objects,
+`xidstream.collectors.fakes.FakePynvml`, which mimics pynvml's surface (functions, return objects,
 `NVMLError_*` classes), so both run this same code.
 
 Every read is wrapped (runtime-notes section 4; gpud treats lost/reset as health, not crashes):
@@ -44,8 +44,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from schemas.base import normalize_pci
-from schemas.limits import NVLINK_LINKS_MAX
+from xidstream.schemas.base import normalize_pci
+from xidstream.schemas.limits import NVLINK_LINKS_MAX
 
 __all__ = ["NvmlReader", "NvmlUnavailable", "EventWaitFailed", "GpuIdentity", "SampleReading", "CounterReading",
            "XidNotice", "NvmlRelease", "RELEASE_DIR", "COUNTER_FIELDS"]

@@ -10,7 +10,7 @@ outcome, copying the command's `command_id`, `incident_id`, `gpu_uuid` and `pci_
 processor acts only on a result that answers a command its incident emitted). The runner finds
 that command through a `command_lookup` its caller gives it: `xidstream replay` reads the run's
 `gpu.remediation` topic (waiting, since the scenario runs ahead of the processor), the pure path
-asks a `streams.engine.Engine` fed with what was published so far.
+asks a `xidstream.streams.engine.Engine` fed with what was published so far.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Protocol
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakeProcess, FakePynvml
-from collectors.nvml import NvmlReader
-from collectors.parse.kernel import parse_scenario_line
-from collectors.sink import Sink
-from collectors.sources.kernel import MemoryKernelSource
-from collectors.sources.procfs import PodRef
-from schemas.base import normalize_pci
-from schemas.errors import ScenarioError
-from schemas.models import RemediationCommand, RemediationResult
-from schemas.scenario import Scenario, TimelineEntry
-from schemas.vocab import Action
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakeProcess, FakePynvml
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.parse.kernel import parse_scenario_line
+from xidstream.collectors.sink import Sink
+from xidstream.collectors.sources.kernel import MemoryKernelSource
+from xidstream.collectors.sources.procfs import PodRef
+from xidstream.schemas.base import normalize_pci
+from xidstream.schemas.errors import ScenarioError
+from xidstream.schemas.models import RemediationCommand, RemediationResult
+from xidstream.schemas.scenario import Scenario, TimelineEntry
+from xidstream.schemas.vocab import Action
 
 __all__ = ["ScenarioRunner", "FakeProcFs", "MemoryWorkloadSource", "CommandLookup", "pick_command"]
 

@@ -24,11 +24,11 @@ from typing import Any, Callable, Protocol
 
 from confluent_kafka import KafkaError, Producer
 
-from schemas.base import Record
-from schemas.codec import encode, to_dict
-from schemas.models import GpuCounters, GpuProcesses, GpuSample
-from transport.kafka import explain_error, producer_config
-from transport.config import KafkaConfig
+from xidstream.schemas.base import Record
+from xidstream.schemas.codec import encode, to_dict
+from xidstream.schemas.models import GpuCounters, GpuProcesses, GpuSample
+from xidstream.transport.kafka import explain_error, producer_config
+from xidstream.transport.config import KafkaConfig
 
 __all__ = ["Sink", "KafkaSink", "StdoutSink", "MemorySink"]
 
@@ -120,7 +120,7 @@ class _Lane:
     """One spool and the callbacks waiting for its cursor."""
 
     def __init__(self, spool_dir: Path, name: str, max_bytes: int) -> None:
-        from collectors.spool import Spool
+        from xidstream.collectors.spool import Spool
 
         self.spool = Spool(spool_dir / name, max_bytes=max_bytes, name=f"spool/{name}")
         self.sent_through = self.spool.acked_through
@@ -133,7 +133,7 @@ class KafkaSink:
     def __init__(self, settings: KafkaConfig, spool_dir: str | Path, *, max_inflight: int = 10_000,
                  critical_bytes: int = 512 << 20, telemetry_bytes: int = 256 << 20, counters_bytes: int = 128 << 20,
                  producer_overrides: dict | None = None, auth: Any = None) -> None:
-        """`auth` (a `transport.identity.RecordAuth`): every record sent carries this node's MAC
+        """`auth` (a `xidstream.transport.identity.RecordAuth`): every record sent carries this node's MAC
         header, computed at send time over what Kafka stores (the spool keeps the record only)."""
         self.settings = settings
         self.auth = auth
@@ -178,7 +178,7 @@ class KafkaSink:
         if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
             if self._broker_down_since is None:
                 self._broker_down_since = time.monotonic()
-                from transport.kafka_log import readable
+                from xidstream.transport.kafka_log import readable
 
                 conf = producer_config(self.settings)
                 log.warning("Kafka unreachable at %s (%s); spooling to %s until it returns, reconnecting "
@@ -193,7 +193,7 @@ class KafkaSink:
             self.inflight -= 1
             if err is None:
                 if self._broker_down_since is not None:
-                    from transport.kafka_log import KAFKA_LOG
+                    from xidstream.transport.kafka_log import KAFKA_LOG
 
                     KAFKA_LOG.flush()  # the count of the connection errors folded meanwhile, first
                     log.warning("Kafka reachable again after %.0f s; draining the spool",

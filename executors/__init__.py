@@ -1,3 +1,3 @@
 """Executors: carry out signed, fresh remediation commands on the Kubernetes API
-(`executors.cluster`) and on the node (`executors.node`), behind a pure gate (`executors.gate`),
-and answer each on `gpu.remediation.results` (`executors.runner`)."""
+(`xidstream.executors.cluster`) and on the node (`xidstream.executors.node`), behind a pure gate (`xidstream.executors.gate`),
+and answer each on `gpu.remediation.results` (`xidstream.executors.runner`)."""

@@ -36,13 +36,13 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from executors.gate import DRY_RUN_PREFIX
-from executors.kube import (device_taint_rule_resource, discover_version, is_daemonset_pod, is_mirror_pod, kept_by_drain,
+from xidstream.executors.gate import DRY_RUN_PREFIX
+from xidstream.executors.kube import (device_taint_rule_resource, discover_version, is_daemonset_pod, is_mirror_pod, kept_by_drain,
                             node_or_none, pods_on_node, record_event)
-from executors.replace import DEFAULT_REPLACE_BACKEND, REPLACE_BACKENDS, ClusterApiReplace, KarpenterReplace
-from schemas.base import plain_text
-from schemas.models import RemediationCommand
-from schemas.vocab import Action
+from xidstream.executors.replace import DEFAULT_REPLACE_BACKEND, REPLACE_BACKENDS, ClusterApiReplace, KarpenterReplace
+from xidstream.schemas.base import plain_text
+from xidstream.schemas.models import RemediationCommand
+from xidstream.schemas.vocab import Action
 
 __all__ = ["ClusterActions", "CONDITION_TYPE", "CONDITION_ANNOTATION", "condition_for", "TAINT_KEY", "CORDON_ANNOTATION", "REPLACE_LABEL", "quarantine_rule_name",
            "REPLACEMENT_REQUESTED", "REPLACEMENT_CONDITION_TYPE", "replacement_condition_for",

@@ -7,7 +7,7 @@ records in the CSR who asked and from which node. Nothing signs or approves thes
 the API server's word about the requester.
 
 The cluster side (`Enroller`, in the cluster executor) lists those CSRs, keeps the newest valid one
-per identity (`transport.identity.validate_csr`), and publishes a `NodeEnrollment` signed with the
+per identity (`xidstream.transport.identity.validate_csr`), and publishes a `NodeEnrollment` signed with the
 enroller's key for each identity whose key is new or changed. A refused CSR is logged with its
 reason once. The controller-manager deletes CSRs after a day; the enrollment stays on the
 compacted ``xidstream.identities`` topic, and a node asks again at each start.
@@ -24,8 +24,8 @@ from lightkube import ApiError, Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.certificates_v1 import CertificateSigningRequest
 
-from schemas.models import NodeEnrollment
-from transport.identity import SIGNER_NAME, NodeIdentity, _sa_user, validate_csr
+from xidstream.schemas.models import NodeEnrollment
+from xidstream.transport.identity import SIGNER_NAME, NodeIdentity, _sa_user, validate_csr
 
 __all__ = ["Enroller", "request_enrollment", "csr_name"]
 

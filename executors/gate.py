@@ -43,11 +43,11 @@ from typing import Iterable, Literal
 
 import orjson
 
-from schemas.base import format_ts, new_event_id
-from schemas.limits import DETAIL_MAX, STEPS_MAX, clip
-from schemas.models import Approval, RemediationCommand, RemediationResult, ResultStep
-from schemas.signing import SignatureError, VerifyKeys
-from schemas.vocab import Action, Outcome
+from xidstream.schemas.base import format_ts, new_event_id
+from xidstream.schemas.limits import DETAIL_MAX, STEPS_MAX, clip
+from xidstream.schemas.models import Approval, RemediationCommand, RemediationResult, ResultStep
+from xidstream.schemas.signing import SignatureError, VerifyKeys
+from xidstream.schemas.vocab import Action, Outcome
 
 __all__ = ["Scope", "CLUSTER_ACTIONS", "NODE_ACTIONS", "Decision", "decide", "result_for", "Journal",
            "Approvals", "DRY_RUN_PREFIX", "Limits", "separate_trust"]
@@ -84,7 +84,7 @@ def separate_trust(commands: VerifyKeys, approvals: VerifyKeys) -> None:
     """Refuse a configuration where one key both signs commands and approves them."""
     both = sorted(set(commands.key_ids) & set(approvals.key_ids))
     if both:
-        from schemas.errors import ConfigError
+        from xidstream.schemas.errors import ConfigError
 
         raise ConfigError(f"key(s) {', '.join(both)} are trusted both for commands (--verify-key) and for "
                           f"approvals (--approver-key): a key that signs commands must not approve them; "
@@ -120,7 +120,7 @@ def result_for(cmd: RemediationCommand, outcome: Outcome | str, detail: str, nod
 
 def _stored_result(data: dict) -> RemediationResult:
     """A result the journal kept, maybe written by an earlier executor: an older schema version
-    (relabelled, as `schemas.decode` does), a detail longer than today's cap (cut)."""
+    (relabelled, as `xidstream.schemas.decode` does), a detail longer than today's cap (cut)."""
     data = RemediationResult.from_legacy(data.get("schema"), {**data, "schema": RemediationResult.SCHEMA})
     if isinstance(data.get("detail"), str):
         data["detail"] = clip(data["detail"], DETAIL_MAX)

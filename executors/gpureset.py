@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from executors.operands import LABEL_PREFIX, selected_labels
+from xidstream.executors.operands import LABEL_PREFIX, selected_labels
 
 __all__ = ["Holder", "classify_holders", "Platform", "reset_scope", "NvidiaSmi", "SmiAnswer",
            "PERSISTENCED", "FABRIC_MANAGER", "read_platform"]

@@ -1,6 +1,6 @@
 """The one Kubernetes client (lightkube) and the few things the executors need on top of it.
 
-The client and the list-then-watch loop are `transport.kube`'s (shared with the collector's pod
+The client and the list-then-watch loop are `xidstream.transport.kube`'s (shared with the collector's pod
 watch); `make_client` and `list_then_watch` are re-exported here.
 
 Why lightkube ("One Kubernetes client"): it is small (pure Python over httpx, ~4 MB
@@ -13,7 +13,7 @@ re-list, `list_then_watch`); the Eviction subresource is `Pod.Eviction`; and any
 or not in its models, is reachable as a generic resource (`create_global_resource`), which is how
 DeviceTaintRule is addressed in whichever resource.k8s.io version the server serves.
 
-Everything here is a thin helper; the actions are in `executors.cluster` and `executors.node`.
+Everything here is a thin helper; the actions are in `xidstream.executors.cluster` and `xidstream.executors.node`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from lightkube import ApiError, Client
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node, Pod
 
-from schemas.base import plain_text
-from transport.kube import list_then_watch
-from transport.kube import make_client as _make_client
-from transport.podview import PodViewClient
+from xidstream.schemas.base import plain_text
+from xidstream.transport.kube import list_then_watch
+from xidstream.transport.kube import make_client as _make_client
+from xidstream.transport.podview import PodViewClient
 
 __all__ = ["make_client", "discover_version", "record_event", "pods_on_node", "is_daemonset_pod", "is_mirror_pod",
            "list_then_watch", "ApiError", "EVENT_NAMESPACE", "COMPONENT"]
@@ -43,7 +43,7 @@ EVENT_NAMESPACE = "default"
 
 
 def make_client(kubeconfig: str | Path | None = None, *, timeout: float = 15.0) -> Client:
-    """transport.kube's client, writing as the executor's field manager."""
+    """xidstream.transport.kube's client, writing as the executor's field manager."""
     return _make_client(kubeconfig, timeout=timeout, field_manager=COMPONENT)
 
 

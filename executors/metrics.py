@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
-from collectors.metrics import serve_wsgi
-from executors.gate import DRY_RUN_PREFIX, SCOPE_ACTIONS
-from schemas.vocab import Outcome
+from xidstream.collectors.metrics import serve_wsgi
+from xidstream.executors.gate import DRY_RUN_PREFIX, SCOPE_ACTIONS
+from xidstream.schemas.vocab import Outcome
 
 __all__ = ["ExecutorMetrics"]
 

@@ -5,11 +5,11 @@ result's `steps`:
 
 1. the node cordoned and drained (waited for, bounded: CORDON_NODE and DRAIN_NODE leave the
    processor with the reset), no compute process on the GPU, the collector's NVML released;
-2. every holder of /dev/nvidia<minor> classified (`executors.gpureset.classify_holders`): a workload
+2. every holder of /dev/nvidia<minor> classified (`xidstream.executors.gpureset.classify_holders`): a workload
    or an unknown process refuses the reset for good, naming it;
 3. the platform's reset scope (`reset_scope`): MIG, vGPU guests, NVL72, pre-Ampere NVLink and
    Ampere NVSwitch without Fabric Manager refuse for good, naming the rule;
-4. the GPU Operator's operands paused through their node labels (`executors.operands`: snapshot in
+4. the GPU Operator's operands paused through their node labels (`xidstream.executors.operands`: snapshot in
    a journal, never over another controller's pause) and waited for until their pods are gone;
 5. persistence mode turned off where it was on; `nvidia-smi --gpu-reset -i <uuid>`;
 6. verified: NVML reads the GPU by UUID, its recovery action is none, no row remap pending or
@@ -18,7 +18,7 @@ result's `steps`:
    between pause and restore restores them when it starts again.
 
 A refusal that will not go away by itself (`final`) makes the processor climb to REBOOT_NODE.
-REBOOT_NODE goes through a backend (`executors.reboot`: kured's sentinel, or systemd-logind) and is
+REBOOT_NODE goes through a backend (`xidstream.executors.reboot`: kured's sentinel, or systemd-logind) and is
 answered only when the node's bootID changed, the node is Ready and the GPU is back, or `failed`
 when that was not seen in time.
 
@@ -38,18 +38,18 @@ from typing import Any, Callable, Protocol
 
 from lightkube import Client
 
-from collectors.nvml import GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable
-from collectors.sources.procfs import ProcFs
-from executors.gate import DRY_RUN_PREFIX, PENDING, Answer
-from executors.gpureset import FABRIC_MANAGER, NvidiaSmi, Platform, SmiAnswer, classify_holders, read_platform, reset_scope
-from executors.kube import kept_by_drain, node_or_none, pods_on_node, record_event
-from executors.operands import PAUSE_VALUE as PAUSE, PODS_UNKNOWN, Operands, OperandError
-from executors.reboot import DEFAULT_CONFIRM_S, KuredReboot, RebootJournal, local_boot_id
-from schemas.base import normalize_pci, plain_text
-from schemas.codec import encode
-from schemas.models import RemediationCommand, ResultStep
-from schemas.vocab import Action
-from transport.podview import PodViewClient, PodViewError
+from xidstream.collectors.nvml import GpuIdentity, NvmlReader, NvmlRelease, NvmlUnavailable
+from xidstream.collectors.sources.procfs import ProcFs
+from xidstream.executors.gate import DRY_RUN_PREFIX, PENDING, Answer
+from xidstream.executors.gpureset import FABRIC_MANAGER, NvidiaSmi, Platform, SmiAnswer, classify_holders, read_platform, reset_scope
+from xidstream.executors.kube import kept_by_drain, node_or_none, pods_on_node, record_event
+from xidstream.executors.operands import PAUSE_VALUE as PAUSE, PODS_UNKNOWN, Operands, OperandError
+from xidstream.executors.reboot import DEFAULT_CONFIRM_S, KuredReboot, RebootJournal, local_boot_id
+from xidstream.schemas.base import normalize_pci, plain_text
+from xidstream.schemas.codec import encode
+from xidstream.schemas.models import RemediationCommand, ResultStep
+from xidstream.schemas.vocab import Action
+from xidstream.transport.podview import PodViewClient, PodViewError
 
 __all__ = ["GpuOps", "NvmlGpuOps", "NodeActions", "DEFAULT_REBOOT_SENTINEL", "DEFAULT_PRECONDITION_WAIT",
            "DEFAULT_OPERAND_WAIT"]
@@ -421,7 +421,7 @@ class NodeActions:
         pods = pods_on_node(self.client, self.node, self.pod_view) if self.client is not None and pids else []
         pausable = self.operands.pausable if self.operands is not None else ()
         if procfs is None:
-            from executors.gpureset import Holder
+            from xidstream.executors.gpureset import Holder
             return [Holder(p, None, "unknown", f"pid {p}: not classified (no /proc access)") for p in pids]
         found = classify_holders(pids, procfs, pods, pausable)
         if again and any(h.blocks and h.comm is None for h in found):

@@ -41,9 +41,9 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from collectors.spool import write_durably
-from executors.kube import node_or_none, pods_on_node
-from transport.podview import PodViewClient, PodViewError
+from xidstream.collectors.spool import write_durably
+from xidstream.executors.kube import node_or_none, pods_on_node
+from xidstream.transport.podview import PodViewClient, PodViewError
 
 __all__ = ["LABEL_PREFIX", "PAUSE_VALUE", "PAUSABLE", "Operands", "OperandPause", "OperandError", "selected_labels"]
 

@@ -36,8 +36,8 @@ from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from transport.identity import _sa_user
-from transport.podview import AUDIENCE
+from xidstream.transport.identity import _sa_user
+from xidstream.transport.podview import AUDIENCE
 
 __all__ = ["project", "PodIndex", "PodWatch", "TokenCheck", "PodViewServer", "NODE_NAME_EXTRA", "review_with"]
 

@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 import orjson
 
-from collectors.spool import write_durably
-from executors.kube import pods_on_node
+from xidstream.collectors.spool import write_durably
+from xidstream.executors.kube import pods_on_node
 
 __all__ = ["REBOOT_BACKENDS", "DEFAULT_REBOOT_BACKEND", "KuredReboot", "LogindReboot", "RebootJournal",
            "kured_on_node", "local_boot_id", "LOGIND_REBOOT", "DEFAULT_CONFIRM_S"]

@@ -14,7 +14,7 @@
   a remediator that reads Node conditions (executors.cluster keeps the condition).
 
 The Cluster API and Karpenter parts are here; ``label`` and ``condition`` write the Node only and
-live in `executors.cluster` with the rest of the Node writes. Each answers (outcome, detail) like
+live in `xidstream.executors.cluster` with the rest of the Node writes. Each answers (outcome, detail) like
 every action, and never raises for a node that the backend does not know: a missing annotation,
 Machine or NodeClaim is a `failed` result that says what is missing and what to do, and a Machine
 that does not point back at the node is `refused`.
@@ -29,10 +29,10 @@ from lightkube import ApiError, Client
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.types import PatchType
 
-from executors.gate import DRY_RUN_PREFIX
-from executors.kube import discover_version
-from schemas.base import plain_text
-from schemas.models import RemediationCommand
+from xidstream.executors.gate import DRY_RUN_PREFIX
+from xidstream.executors.kube import discover_version
+from xidstream.schemas.base import plain_text
+from xidstream.schemas.models import RemediationCommand
 
 __all__ = ["REPLACE_BACKENDS", "DEFAULT_REPLACE_BACKEND", "ClusterApiReplace", "KarpenterReplace",
            "CAPI_GROUP", "MACHINE_ANNOTATION", "CLUSTER_NAMESPACE_ANNOTATION", "REMEDIATE_ANNOTATION",

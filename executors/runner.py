@@ -40,16 +40,16 @@ from typing import IO, Any, Callable
 
 import orjson
 
-from collectors.spool import write_durably
-from executors.gate import PENDING, SCOPE_ACTIONS, Answer, Approvals, Journal, Limits, Scope, decide, result_for, separate_trust
-from schemas.base import format_ts
-from schemas.codec import decode_any, encode
-from schemas.errors import DecodeError
-from schemas.models import Approval, RemediationCommand, RemediationResult
-from schemas.signing import VerifyKeys
-from schemas.vocab import Outcome
-from transport.acls import executor_group
-from transport.config import KafkaConfig
+from xidstream.collectors.spool import write_durably
+from xidstream.executors.gate import PENDING, SCOPE_ACTIONS, Answer, Approvals, Journal, Limits, Scope, decide, result_for, separate_trust
+from xidstream.schemas.base import format_ts
+from xidstream.schemas.codec import decode_any, encode
+from xidstream.schemas.errors import DecodeError
+from xidstream.schemas.models import Approval, RemediationCommand, RemediationResult
+from xidstream.schemas.signing import VerifyKeys
+from xidstream.schemas.vocab import Outcome
+from xidstream.transport.acls import executor_group
+from xidstream.transport.config import KafkaConfig
 
 __all__ = ["Executor", "run_stdin", "run_kafka", "Cursor"]
 
@@ -238,7 +238,7 @@ def run_stdin(ex: Executor, stdin: IO[bytes], stdout: IO[bytes]) -> int:
 
 class Cursor:
     """A node executor's read position, `{"topic:partition": next offset}`, in one JSON file
-    replaced durably (`collectors.spool.write_durably`, as the collector's cursors are): a crash
+    replaced durably (`xidstream.collectors.spool.write_durably`, as the collector's cursors are): a crash
     leaves the previous position, which only re-reads commands the journal already answers."""
 
     def __init__(self, path: str | Path) -> None:
@@ -367,12 +367,12 @@ def _assign_new(consumer: Any, topics: list[str], assigned: set[tuple[str, int]]
 def run_kafka(ex: Executor, settings: "KafkaConfig", *, group: str | None = None, stop: threading.Event | None = None,
               poll: float = 0.5, auth: Any = None, tick: Callable[[], None] | None = None,
               relist_s: float = RELIST_S) -> int:
-    """`auth` (a `transport.identity.RecordAuth`): each result carries this executor's MAC header
+    """`auth` (a `xidstream.transport.identity.RecordAuth`): each result carries this executor's MAC header
     (the node's identity for a node executor, ``@cluster-executor`` for the cluster executor), so
     the processor acts only on results from the executor entitled to answer."""
     from confluent_kafka import Consumer, KafkaError, Producer
 
-    from transport.kafka import consumer_config, producer_config
+    from xidstream.transport.kafka import consumer_config, producer_config
 
     reg = settings.topics
     cmd_topic, appr_topic = reg.name("gpu.remediation"), reg.name("gpu.remediation.approvals")

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.base import Record, format_ts
-from schemas.models import Alert, Approval, RemediationCommand, RemediationResult
-from schemas.vocab import Classification, Outcome, Severity
+from xidstream.schemas.base import Record, format_ts
+from xidstream.schemas.models import Alert, Approval, RemediationCommand, RemediationResult
+from xidstream.schemas.vocab import Classification, Outcome, Severity
 
 __all__ = ["ECS_VERSION", "ECS_FIELD_TYPES", "ECS_ARRAY_FIELDS", "CUSTOM_NAMESPACE", "to_ecs", "alert_to_ecs",
            "command_to_ecs", "result_to_ecs", "approval_to_ecs"]

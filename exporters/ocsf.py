@@ -45,10 +45,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from schemas.base import Record
-from schemas.models import Alert, Approval, RemediationCommand, RemediationResult
-from schemas.topics import spec_for_model
-from schemas.vocab import Action, Classification, Outcome, Severity
+from xidstream.schemas.base import Record
+from xidstream.schemas.models import Alert, Approval, RemediationCommand, RemediationResult
+from xidstream.schemas.topics import spec_for_model
+from xidstream.schemas.vocab import Action, Classification, Outcome, Severity
 
 __all__ = ["OCSF_VERSION", "PRODUCT", "to_ocsf", "alert_to_ocsf", "command_to_ocsf", "result_to_ocsf",
            "approval_to_ocsf", "severity_of", "CLASS_DETECTION_FINDING", "CLASS_INCIDENT_FINDING",

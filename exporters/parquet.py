@@ -25,7 +25,7 @@ not by the roll size. A file is written under a temporary dot-name, fsynced, ren
 its folder fsynced, so a reader never sees a half-written file (dot-files are skipped by
 pyarrow.dataset and by `*.parquet` globs). The caller commits its Kafka offsets only after `flush()`
 returned: at-least-once. `compact()` merges a partition's files into one
-(`python -m exporters.parquet compact DIR`, for the hours that are over).
+(`python -m xidstream.exporters.parquet compact DIR`, for the hours that are over).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from schemas.base import Record
-from schemas.models import GpuCounters, GpuInventory, GpuProcesses, GpuSample, WorkloadEvent, XidEvent
+from xidstream.schemas.base import Record
+from xidstream.schemas.models import GpuCounters, GpuInventory, GpuProcesses, GpuSample, WorkloadEvent, XidEvent
 
 __all__ = ["TELEMETRY_TOPICS", "LANDED_MODELS", "FINDINGS_SCHEMA", "arrow_schema", "schema_for_topic",
            "ParquetLander", "LandedFile", "MAX_CLOCK_SKEW_S", "partition_time", "HIVE_TYPES_SQL", "partitioning",
@@ -518,7 +518,7 @@ def compact_lake(root: str | Path, *, older_than: timedelta = timedelta(hours=2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m exporters.parquet",
+    ap = argparse.ArgumentParser(prog="python -m xidstream.exporters.parquet",
                                  description="Maintenance of a lake landed by `xidstream export --to parquet:DIR`.")
     sub = ap.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compact", help="merge each partition's files into one")

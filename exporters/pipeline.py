@@ -23,14 +23,14 @@ from typing import IO, Any, Callable, Iterable, Protocol
 
 import orjson
 
-from exporters import ecs, ocsf
-from exporters.parquet import TELEMETRY_TOPICS, ParquetLander
-from schemas.base import Record
-from schemas.codec import decode_any
-from schemas.errors import ConfigError, DecodeError, TopicError
-from schemas.models import Alert, Approval, RemediationCommand, RemediationResult
-from schemas.topics import spec_for_model
-from transport.config import KafkaConfig
+from xidstream.exporters import ecs, ocsf
+from xidstream.exporters.parquet import TELEMETRY_TOPICS, ParquetLander
+from xidstream.schemas.base import Record
+from xidstream.schemas.codec import decode_any
+from xidstream.schemas.errors import ConfigError, DecodeError, TopicError
+from xidstream.schemas.models import Alert, Approval, RemediationCommand, RemediationResult
+from xidstream.schemas.topics import spec_for_model
+from xidstream.transport.config import KafkaConfig
 
 __all__ = ["FINDING_TOPICS", "ExportStats", "JsonlSink", "KafkaTopicSink", "ParquetSink", "Exporter", "map_record",
            "fit_document", "DEFAULT_MAX_BYTES"]
@@ -161,7 +161,7 @@ class KafkaTopicSink:
     def __init__(self, config: KafkaConfig, topic: str, *, max_bytes: int | None = None):
         from confluent_kafka import KafkaError, KafkaException, Producer
 
-        from transport.kafka import producer_config
+        from xidstream.transport.kafka import producer_config
 
         self.topic = topic
         conf = producer_config(config)
@@ -173,7 +173,7 @@ class KafkaTopicSink:
         self._refused: list[tuple[Record, dict[str, Any], bytes | None, bytes, bool]] = []
         deadline = time.monotonic() + 15
         while True:
-            from transport.kafka import list_topics, unreachable
+            from xidstream.transport.kafka import list_topics, unreachable
 
             try:
                 t = list_topics(self._producer, 15, topic).topics.get(topic)
@@ -397,7 +397,7 @@ class Exporter:
         refused password or certificate is a ConfigError, not a loop."""
         from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-        from transport.kafka import ClientErrors, consumer_config
+        from xidstream.transport.kafka import ClientErrors, consumer_config
 
         reg = config.topics
         names = list(FINDING_TOPICS) + (list(TELEMETRY_TOPICS) + ["gpu.inventory"] if telemetry else [])
@@ -432,7 +432,7 @@ class Exporter:
 
         # a telemetry topic a release added (gpu.counters) may not exist yet after the upgrade:
         # landed once it does (a restart), the rest goes on meanwhile
-        from schemas.topics import TOPICS
+        from xidstream.schemas.topics import TOPICS
 
         optional = {reg.name(n) for n in names if not TOPICS[n].required}
         if optional:

@@ -14,7 +14,7 @@ JSON text: their shape changes from event to event, and a column whose type depe
 present would change type between files. A table's columns are the union of every event's
 attributes (an attribute the first event lacks is still a column), not the first event's.
 
-    python -m exporters.security_lake LAKE OUT --region us-east-1 --account 123456789012
+    python -m xidstream.exporters.security_lake LAKE OUT --region us-east-1 --account 123456789012
 
 Run it on a closed day (the exporter may still be landing today's files); each run writes new
 files, so give it a fresh OUT or remove what it wrote before.
@@ -34,7 +34,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exporters.ocsf import class_name_of
+from xidstream.exporters.ocsf import class_name_of
 
 __all__ = ["split_by_class", "source_name", "main"]
 
@@ -95,7 +95,7 @@ def split_by_class(lake: str | Path, out: str | Path, *, source: str = "xidstrea
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m exporters.security_lake", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m xidstream.exporters.security_lake", description=__doc__.split("\n\n")[0])
     ap.add_argument("lake", help="the folder `xidstream export --to parquet:` lands into")
     ap.add_argument("out", help="where to write the per-class tables (then upload to the Security Lake bucket)")
     ap.add_argument("--source", default="xidstream", help="the custom source's name (default xidstream)")

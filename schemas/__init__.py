@@ -4,9 +4,9 @@ Imports only pydantic, orjson and the standard library, so that any consumer (a 
 data-lake loader, a remediation executor) can decode xidstream's topics without faust or NVML.
 """
 
-from schemas.base import Record, format_ts, normalize_pci, utc_now
-from schemas.codec import decode, decode_any, encode, to_dict
-from schemas.errors import (
+from xidstream.schemas.base import Record, format_ts, normalize_pci, utc_now
+from xidstream.schemas.codec import decode, decode_any, encode, to_dict
+from xidstream.schemas.errors import (
     BrokerError,
     ConfigError,
     ContractError,
@@ -15,7 +15,7 @@ from schemas.errors import (
     TopicError,
     XidstreamError,
 )
-from schemas.models import (
+from xidstream.schemas.models import (
     ALL_MODELS,
     Alert,
     ComputeApp,
@@ -37,9 +37,9 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.scenario import Scenario, load_scenario, parse_scenario
-from schemas.topics import COLLECTED_TOPICS, DEFAULT_PARTITIONS, INPUT_TOPICS, TOPICS, TopicRegistry, TopicSpec
-from schemas.vocab import (
+from xidstream.schemas.scenario import Scenario, load_scenario, parse_scenario
+from xidstream.schemas.topics import COLLECTED_TOPICS, DEFAULT_PARTITIONS, INPUT_TOPICS, TOPICS, TopicRegistry, TopicSpec
+from xidstream.schemas.vocab import (
     NODE_ACTIONS,
     Action,
     Classification,

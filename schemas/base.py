@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
-from schemas.limits import ID_MAX, NODE_NAME_MAX
+from xidstream.schemas.limits import ID_MAX, NODE_NAME_MAX
 
 __all__ = ["Record", "NodeRecord", "UtcDatetime", "utc_now", "format_ts", "new_event_id", "normalize_pci", "plain_text",
            "NODE_NAME_PATTERN", "NodeName", "is_node_name"]
@@ -158,7 +158,7 @@ class Record(BaseModel):
         return doc
 
     def note_decoded_from(self, found: str | None) -> None:
-        """`schemas.codec`: this record came in as the LEGACY version `found` (None: signed or made
+        """`xidstream.schemas.codec`: this record came in as the LEGACY version `found` (None: signed or made
         in this version's form). Kept only by a model whose `signed_form` depends on it, as a
         private attribute of its own: a private attribute on this base made pydantic run its
         private-attribute set-up, in Python and once per class of the hierarchy, for every record

@@ -12,9 +12,9 @@ from typing import TypeVar
 import orjson
 from pydantic import ValidationError
 
-from schemas.base import Record
-from schemas.errors import DecodeError
-from schemas.models import ALL_MODELS
+from xidstream.schemas.base import Record
+from xidstream.schemas.errors import DecodeError
+from xidstream.schemas.models import ALL_MODELS
 
 __all__ = ["encode", "decode", "decode_any", "to_dict", "MODELS_BY_SCHEMA"]
 

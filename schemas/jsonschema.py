@@ -1,6 +1,6 @@
 """Generate the JSON Schema files that consumers (SIEM, data lakes, automation) validate against.
 
-`python -m schemas.jsonschema` (or `xidstream schemas generate`) writes one file per model into
+`python -m xidstream.schemas.jsonschema` (or `xidstream schemas generate`) writes one file per model into
 `schemas/json/`; `--check` exits non-zero when a committed file is stale. A test runs the check.
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from schemas.models import ALL_MODELS
-from schemas.scenario import Scenario
+from xidstream.schemas.models import ALL_MODELS
+from xidstream.schemas.scenario import Scenario
 
 __all__ = ["SCHEMA_DIR", "render_all", "write_all", "stale_files"]
 

@@ -8,7 +8,7 @@ node or an executor sends therefore has a cap here, set from the source's own li
 
 - the collector never emits a record over a cap: it cuts the text with `clip`, which says how much it
   cut (``... [N more characters]``), rather than lose the record to a validation error;
-- a record that arrives over a cap fails validation (`schemas.decode` names the field and the
+- a record that arrives over a cap fails validation (`xidstream.schemas.decode` names the field and the
   limit) and the processor dead-letters it.
 
 The caps count characters, as pydantic's ``max_length`` does; a source limit in bytes is at least

@@ -5,8 +5,8 @@ schema version (``.../2``), never a silent edit. Optional fields are null when t
 say (NVML ``NotSupported``, an old driver that prints no pid).
 
 Every string and list in a record a node or an executor sends (`NodeRecord`) has a cap, with its
-reason, in `schemas.limits`: a node chooses all of it, and the kernel and the kubelet copy a tenant's
-text into theirs. The collector cuts text to fit (`schemas.limits.clip`); a record over a cap does
+reason, in `xidstream.schemas.limits`: a node chooses all of it, and the kernel and the kubelet copy a tenant's
+text into theirs. The collector cuts text to fit (`xidstream.schemas.limits.clip`); a record over a cap does
 not decode, so the processor dead-letters it.
 """
 
@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
-from schemas.base import NodeRecord, Record, UtcDatetime
-from schemas.limits import (
+from xidstream.schemas.base import NodeRecord, Record, UtcDatetime
+from xidstream.schemas.limits import (
     CATALOG_TEXT_MAX,
     COUNTER_NAMES_MAX,
     COUNTER_NAME_MAX,
@@ -49,7 +49,7 @@ from schemas.limits import (
     TEMPERATURE_C_MAX,
     XID_SOURCES_MAX,
 )
-from schemas.vocab import (
+from xidstream.schemas.vocab import (
     ATTESTED_XID_SOURCES,
     Action,
     Classification,
@@ -495,7 +495,7 @@ class RemediationCommand(Record):
     dry_run: bool = False
     evidence_ids: list[str] = Field(default_factory=list, description="event_ids of the records it rests on.")
     rule: RuleRef | None = Field(None, description="The rule that decided this step (streams.rules); null in a /2 command.")
-    # Signed by the processor: a detached Ed25519 signature over `schemas.signing`'s
+    # Signed by the processor: a detached Ed25519 signature over `xidstream.schemas.signing`'s
     # canonical encoding of every other field, and the id of the key that made it.
     key_id: str | None = Field(None, description="Id of the signing key (schemas.signing.key_id).")
     signature: str | None = Field(None, description="Base64 Ed25519 signature over the canonical encoding.")

@@ -18,10 +18,10 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from schemas.base import NODE_NAME_PATTERN, NodeName, UtcDatetime, normalize_pci
-from schemas.errors import ScenarioError
-from schemas.limits import NODE_NAME_MAX
-from schemas.vocab import Action, Classification, Outcome, WorkloadEventType
+from xidstream.schemas.base import NODE_NAME_PATTERN, NodeName, UtcDatetime, normalize_pci
+from xidstream.schemas.errors import ScenarioError
+from xidstream.schemas.limits import NODE_NAME_MAX
+from xidstream.schemas.vocab import Action, Classification, Outcome, WorkloadEventType
 
 __all__ = [
     "Scenario",

@@ -5,7 +5,7 @@ The processor signs every command as it leaves the fleet agent; executors verify
 public keys (several during a key rotation) and refuse anything unsigned, forged or signed by an
 unknown key.
 
-What is signed is the record's canonical encoding: its JSON contract form (`schemas.codec.to_dict`)
+What is signed is the record's canonical encoding: its JSON contract form (`xidstream.schemas.codec.to_dict`)
 without the `signature` field, canonicalized by RFC 8785, the JSON Canonicalization Scheme (JCS:
 keys sorted by their UTF-16 code units, no whitespace, ECMAScript number and minimal string
 escaping, UTF-8), which a consumer in any language implements from the RFC or one of its
@@ -37,9 +37,9 @@ from typing import Any, Iterable, TypeVar
 
 import orjson
 
-from schemas.base import Record
-from schemas.codec import to_dict
-from schemas.errors import ConfigError
+from xidstream.schemas.base import Record
+from xidstream.schemas.codec import to_dict
+from xidstream.schemas.errors import ConfigError
 
 __all__ = ["SigningKey", "VerifyKeys", "canonical", "canonical_v1", "key_id", "generate_keys", "SignatureError"]
 

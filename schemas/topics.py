@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from schemas.base import Record
-from schemas.models import (
+from xidstream.schemas.base import Record
+from xidstream.schemas.models import (
     Alert,
     Approval,
     DeadLetter,

@@ -1,4 +1,4 @@
-"""The faust-streaming app, built by `create_app(config, policy)` from a `transport.config.KafkaConfig`
+"""The faust-streaming app, built by `create_app(config, policy)` from a `xidstream.transport.config.KafkaConfig`
 (the command layer passes its Settings, which is one); importing registers nothing.
 
 Topology (aiokafka transport):
@@ -18,7 +18,7 @@ The input topics and the re-keyed results share one partition count, so one work
 GPU's records and its table row (faust co-partitioning; runtime-notes section 2). Every command
 passes the one-partition fleet agent, which applies the circuit breaker and keeps a node's commands
 in order. No faust join and no windowed table: faust's joins are not implemented and its windows
-expire by wall clock; the state in `streams.classify.GpuState` expires by event time instead.
+expire by wall clock; the state in `xidstream.streams.classify.GpuState` expires by event time instead.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import ValidationError
 from faust.streams import _current_event
 
-from schemas.base import Record
-from schemas.codec import decode, decode_any, encode, to_dict
-from schemas.errors import DecodeError, TopicError
-from schemas.models import (
+from xidstream.schemas.base import Record
+from xidstream.schemas.codec import decode, decode_any, encode, to_dict
+from xidstream.schemas.errors import DecodeError, TopicError
+from xidstream.schemas.models import (
     Alert,
     DeadLetter,
     GpuInventory,
@@ -61,20 +61,20 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.topics import INPUT_TOPICS
-from schemas.vocab import Action
-from streams import faust_fast
-from streams.claims import ClaimAlerts
-from streams.classify import GpuState, step
-from streams.fleet import FleetState, fleet_step, forget_released
-from streams.storms import rebuild_node_groups
-from streams.handoff import MAX_AGE_S, Handoff, HandoffError
-from streams.metrics import LabelledCounts, metrics_text
-from transport.identity import CLUSTER_IDENTITY, AuthError
-from streams.policy import Policy
-from streams.routing import FLEET_KEY, fan_out, state_key
-from transport.config import KafkaConfig
-from transport.faust_auth import faust_kwargs
+from xidstream.schemas.topics import INPUT_TOPICS
+from xidstream.schemas.vocab import Action
+from xidstream.streams import faust_fast
+from xidstream.streams.claims import ClaimAlerts
+from xidstream.streams.classify import GpuState, step
+from xidstream.streams.fleet import FleetState, fleet_step, forget_released
+from xidstream.streams.storms import rebuild_node_groups
+from xidstream.streams.handoff import MAX_AGE_S, Handoff, HandoffError
+from xidstream.streams.metrics import LabelledCounts, metrics_text
+from xidstream.transport.identity import CLUSTER_IDENTITY, AuthError
+from xidstream.streams.policy import Policy
+from xidstream.streams.routing import FLEET_KEY, fan_out, state_key
+from xidstream.transport.config import KafkaConfig
+from xidstream.transport.faust_auth import faust_kwargs
 
 __all__ = ["create_app", "internal_topics", "assignor_topic", "changelog_topics", "wait_for_partitions", "ProcessorApp", "FLEET_KEY",
            "refused_for_good", "fits", "fleet_row", "bounded_original", "RateLimitedLog", "Context", "GpuAgent",
@@ -241,7 +241,7 @@ _malloc_trim: Any = None
 
 
 def decode_input(model: type[Record], raw: bytes | None) -> Record:
-    """`schemas.codec.decode`, with the common case in one pass: pydantic parses the JSON itself
+    """`xidstream.schemas.codec.decode`, with the common case in one pass: pydantic parses the JSON itself
     (3.6 instead of 5.2 us for a sample). What that refuses (an older schema version to
     relabel, a bad record) goes through `decode`, which relabels it or raises its DecodeError."""
     try:
@@ -291,7 +291,7 @@ async def wait_for_partitions(lookup: Callable[[str], int | None], refresh: Call
 
 
 class _App(faust.App):
-    """faust's App with the cuts of `streams.faust_fast` (the consumer's delivery, no Monitor
+    """faust's App with the cuts of `xidstream.streams.faust_fast` (the consumer's delivery, no Monitor
     sensor) and one hook: `prepare` runs (in a thread; it is blocking admin I/O) when the worker
     first starts, before faust starts its producer, consumer and tables."""
 
@@ -397,17 +397,17 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
                verifier: Any = None, skip_inputs: Any = ()) -> ProcessorApp:
     """The topology of the module docstring: topics, tables, the three agents, probes and metrics.
 
-    `signing_key` (a `schemas.signing.SigningKey`): every command is signed as it leaves the
+    `signing_key` (a `xidstream.schemas.signing.SigningKey`): every command is signed as it leaves the
     fleet agent, the last place that changes it; executors refuse unsigned commands. It also seals
     what the GPU agents hand to the fleet agent, and `approver_keys` (a `VerifyKeys`) verify a
-    breaker reset (`streams.handoff`): nobody but this processor's agents gets a command signed.
-    `verifier` (a `transport.identity.RecordVerifier`, kept current by an `IdentityDirectory`):
+    breaker reset (`xidstream.streams.handoff`): nobody but this processor's agents gets a command signed.
+    `verifier` (a `xidstream.transport.identity.RecordVerifier`, kept current by an `IdentityDirectory`):
     an input record counts only with the MAC of the node it is about, a result only with the MAC
     of the executor entitled to answer its action; anything else is dead-lettered with the reason.
     `web_bind`: where faust's web server (probes, ``/metrics``) listens; loopback unless the
     command says otherwise (in a pod: the pod's address, for the kubelet and Prometheus).
     `skip_inputs`: contract names of inputs left out of the subscription (an added topic that is
-    missing or not readable yet: `transport.kafka.ensure_processor_topics`)."""
+    missing or not readable yet: `xidstream.transport.kafka.ensure_processor_topics`)."""
     if type(batch) is not int or batch < 1:
         raise ValueError(f"batch must be a whole number of records >= 1, not {batch!r}")
     if not isinstance(within, (int, float)) or not math.isfinite(within) or within <= 0:
@@ -430,7 +430,7 @@ def create_app(settings: KafkaConfig, policy: Policy | None = None, *, app_id: s
         # shows them, so the consumer's first metadata has them (without it, a changelog faust
         # created a moment before counted 0 partitions and the fleet agent crashed on its first
         # table write). A changelog with a wrong count stops the worker here, with its name.
-        from transport.kafka import ensure_processor_topics
+        from xidstream.transport.kafka import ensure_processor_topics
 
         ensure_processor_topics(settings, {**internal_topics(settings), **assignor_topic(app_name)},
                                 compacted=changelogs)
@@ -682,7 +682,7 @@ class Context:
 # -- agent "gpus": the input topics and the re-keyed results -> a GPU's row -----------------------
 class GpuAgent:
     """Every input record (gpu.samples, gpu.processes, gpu.xid, gpu.workloads, gpu.inventory) and
-    every re-keyed result is folded into its GPU's row (`streams.classify.step`); alerts go to
+    every re-keyed result is folded into its GPU's row (`xidstream.streams.classify.step`); alerts go to
     gpu.alerts and commands to the fleet agent at once; a row whose persisted facts changed is
     written to the table once per batch."""
 
@@ -767,7 +767,7 @@ class GpuAgent:
 
     async def claimed(self, record: Record, state: GpuState, row: str, owner: str, claimant: str, event: Any) -> None:
         """A record of `claimant` refused because its GPU's row is `owner`'s: counted, and a
-        GPU_CLAIM_CONFLICT alert when `streams.claims` says one is due (rate-limited by this
+        GPU_CLAIM_CONFLICT alert when `xidstream.streams.claims` says one is due (rate-limited by this
         worker's clock)."""
         ctx = self.ctx
         ctx.stats["gpu_claims_refused"] += 1
@@ -838,7 +838,7 @@ class GpuAgent:
 # -- agent "results-rekey": gpu.remediation.results (keyed by node) -> the GPU's partition ---------
 class RekeyAgent:
     """Results arrive keyed by node; each goes to the row of the GPU its command named
-    (`streams.routing.state_key`: the UUID, else node/pci_bus_id for a GPU whose UUID was
+    (`xidstream.streams.routing.state_key`: the UUID, else node/pci_bus_id for a GPU whose UUID was
     never resolved), on the topic co-partitioned with the inputs."""
 
     def __init__(self, ctx: Context) -> None:
@@ -871,7 +871,7 @@ class RekeyAgent:
 # -- agent "fleet": every command and node sighting -> the breaker -> gpu.remediation -------------
 class FleetAgent:
     """One partition: every command passes here, where the fleet circuit breaker holds node-level
-    actions during a storm (`streams.fleet.fleet_step`) and each command is signed as it leaves."""
+    actions during a storm (`xidstream.streams.fleet.fleet_step`) and each command is signed as it leaves."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

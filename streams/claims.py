@@ -1,6 +1,6 @@
 """Two nodes claiming one GPU UUID: the `GPU_CLAIM_CONFLICT` alert, rate-limited.
 
-With per-node identity on, a GPU row belongs to the node that first spoke for it (`streams.app`):
+With per-node identity on, a GPU row belongs to the node that first spoke for it (`xidstream.streams.app`):
 a record from another node naming that UUID is dead-lettered, so a node cannot re-point another
 node's GPU to itself and answer its commands. Who lies is not known from here: GPU UUIDs are not
 secret (every command carries one), so node B naming node A's GPU may be a compromised B, and a
@@ -23,11 +23,11 @@ import hashlib
 from collections import OrderedDict, deque
 from datetime import datetime, timezone
 
-from schemas.base import plain_text
-from schemas.models import Alert, Evidence, EvidenceEntry
-from schemas.vocab import Classification, Severity
-from streams import rules as R
-from streams.rules import facts, rule_ref
+from xidstream.schemas.base import plain_text
+from xidstream.schemas.models import Alert, Evidence, EvidenceEntry
+from xidstream.schemas.vocab import Classification, Severity
+from xidstream.streams import rules as R
+from xidstream.streams.rules import facts, rule_ref
 
 __all__ = ["ClaimAlerts", "claim_alert", "CLAIM_REALERT_S", "CLAIM_ALERTS_PER_WINDOW", "CLAIM_WINDOW_S", "PAIRS_KEPT"]
 

@@ -4,11 +4,11 @@ Pure: no faust, no clock, no I/O. Time is the records' own `ts` (event time), bo
 clock (streams.evidence), so a replay or a backfill gives the same verdicts as live traffic.
 
 The fold has four parts, one module each:
-- `streams.evidence`: the per-GPU facts (`GpuState`), folded by event time;
-- `streams.verdict`: the rules, facts -> verdict and plan (the verdict table is there and in the
+- `xidstream.streams.evidence`: the per-GPU facts (`GpuState`), folded by event time;
+- `xidstream.streams.verdict`: the rules, facts -> verdict and plan (the verdict table is there and in the
   README);
-- `streams.incident`: the typed incident, its ladder that only climbs, results matched to commands;
-- `streams.render`: alert text, evidence and command records.
+- `xidstream.streams.incident`: the typed incident, its ladder that only climbs, results matched to commands;
+- `xidstream.streams.render`: alert text, evidence and command records.
 This module wires them: each record updates the facts, asks the rules, and opens, escalates or
 resolves the incident through `_raise`, `_climb` and `_check_resolved`.
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import sys
 import zlib
 
-from schemas.base import Record
-from schemas.models import (
+from xidstream.schemas.base import Record
+from xidstream.schemas.models import (
     GpuCounters,
     GpuInventory,
     GpuProcesses,
@@ -33,8 +33,8 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.vocab import NODE_ACTIONS, Action, Classification, SampleStatus
-from streams.evidence import (
+from xidstream.schemas.vocab import NODE_ACTIONS, Action, Classification, SampleStatus
+from xidstream.streams.evidence import (
     EMPTY_DICT,
     EMPTY_LIST,
     GpuState,
@@ -51,15 +51,15 @@ from streams.evidence import (
     sustained_pin,
     workload_of,
 )
-from streams.degrade import degrading_now, fold_counters, note_gap
-from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET
-from streams.incident import Incident
-from streams.repair import REPAIR_ACTIONS, answer_milestones, reached, step_time
-from streams.policy import Policy, is_app_class
-from streams.render import alert, command, describe_xid, dt, hid
-from streams import rules as R
-from streams.rules import facts, rule_ref
-from streams.verdict import (
+from xidstream.streams.degrade import degrading_now, fold_counters, note_gap
+from xidstream.streams.hardware import QUARANTINE, REBOOT, RECORD, RESET
+from xidstream.streams.incident import Incident
+from xidstream.streams.repair import REPAIR_ACTIONS, answer_milestones, reached, step_time
+from xidstream.streams.policy import Policy, is_app_class
+from xidstream.streams.render import alert, command, describe_xid, dt, hid
+from xidstream.streams import rules as R
+from xidstream.streams.rules import facts, rule_ref
+from xidstream.streams.verdict import (
     PLANS,
     PSHC_DISENGAGED,
     PSHC_REENGAGED,

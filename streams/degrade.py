@@ -15,7 +15,7 @@ Step changes are said at once: a PCIe link running narrower than its maximum wid
 readings in a row (the generation drops at idle to save power; the width does not), and a page
 retirement pending (it takes effect at the next driver reload).
 
-What comes out is a finding, never a plan: `streams.classify` raises GPU_DEGRADING (warning) with
+What comes out is a finding, never a plan: `xidstream.streams.classify` raises GPU_DEGRADING (warning) with
 RECORD, or QUARANTINE_GPU where the policy asks for it (`degrade_quarantine`), and never a
 node-level action from a trend alone. A node can forge its own counters (threat model: a node
 speaks only for its own GPUs, transport.identity): the worst it gets is a warning, or a quarantine
@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from schemas.limits import INT64_MAX
-from schemas.models import GpuCounters
-from streams.policy import Policy
+from xidstream.schemas.limits import INT64_MAX
+from xidstream.schemas.models import GpuCounters
+from xidstream.streams.policy import Policy
 
 __all__ = ["INTERVALS", "TRENDS", "Finding", "fold_counters", "trend_summary", "degrading_now"]
 

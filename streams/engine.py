@@ -1,14 +1,14 @@
 """The whole decision path without Kafka: per-key `step` folds plus the fleet agent, in the order
 records arrive. The faust agents do the same across partitions, through the same routing
-(`streams.routing`); tests and `evaluate` use this directly."""
+(`xidstream.streams.routing`); tests and `evaluate` use this directly."""
 
 from __future__ import annotations
 
-from schemas.base import Record
-from streams.classify import GpuState, step
-from streams.fleet import FleetState, fleet_step
-from streams.policy import Policy
-from streams.routing import fan_out, state_key
+from xidstream.schemas.base import Record
+from xidstream.streams.classify import GpuState, step
+from xidstream.streams.fleet import FleetState, fleet_step
+from xidstream.streams.policy import Policy
+from xidstream.streams.routing import fan_out, state_key
 
 __all__ = ["Engine"]
 

@@ -1,8 +1,8 @@
 """The per-GPU facts, folded by event time: what the verdict rules read.
 
 `GpuState` is one table row (one GPU UUID, or ``node/pci`` for an Xid whose GPU the collector
-could not resolve). The functions here only gather facts; `streams.verdict` decides what they
-mean and `streams.classify` runs the fold.
+could not resolve). The functions here only gather facts; `xidstream.streams.verdict` decides what they
+mean and `xidstream.streams.classify` runs the fold.
 
 Topics are read in parallel, so records of one GPU arrive out of event-time order. Facts are kept
 as maxima and event-stamped lists (newest snapshot with and without a compute app, Xids with their
@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from schemas.models import GpuProcesses, GpuSample, WorkloadEvent
-from streams.incident import Incident
-from streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
+from xidstream.schemas.models import GpuProcesses, GpuSample, WorkloadEvent
+from xidstream.streams.incident import Incident
+from xidstream.streams.policy import GUARD_MIN_PINNED_SAMPLES, GUARD_MIN_PINNED_SPAN_S, Policy
 
 __all__ = ["GpuState", "settled", "entry", "name_by_deaths", "DEATH_AFTER_FAULT_S", "NAME_WAIT_S", "pending", "nocompute_start", "sustained_pin", "pin_onset", "sample_stats", "prune",
            "workload_of", "fold_sample_pin", "fold_processes", "fold_workload", "event_time", "added", "EMPTY_LIST", "EMPTY_DICT"]

@@ -345,7 +345,7 @@ RECOVERY_STALL_S = 3.0
 # agent took each hundred as it came and had emptied the stream buffer by the time the drain loop
 # waited for its next fetch (aiokafka's thread parsing the next 2,000 records, ~6 ms): the main
 # thread idled through every fetch, 0.74-0.82 cores in a catch-up. With a whole fetch delivered
-# (`streams.app.MAX_POLL_RECORDS`) the agent folds it while the next one is parsed: 0.94 cores,
+# (`xidstream.streams.app.MAX_POLL_RECORDS`) the agent folds it while the next one is parsed: 0.94 cores,
 # 43-46k instead of 33-37k records/s (2,000 GPUs x 60 s, two runs each). The loop is held
 # for ~5 ms per fetch of input records (direct delivery), longer for a fetch of 2,000 changelog or
 # fleet records through the conductor (table recovery, a backlog); heartbeats run on aiokafka's own

@@ -2,7 +2,7 @@
 
 Every remediation command passes through here (one partition, so one worker sees the whole
 fleet) before it reaches `gpu.remediation`. When actions that take capacity away
-(`schemas.vocab.BREAKER_ACTIONS`: cordon, drain, reboot, replace, GPU reset, quarantine) would
+(`xidstream.schemas.vocab.BREAKER_ACTIONS`: cordon, drain, reboot, replace, GPU reset, quarantine) would
 start on more than `fleet_fraction` of the known nodes, and on at least `fleet_min_nodes`, within
 `fleet_window_s`, one FLEET_STORM alert is raised and every further such command carries
 ``requires_approval: true`` until an operator resets the breaker (`xidstream breaker reset`, an
@@ -22,12 +22,12 @@ import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
-from schemas.vocab import BREAKER_ACTIONS, Classification, Severity
-from streams.policy import Policy
-from streams import rules as R
-from streams.rules import facts, rule_ref
-from streams.storms import command_storms, group_attrs, job_fault, note_groups, rebuild_node_groups, reset_groups
+from xidstream.schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
+from xidstream.schemas.vocab import BREAKER_ACTIONS, Classification, Severity
+from xidstream.streams.policy import Policy
+from xidstream.streams import rules as R
+from xidstream.streams.rules import facts, rule_ref
+from xidstream.streams.storms import command_storms, group_attrs, job_fault, note_groups, rebuild_node_groups, reset_groups
 
 __all__ = ["FleetState", "fleet_step", "forget_released", "ReplayError", "FLEET_NODE", "RELEASED_KEPT"]
 
@@ -63,7 +63,7 @@ class FleetState:
     # command_id -> when its message was sealed (epoch s; None when it was not sealed: no signing
     # key, or the pure Engine), the last RELEASED_KEPT commands passed on, oldest first: a fleet
     # message read twice (the consumer reading a partition again from its commit, at-least-once)
-    # or written again (a replay: `streams.handoff`) is not released, counted by the breaker or
+    # or written again (a replay: `xidstream.streams.handoff`) is not released, counted by the breaker or
     # grouped again. Persisted as one table row per command (streams.app), so a restarted worker
     # knows them too; the agent forgets those sealed longer ago than a hand-off is good for
     # (`forget_released`).
@@ -122,7 +122,7 @@ def _newest_incidents(starts: list) -> dict[str, str]:
 
 def forget_released(state: FleetState, before: float) -> None:
     """Forget the released commands sealed before `before` (epoch s): a copy of their message is
-    refused by its age (`streams.handoff.MAX_AGE_S`), so remembering them guards nothing. Oldest
+    refused by its age (`xidstream.streams.handoff.MAX_AGE_S`), so remembering them guards nothing. Oldest
     first, stopping at the first one sealed since (received in about the order they were sealed: one
     a little out of order is kept a little longer) or not sealed at all (kept by count only)."""
     released = state.released
@@ -161,12 +161,12 @@ def fleet_step(state: FleetState, msg: dict, policy: Policy, now: float | None =
     """msg: {"kind": "node_seen", "node", "ts"} | {"kind": "command", "command": RemediationCommand}
     | {"kind": "reset", "ts", "by"}. Returns outputs ("alert" | "command", record). `now`: when the
     message was received (epoch s, the processor's clock), or None to trust event time.
-    `sealed_at`: when the message was sealed (`streams.handoff`), None when it was not. A command
+    `sealed_at`: when the message was sealed (`xidstream.streams.handoff`), None when it was not. A command
     already released is not released again; one sealed no later than a command forgotten by the
     count (`released_floor`) is refused with `ReplayError`.
 
     A reset here is already authenticated: the fleet agent takes one only with an approval signed
-    by an approver key (`streams.handoff`); the pure Engine resets in-process."""
+    by an approver key (`xidstream.streams.handoff`); the pure Engine resets in-process."""
     kind = msg.get("kind")
     if kind == "inventory":
         seen = breaker_time(float(msg["ts"]), now, policy)

@@ -1,6 +1,6 @@
 """Who may speak to the fleet agent: the processor's own agents, and an approver resetting the breaker.
 
-The fleet agent signs every command that reaches it (`streams.app`), so whoever can write to the
+The fleet agent signs every command that reaches it (`xidstream.streams.app`), so whoever can write to the
 fleet topic could have it sign anything: with the `processor` Kafka user alone (threat T3: a leaked
 role credential, without the private key), a ``REBOOT_NODE kube-control-plane-1`` valid for 30 days
 was signed and passed the executors' gate, and an unsigned ``{"kind": "reset"}`` reset the
@@ -16,7 +16,7 @@ breaker. Now:
   (a replay), and the fleet agent remembered what it had released in memory only, so after a
   restart the copy was released and signed again and counted by the breaker once more. Older, or
   stamped more than `MAX_FUTURE_S` ahead, it is dead-lettered; within the hour the fleet agent
-  knows each command it released from the rows of its table (`streams.fleet`), restarts included.
+  knows each command it released from the rows of its table (`xidstream.streams.fleet`), restarts included.
   A message of the format before the seal time (``xs1``) cannot be told from its copy and is
   dead-lettered on the fleet topic; re-keyed results (`unseal`) still take it: the GPU's row
   answers each command once, restarts included.
@@ -38,8 +38,8 @@ from typing import Any
 
 import orjson
 
-from schemas.models import Approval
-from schemas.signing import SignatureError, VerifyKeys
+from xidstream.schemas.models import Approval
+from xidstream.schemas.signing import SignatureError, VerifyKeys
 
 __all__ = ["Handoff", "RESET_COMMAND_ID", "HandoffError", "MAX_AGE_S", "MAX_FUTURE_S"]
 
@@ -109,7 +109,7 @@ class Handoff:
         return self._check(value)[1]
 
     def open(self, value: bytes | None, now: float) -> dict:
-        """The fleet message in `value`, as `streams.fleet.fleet_step` takes it (a command's
+        """The fleet message in `value`, as `xidstream.streams.fleet.fleet_step` takes it (a command's
         "command" still a dict); `HandoffError` when it is not one to fold. `now`: this worker's
         clock (epoch s)."""
         return self.open_sealed(value, now)[0]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from schemas.xid_catalog import NVLINK5_RULES, lookup
+from xidstream.schemas.xid_catalog import NVLINK5_RULES, lookup
 
 __all__ = ["Remedy", "remedy_for_xid", "decode_nvlink5", "RESET", "REBOOT", "QUARANTINE", "RECORD"]
 

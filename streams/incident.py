@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.vocab import Action
+from xidstream.schemas.vocab import Action
 
 __all__ = ["Incident", "LADDER", "RUNG", "CLOSING"]
 

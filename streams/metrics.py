@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Any
 
-from schemas.vocab import Action, Classification
-from streams.repair import STAGES
+from xidstream.schemas.vocab import Action, Classification
+from xidstream.streams.repair import STAGES
 
 __all__ = ["LabelledCounts", "metrics_text", "PROCESSOR_METRICS"]
 

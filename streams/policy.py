@@ -10,8 +10,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from schemas.errors import ConfigError
-from schemas.xid_catalog import lookup
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.xid_catalog import lookup
 
 __all__ = ["Policy", "load_policy", "read_yaml", "is_app_class", "GUARD_MIN_PINNED_SAMPLES", "GUARD_MIN_PINNED_SPAN_S"]
 

@@ -12,13 +12,13 @@ import shlex
 from datetime import datetime, timezone
 from typing import Any
 
-from schemas.base import plain_text
-from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
-from schemas.vocab import Action, Classification, Severity
-from schemas.xid_catalog import lookup
-from streams.evidence import GpuState, sample_stats
-from streams.incident import Incident
-from streams.policy import Policy
+from xidstream.schemas.base import plain_text
+from xidstream.schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
+from xidstream.schemas.vocab import Action, Classification, Severity
+from xidstream.schemas.xid_catalog import lookup
+from xidstream.streams.evidence import GpuState, sample_stats
+from xidstream.streams.incident import Incident
+from xidstream.streams.policy import Policy
 
 __all__ = ["SEVERITY", "PRECONDITIONS", "STEP_TEXT", "hid", "dt", "describe_xid", "app_xid_verdict_text",
            "command", "alert"]

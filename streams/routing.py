@@ -1,5 +1,5 @@
-"""Where records go, as pure functions: used alike by the faust agents (`streams.app`), the
-Kafka-free `streams.engine.Engine` and the tests, so the three cannot drift apart.
+"""Where records go, as pure functions: used alike by the faust agents (`xidstream.streams.app`), the
+Kafka-free `xidstream.streams.engine.Engine` and the tests, so the three cannot drift apart.
 
 - `state_key(record)`: the table row (a `GpuState`) a record folds into. Inputs are keyed as the
   topic registry keys them (GPU UUID, or ``node/pci`` for an Xid whose GPU was never resolved);
@@ -8,17 +8,17 @@ Kafka-free `streams.engine.Engine` and the tests, so the three cannot drift apar
   of an unresolved GPU still reaches its incident.
 - `fan_out(state, record, outputs)`: what one fold step sends on. Alerts go out as they are; every
   command, each GPU inventory (its node's membership of the fleet) and each application fault of a known pod go to the
-  single-partition fleet agent (`streams.fleet.fleet_step`), which alone releases commands to
+  single-partition fleet agent (`xidstream.streams.fleet.fleet_step`), which alone releases commands to
   `gpu.remediation` (the circuit breaker) and sees when one workload faults several GPUs. Fleet
   messages are plain dicts except a command's ``"command"``, a `RemediationCommand`.
 """
 
 from __future__ import annotations
 
-from schemas.base import Record
-from schemas.models import Alert, GpuInventory, RemediationResult, XidEvent
-from streams.policy import is_app_class
-from schemas.topics import TopicRegistry
+from xidstream.schemas.base import Record
+from xidstream.schemas.models import Alert, GpuInventory, RemediationResult, XidEvent
+from xidstream.streams.policy import is_app_class
+from xidstream.schemas.topics import TopicRegistry
 
 __all__ = ["state_key", "fan_out", "groups_of", "FLEET_KEY"]
 
@@ -51,7 +51,7 @@ def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Aler
     """(messages for the fleet breaker, alerts to publish) for one fold step's `outputs`.
 
     A GPU inventory tells the breaker its node is a GPU node (the fleet's size; commands that take
-    capacity away from a node without one are held, `streams.fleet`)."""
+    capacity away from a node without one are held, `xidstream.streams.fleet`)."""
     if state.announced and not outputs and not isinstance(record, (GpuInventory, XidEvent)):
         # Most records (a sample, a process list) give nothing to route: return before reading the
         # row's groups, which only go into a message (four getattrs and two dicts per record).

@@ -3,12 +3,12 @@
 A fleet-wide count (streams.fleet) misses what one cause does to one part of the fleet: one job's
 teardown logs Xid 45 on every node it ran on (77 nodes across 11 racks, NVSentinel#1629), and an
 NVL72 rack or NVLink domain fails as one (NVSentinel#1275, #367). So each fleet message carries the
-groups its GPU row is in (`streams.routing.fan_out`): its node's **rack** (a Node label) and
+groups its GPU row is in (`xidstream.streams.routing.fan_out`): its node's **rack** (a Node label) and
 **driver** version (the GPU inventory), its NVLink **domain** (``fabric_cluster_uuid/clique_id``
 from gpu.counters) and the **job** of the newest pod that held it (a job label or the pod's
 controller, ``namespace/name``). Per group, within `fleet_window_s`:
 
-- node-level plans (`schemas.vocab.BREAKER_ACTIONS`) starting on at least `fleet_min_nodes` of the
+- node-level plans (`xidstream.schemas.vocab.BREAKER_ACTIONS`) starting on at least `fleet_min_nodes` of the
   group's nodes *and* on more than `group_fraction` of its known nodes open one FLEET_STORM incident
   for the group (its members listed, later ones as updates), and every further node-level command
   of the group's members is held for approval until `xidstream breaker reset`;
@@ -37,12 +37,12 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timezone
 
-from schemas.limits import JOB_MAX
-from streams import rules as R
-from streams.rules import facts, rule_ref
-from schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
-from schemas.vocab import Classification, Severity
-from streams.policy import Policy
+from xidstream.schemas.limits import JOB_MAX
+from xidstream.streams import rules as R
+from xidstream.streams.rules import facts, rule_ref
+from xidstream.schemas.models import Alert, Evidence, EvidenceEntry, RemediationCommand
+from xidstream.schemas.vocab import Classification, Severity
+from xidstream.streams.policy import Policy
 
 __all__ = ["KINDS", "GROUPS_KEPT", "MEMBERS_KEPT", "GROUP_VALUE_MAX", "group_attrs", "note_groups",
            "command_storms", "job_fault", "reset_groups", "rebuild_node_groups"]

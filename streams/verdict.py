@@ -33,13 +33,13 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
-from schemas.vocab import RECOVERY_ACTIONS, Action, Classification
-from streams.evidence import GpuState, entry, pin_onset, sample_stats, settled, workload_of
-from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET, remedy_for_xid, _XID154_ACTIONS
-from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
-from streams.render import app_xid_verdict_text, describe_xid, dt
-from streams import rules as R
-from streams.rules import Rule, facts
+from xidstream.schemas.vocab import RECOVERY_ACTIONS, Action, Classification
+from xidstream.streams.evidence import GpuState, entry, pin_onset, sample_stats, settled, workload_of
+from xidstream.streams.hardware import QUARANTINE, REBOOT, RECORD, RESET, remedy_for_xid, _XID154_ACTIONS
+from xidstream.streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
+from xidstream.streams.render import app_xid_verdict_text, describe_xid, dt
+from xidstream.streams import rules as R
+from xidstream.streams.rules import Rule, facts
 
 __all__ = ["Verdict", "RANK", "PLANS", "pinned_verdicts", "suspect_verdict", "earliest_suspect", "hardware_xid_verdict",
            "recovery_action_verdict", "XID45", "PSHC_REENGAGED", "PSHC_DISENGAGED", "reengaged_by",
@@ -104,7 +104,7 @@ def _in_window(items: list[dict], t: float, window: float) -> list[dict]:
 
 def pinned_verdicts(state: GpuState, policy: Policy) -> list[tuple[float, Verdict]]:
     """The verdicts of a GPU pinned near 100% with no compute process, each at the earliest time
-    its rule held (`streams.evidence.pin_onset`), oldest first; empty when none holds (yet).
+    its rule held (`xidstream.streams.evidence.pin_onset`), oldest first; empty when none holds (yet).
 
     Each verdict is stamped as of its evidence, not when the last of it was read: a phantom load,
     then the wedge once Xid 43 is in, come out at the same times whichever topic a worker reads

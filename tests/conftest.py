@@ -58,7 +58,7 @@ def kafka_bootstrap():
     if given:
         yield given
         return
-    from xidstream.localbroker import LocalBroker
+    from workshop.localbroker import LocalBroker
 
     broker = LocalBroker()
     ours = broker.pid() is None  # leave a broker that a developer started running
@@ -72,7 +72,7 @@ def kafka_bootstrap():
 def kafka_settings(kafka_bootstrap):
     """Settings with a fresh topic prefix (all registry topics created), so tests never see each
     other's records; the topics are deleted afterwards."""
-    from transport.kafka import create_topics, delete_topics
+    from xidstream.transport.kafka import create_topics, delete_topics
 
     settings = Settings(bootstrap=kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
                         partitions=8, node="node-a")
@@ -83,9 +83,9 @@ def kafka_settings(kafka_bootstrap):
 
 @pytest.fixture(scope="session")
 def kube():
-    """A `xidstream.localkube.KubeHandle`: kubeconfig, server, token, ca_file, request(),
+    """A `workshop.localkube.KubeHandle`: kubeconfig, server, token, ca_file, request(),
     ensure_namespace(). No controller-manager, scheduler or kubelet runs."""
-    from xidstream.localkube import KubeHandle, LocalKube
+    from workshop.localkube import KubeHandle, LocalKube
 
     given = os.environ.get("XIDSTREAM_KUBECONFIG")
     if given:
@@ -102,9 +102,9 @@ def kube():
 
 @pytest.fixture(scope="session")
 def secure_kafka():
-    """The secure local broker (`xidstream.localbroker.LocalBroker(secure=True)`): its
+    """The secure local broker (`workshop.localbroker.LocalBroker(secure=True)`): its
     `client_file(role)` is each role's librdkafka properties file, `ca_file` its CA."""
-    from xidstream.localbroker import LocalBroker
+    from workshop.localbroker import LocalBroker
 
     broker = LocalBroker(secure=True)
     ours = broker.pid() is None  # leave a broker that a developer started running

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from schemas import (
+from xidstream.schemas import (
     Action,
     Alert,
     Approval,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.policy import Policy
+from xidstream.streams.policy import Policy
 from xidstream.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,9 +8,9 @@ import sys
 import orjson
 import pytest
 
-from schemas.codec import to_dict
-from schemas.errors import ConfigError
-from schemas.models import Alert, RemediationCommand, RemediationResult
+from xidstream.schemas.codec import to_dict
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.models import Alert, RemediationCommand, RemediationResult
 from tests.shell import HOSTILE, interpreted
 from tests.streams.builders import GPU, NODE, at, run, wedge
 from xidstream.cli import main as cli
@@ -288,8 +288,8 @@ def test_the_approve_line_is_one_argument_per_field_in_a_shell_for_any_node_or_c
     decoded from its bytes, gives an approve line whose shell words are exactly the fields."""
     import shlex
 
-    from schemas.base import plain_text
-    from schemas.codec import decode_any, encode
+    from xidstream.schemas.base import plain_text
+    from xidstream.schemas.codec import decode_any, encode
 
     engine = _wedged_engine()
     drain = next(c for c in engine.commands if c.action.value == "DRAIN_NODE")

@@ -5,7 +5,7 @@ libraries, never the other way round.
 
 `schemas` is the contract (pydantic and orjson only: tests/schemas/test_import_hygiene.py);
 `transport` is the Kafka plumbing; the libraries take small config objects
-(`transport.config.KafkaConfig`, `collectors.agent.CollectorConfig`, ...) that the commands build.
+(`xidstream.transport.config.KafkaConfig`, `xidstream.collectors.agent.CollectorConfig`, ...) that the commands build.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from schemas.errors import BrokerError
-from xidstream.localcluster import LocalCluster
+from xidstream.schemas.errors import BrokerError
+from workshop.localcluster import LocalCluster
 
 
 def _cluster(tmp_path) -> LocalCluster:

@@ -30,11 +30,11 @@ def _meta(root: Path, src: str, codes: dict, hashes: dict, durations: dict | Non
 
 
 def test_a_run_over_one_module_keeps_the_results_of_the_others(tmp_path):
-    judged = _meta(tmp_path, "streams/classify.py", {"streams.classify.x_f__mutmut_1": None}, {"x_f": "aa"})
+    judged = _meta(tmp_path, "streams/classify.py", {"xidstream.streams.classify.x_f__mutmut_1": None}, {"x_f": "aa"})
     other = _meta(tmp_path, "streams/verdict.py",
-                  {"streams.verdict.x_g__mutmut_1": 1, "streams.verdict.x_g__mutmut_2": 0,
-                   "streams.verdict.x_h__mutmut_1": 1, "streams.verdict.xǁCǁm__mutmut_1": 1},
-                  {"x_g": "g1", "x_h": "h1", "xǁCǁm": "m1"}, durations={"streams.verdict.x_g__mutmut_1": 0.5})
+                  {"xidstream.streams.verdict.x_g__mutmut_1": 1, "xidstream.streams.verdict.x_g__mutmut_2": 0,
+                   "xidstream.streams.verdict.x_h__mutmut_1": 1, "xidstream.streams.verdict.xǁCǁm__mutmut_1": 1},
+                  {"x_g": "g1", "x_h": "h1", "xǁCǁm": "m1"}, durations={"xidstream.streams.verdict.x_g__mutmut_1": 0.5})
 
     kept = mutation_report.snapshot(["streams/classify.py"], root=tmp_path)
     assert set(kept) == {other}, "only modules outside the run are kept"
@@ -42,19 +42,19 @@ def test_a_run_over_one_module_keeps_the_results_of_the_others(tmp_path):
     # mutmut's run: every result reset, verdict's x_h changed (its mutants are new ones now),
     # classify judged
     _meta(tmp_path, "streams/verdict.py",
-          {"streams.verdict.x_g__mutmut_1": None, "streams.verdict.x_g__mutmut_2": None,
-           "streams.verdict.x_h__mutmut_1": None, "streams.verdict.xǁCǁm__mutmut_1": None},
+          {"xidstream.streams.verdict.x_g__mutmut_1": None, "xidstream.streams.verdict.x_g__mutmut_2": None,
+           "xidstream.streams.verdict.x_h__mutmut_1": None, "xidstream.streams.verdict.xǁCǁm__mutmut_1": None},
           {"x_g": "g1", "x_h": "h2", "xǁCǁm": "m1"})
-    _meta(tmp_path, "streams/classify.py", {"streams.classify.x_f__mutmut_1": 1}, {"x_f": "aa"})
+    _meta(tmp_path, "streams/classify.py", {"xidstream.streams.classify.x_f__mutmut_1": 1}, {"x_f": "aa"})
 
     assert mutation_report.restore(kept) == 3
     after = json.loads(other.read_text())
-    assert after["exit_code_by_key"] == {"streams.verdict.x_g__mutmut_1": 1, "streams.verdict.x_g__mutmut_2": 0,
-                                         "streams.verdict.x_h__mutmut_1": None,
-                                         "streams.verdict.xǁCǁm__mutmut_1": 1}
-    assert after["durations_by_key"] == {"streams.verdict.x_g__mutmut_1": 0.5}
+    assert after["exit_code_by_key"] == {"xidstream.streams.verdict.x_g__mutmut_1": 1, "xidstream.streams.verdict.x_g__mutmut_2": 0,
+                                         "xidstream.streams.verdict.x_h__mutmut_1": None,
+                                         "xidstream.streams.verdict.xǁCǁm__mutmut_1": 1}
+    assert after["durations_by_key"] == {"xidstream.streams.verdict.x_g__mutmut_1": 0.5}
     assert after["hash_by_function_name"]["x_h"] == "h2", "mutmut's new hashes stay"
-    assert json.loads(judged.read_text())["exit_code_by_key"] == {"streams.classify.x_f__mutmut_1": 1}
+    assert json.loads(judged.read_text())["exit_code_by_key"] == {"xidstream.streams.classify.x_f__mutmut_1": 1}
 
 
 def test_restore_never_overwrites_a_result_the_run_wrote(tmp_path):

@@ -11,13 +11,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import MemorySink
-from schemas import load_scenario
-from schemas.codec import to_dict
-from schemas.models import GpuSample
-from schemas.xid_catalog import lookup
-from streams.engine import Engine
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import load_scenario
+from xidstream.schemas.codec import to_dict
+from xidstream.schemas.models import GpuSample
+from xidstream.schemas.xid_catalog import lookup
+from xidstream.streams.engine import Engine
 from xidstream.incidents import IncidentBook
 from tests.tools import find_tool
 from xidstream.report import RECOVERY_ORDER, render_report

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from schemas.errors import TopicError
-from transport.config import KafkaConfig
+from xidstream.schemas.errors import TopicError
+from xidstream.transport.config import KafkaConfig
 
 __all__ = ["INPUT_TOPICS", "COLLECTED_TOPICS", "ROLE_NAMES", "acl_bindings", "apply_acls", "CLUSTER_EXECUTOR_GROUP",
            "NODE_EXECUTOR_GROUP_PREFIX", "executor_group", "EXPORT_GROUP_PREFIX", "EXPORT_READ_TOPICS", "EXPORT_TOPICS",
@@ -131,7 +131,7 @@ def apply_acls(settings: KafkaConfig, *, app_id: str | None = None, principals: 
     (a principal allowed to ALTER the cluster, e.g. a super user). Returns how many."""
     from confluent_kafka import KafkaException
 
-    from transport.kafka import admin
+    from xidstream.transport.kafka import admin
 
     bindings = acl_bindings(settings.topic_prefix, app_id=app_id, principals=principals)
     client = admin(settings)

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from schemas.topics import DEFAULT_PARTITIONS, TopicRegistry
+from xidstream.schemas.topics import DEFAULT_PARTITIONS, TopicRegistry
 
 __all__ = ["KafkaConfig", "DEFAULT_BOOTSTRAP", "default_node_name"]
 
@@ -32,7 +32,7 @@ class KafkaConfig:
     partitions: int = DEFAULT_PARTITIONS
     # Of every topic xidstream creates (the contract's, the processor's internal ones and its
     # changelogs). None: what the cluster can hold, asked when topics are created
-    # (`transport.kafka.choose_replication`: 3, or one per broker when there are fewer).
+    # (`xidstream.transport.kafka.choose_replication`: 3, or one per broker when there are fewer).
     replication_factor: int | None = None
     # The topics' min.insync.replicas; with acks=all a write then needs this many replicas, e.g. 2
     # of 3 survives one broker down without losing a record. None: one less than the replicas, at

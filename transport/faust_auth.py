@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from schemas.errors import ConfigError
-from transport.config import KafkaConfig
+from xidstream.schemas.errors import ConfigError
+from xidstream.transport.config import KafkaConfig
 
 __all__ = ["faust_kwargs", "SECURITY_KEYS"]
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from schemas.errors import ConfigError
+from xidstream.schemas.errors import ConfigError
 
 __all__ = ["NodeIdentity", "ProcessorIdentity", "RecordAuth", "RecordVerifier", "AuthError", "HEADER",
            "SIGNER_NAME", "CLUSTER_IDENTITY", "IDENTITY_PUB", "record_mac", "validate_csr", "CsrCheck",
@@ -357,10 +357,10 @@ class IdentityDirectory:
 
     def apply(self, value: bytes | None) -> str | None:
         """Fold one enrollment record; returns why it was refused (None when it counted)."""
-        from schemas.codec import decode
-        from schemas.errors import DecodeError
-        from schemas.models import NodeEnrollment
-        from schemas.signing import SignatureError
+        from xidstream.schemas.codec import decode
+        from xidstream.schemas.errors import DecodeError
+        from xidstream.schemas.models import NodeEnrollment
+        from xidstream.schemas.signing import SignatureError
 
         try:
             rec = decode(NodeEnrollment, value)
@@ -390,7 +390,7 @@ class IdentityDirectory:
 
         from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-        from transport.kafka import consumer_config
+        from xidstream.transport.kafka import consumer_config
 
         log = logging.getLogger(__name__)
         topic = self.settings.topics.name("xidstream.identities")

@@ -14,10 +14,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.errors import ConfigError, TopicError
-from schemas.topics import TOPICS
-from transport.config import KafkaConfig
-from transport.kafka_log import KAFKA_LOG
+from xidstream.schemas.errors import ConfigError, TopicError
+from xidstream.schemas.topics import TOPICS
+from xidstream.transport.config import KafkaConfig
+from xidstream.transport.kafka_log import KAFKA_LOG
 
 __all__ = ["producer_config", "consumer_config", "read_since", "read_key", "murmur2_partition", "admin", "consume_records", "ClientErrors", "explain_error", "unreachable", "list_topics", "topic_config", "create_topics", "check_copartitioning", "delete_topics",
            "delete_run", "ensure_processor_topics", "read_all", "LagProbe", "consumer_lag", "replication_findings",
@@ -96,8 +96,8 @@ class ClientErrors:
 def consume_records(consumer: Any, timeout: float, batch: int = 500) -> Iterator[Any]:
     """The contract records of one `consume()` call, decoded; broker errors and undecodable values
     are skipped (for readers of a run's own outputs: replay's scripted executor, demo-cluster)."""
-    from schemas.codec import decode_any
-    from schemas.errors import DecodeError
+    from xidstream.schemas.codec import decode_any
+    from xidstream.schemas.errors import DecodeError
 
     for m in consumer.consume(num_messages=batch, timeout=timeout):
         if m.error() is not None:

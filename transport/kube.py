@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from lightkube import ApiError, Client, KubeConfig
 
-from schemas.errors import ConfigError
+from xidstream.schemas.errors import ConfigError
 
 __all__ = ["make_client", "list_then_watch", "ApiError", "SERVICE_ACCOUNT_DIR"]
 

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import XidstreamError
+from xidstream.schemas.errors import XidstreamError
 
 __all__ = ["AUDIENCE", "DEFAULT_PORT", "TOKEN_PATH", "PodViewClient", "PodViewError"]
 

@@ -11,7 +11,7 @@ import logging
 import sys
 from typing import Callable
 
-from schemas.errors import XidstreamError
+from xidstream.schemas.errors import XidstreamError
 from xidstream.cliargs import add_kafka_args as _add_kafka_args
 from xidstream.cliargs import add_replication_args as _add_replication_args
 from xidstream.cliargs import positive_int as _positive_int
@@ -41,7 +41,7 @@ def _cluster(args: argparse.Namespace) -> int:
     """`xidstream broker ACTION --brokers N`: the local multi-broker KRaft cluster."""
     import json
 
-    from xidstream.localcluster import LocalCluster
+    from workshop.localcluster import LocalCluster
 
     cluster = LocalCluster(brokers=args.brokers, secure=args.secure, port=args.port, host=args.host)
     if args.action in ("stop-one", "start-one") and args.id is None:
@@ -56,7 +56,7 @@ def _cluster(args: argparse.Namespace) -> int:
         print(f"topics: --replication-factor {cluster.replication_factor} "
               f"--min-insync-replicas {cluster.min_insync_replicas}")
         if args.secure:
-            from xidstream.localbroker import ROLES
+            from workshop.localbroker import ROLES
 
             print(f"CA: {cluster.ca_file}")
             for role in ROLES:
@@ -86,7 +86,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _broker(args: argparse.Namespace, settings: Settings) -> int:
-    from xidstream.localbroker import LocalBroker
+    from workshop.localbroker import LocalBroker
 
     if args.brokers > 1:
         return _cluster(args)
@@ -101,7 +101,7 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"Kafka is up on {broker.start()}")
         if args.secure:
             print(f"CA: {broker.ca_file}")
-            from xidstream.localbroker import ROLES
+            from workshop.localbroker import ROLES
 
             for role in ROLES:
                 print(f"{role:16} --kafka-config {broker.client_file(role)}")
@@ -125,7 +125,7 @@ def _broker(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- topics -------------------------------------------------------------------------------------
 def _topics(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.topics import TOPICS
+    from xidstream.schemas.topics import TOPICS
 
     if args.action == "list":
         reg = settings.topics
@@ -135,7 +135,7 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
                 (" (co-partitioned input)" if spec.processed else " (co-partitioned)") if spec.co_partitioned else "")
             print(f"{reg.name(name):32} key: {spec.key:42} {keep:10} {part:38} {spec.model.SCHEMA}")
         return 0
-    from transport.kafka import create_topics, settle_replication
+    from xidstream.transport.kafka import create_topics, settle_replication
 
     settings, replication = settle_replication(settings)
     print(f"topics: {replication}", flush=True)
@@ -146,13 +146,13 @@ def _topics(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- schemas ------------------------------------------------------------------------------------
 def _schemas(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas import jsonschema
+    from xidstream.schemas import jsonschema
 
     return jsonschema.main(["--check"] if args.action == "check" else [])
 
 
 def _scenario(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.scenario import load_scenario
+    from xidstream.schemas.scenario import load_scenario
 
     for path in args.files:
         sc = load_scenario(path)
@@ -165,8 +165,8 @@ def _scenario(args: argparse.Namespace, settings: Settings) -> int:
 def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from collectors.sink import KafkaSink
-    from transport.kafka import create_topics, settle_replication
+    from xidstream.collectors.sink import KafkaSink
+    from xidstream.transport.kafka import create_topics, settle_replication
     from xidstream.simulate import FaultRates, Simulator
 
     if args.create_topics:
@@ -335,19 +335,19 @@ def _streams(sub: argparse._SubParsersAction) -> None:
 
 
 def _kube(sub: argparse._SubParsersAction) -> None:
-    from xidstream.localkube import register
+    from workshop.localkube import register
 
     register(sub)
 
 
 def _node(sub: argparse._SubParsersAction) -> None:
-    from xidstream.localnode import register
+    from workshop.localnode import register
 
     register(sub)
 
 
 def _e2e(sub: argparse._SubParsersAction) -> None:
-    from xidstream.node_e2e import register
+    from workshop.node_e2e import register
 
     register(sub)
 
@@ -359,7 +359,7 @@ def _executors(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo_cluster(sub: argparse._SubParsersAction) -> None:
-    from xidstream.demo_cluster import register
+    from workshop.demo_cluster import register
 
     register(sub)
 

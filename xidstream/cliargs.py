@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from schemas.base import is_node_name, plain_text
-from schemas.errors import ConfigError
+from xidstream.schemas.base import is_node_name, plain_text
+from xidstream.schemas.errors import ConfigError
 
 __all__ = ["add_kafka_args", "add_replication_args", "require_node_name"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import orjson
 
-from schemas.errors import ConfigError, TopicError
-from transport.config import default_node_name
+from xidstream.schemas.errors import ConfigError, TopicError
+from xidstream.transport.config import default_node_name
 from xidstream.cliargs import add_kafka_args, require_node_name
 from xidstream.settings import Settings
 
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", default=".xidstream/collector", help="spool and cursors (default .xidstream/collector)")
     p.add_argument("--no-nvml", action="store_true", help="kernel Xid records only")
     p.add_argument("--no-kubernetes", action="store_true", help="no pod watch / pod-resources (gpu.workloads)")
-    from transport.podview import AUDIENCE, TOKEN_PATH
+    from xidstream.transport.podview import AUDIENCE, TOKEN_PATH
 
     p.add_argument("--pod-view", metavar="URL",
                    help="this node's pods from the cluster executor's pod view (its --pod-view-port), polled every "
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pod-view-token", default=TOKEN_PATH, metavar="FILE",
                    help=f"with --pod-view: this pod's projected service-account token of audience {AUDIENCE} "
                         f"(default {TOKEN_PATH}, where the chart mounts it)")
-    from collectors.sources.rack import DEFAULT_RACK_LABEL
+    from xidstream.collectors.sources.rack import DEFAULT_RACK_LABEL
 
     p.add_argument("--rack-label", default=DEFAULT_RACK_LABEL, metavar="LABEL",
                    help="the label of this node's Node object that names its rack, carried by every GPU inventory "
@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("gpu-check", help="read every NVML field through the real pynvml and print it")
     p.add_argument("--wait-events", type=float, default=1.0, help="seconds to wait for an Xid event")
-    p.set_defaults(handler=lambda args, settings: __import__("collectors.gpucheck", fromlist=["x"]).run_gpu_check(
+    p.set_defaults(handler=lambda args, settings: __import__("xidstream.collectors.gpucheck", fromlist=["x"]).run_gpu_check(
         wait_events=args.wait_events))
 
 
@@ -125,11 +125,11 @@ def _parse(args: argparse.Namespace, settings: Settings) -> int:
     stderr by reason, and named with -v."""
     import os
 
-    from collectors.agent import IdentityMap, line_time, xid_fields
-    from collectors.parse.kernel import (REFUSALS, continues_fallen, merge_more, merge_sxid, parse_line_checked,
+    from xidstream.collectors.agent import IdentityMap, line_time, xid_fields
+    from xidstream.collectors.parse.kernel import (REFUSALS, continues_fallen, merge_more, merge_sxid, parse_line_checked,
                                          sxid_continues)
-    from schemas.models import XidEvent
-    from schemas.codec import to_dict
+    from xidstream.schemas.models import XidEvent
+    from xidstream.schemas.codec import to_dict
 
     node = require_node_name(args.node or default_node_name())
     # GPU identity from believed lines only resolves believed records; a paste's own identity lines
@@ -214,9 +214,9 @@ def _check_topics(settings: Settings, create: bool) -> set[str]:
     processor reads is a TopicError: without it the collector's Xids go nowhere."""
     from confluent_kafka import KafkaException
 
-    from schemas.topics import COLLECTED_TOPICS, TOPICS
-    from transport.kafka import admin, check_replication, create_topics, list_topics, settle_replication
-    from transport.kafka_log import KAFKA_LOG
+    from xidstream.schemas.topics import COLLECTED_TOPICS, TOPICS
+    from xidstream.transport.kafka import admin, check_replication, create_topics, list_topics, settle_replication
+    from xidstream.transport.kafka_log import KAFKA_LOG
 
     names = [settings.topics.name(n) for n in COLLECTED_TOPICS]
     if create:
@@ -257,7 +257,7 @@ def node_auth(args: argparse.Namespace, identity: str):  # -> transport.identity
         return None
     if not args.processor_identity:
         raise ConfigError("--identity-dir needs --processor-identity HEX|FILE (`xidstream keys identity --key signing.key`)")
-    from transport.identity import NodeIdentity, read_processor_public
+    from xidstream.transport.identity import NodeIdentity, read_processor_public
 
     return NodeIdentity.load_or_create(args.identity_dir, identity).record_auth(read_processor_public(args.processor_identity))
 
@@ -274,9 +274,9 @@ def _request_enrollment_until_done(identity_dir: str | None, node: str) -> None:
     def run() -> None:
         import time
 
-        from executors.enroll import request_enrollment
-        from executors.kube import make_client
-        from transport.identity import NodeIdentity
+        from xidstream.executors.enroll import request_enrollment
+        from xidstream.executors.kube import make_client
+        from xidstream.transport.identity import NodeIdentity
 
         while True:
             try:
@@ -291,8 +291,8 @@ def _request_enrollment_until_done(identity_dir: str | None, node: str) -> None:
 
 
 def _collect(args: argparse.Namespace, settings: Settings) -> int:
-    from collectors.metrics import CollectorMetrics
-    from collectors.sink import KafkaSink, StdoutSink
+    from xidstream.collectors.metrics import CollectorMetrics
+    from xidstream.collectors.sink import KafkaSink, StdoutSink
 
     if args.interval <= 0:
         raise ConfigError("--interval must be > 0")
@@ -311,8 +311,8 @@ def _collect(args: argparse.Namespace, settings: Settings) -> int:
         log.warning("metrics on http://%s:%d/metrics", args.metrics_addr, args.metrics_port)
 
     if args.scenario:
-        from collectors.scenario import ScenarioRunner
-        from schemas.scenario import load_scenario
+        from xidstream.collectors.scenario import ScenarioRunner
+        from xidstream.schemas.scenario import load_scenario
 
         scenario = load_scenario(args.scenario)
         progress = (lambda m: print(f"xidstream collect: {m}", file=sys.stderr)) if args.sink == "kafka" else None
@@ -349,7 +349,7 @@ def _rack_source(args: argparse.Namespace, node: str):  # -> collectors.agent.Ra
     when on Kubernetes, else None."""
     import os
 
-    from collectors.sources import rack
+    from xidstream.collectors.sources import rack
 
     if args.rack is not None:
         try:
@@ -360,10 +360,10 @@ def _rack_source(args: argparse.Namespace, node: str):  # -> collectors.agent.Ra
 
 
 def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
-    from collectors.agent import Collector, CollectorConfig
-    from collectors.nvml import NvmlReader
-    from collectors.sources.kernel import open_kernel_source
-    from collectors.sources.procfs import ProcFs
+    from xidstream.collectors.agent import Collector, CollectorConfig
+    from xidstream.collectors.nvml import NvmlReader
+    from xidstream.collectors.sources.kernel import open_kernel_source
+    from xidstream.collectors.sources.procfs import ProcFs
 
     require_node_name(settings.node)
     if args.accept_injected_kmsg:
@@ -375,7 +375,7 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
                     "alone (only where NVML saw the same fault)", args.kernel_log)
     nvml = None
     if args.fake_nvml:
-        from collectors.fakes import FilePynvml
+        from xidstream.collectors.fakes import FilePynvml
 
         log.warning("--fake-nvml %s: GPUs are what that file says, not NVML; for end-to-end tests only",
                     args.fake_nvml)
@@ -398,11 +398,11 @@ def _collect_live(args, settings: Settings, sink, metrics, state: Path) -> int:
             raise ConfigError(str(exc)) from None
     import os
 
-    from collectors.sources.kubernetes import from_environment
+    from xidstream.collectors.sources.kubernetes import from_environment
 
     view = None
     if args.pod_view:
-        from transport.podview import PodViewClient
+        from xidstream.transport.podview import PodViewClient
 
         view = PodViewClient(args.pod_view, args.pod_view_token)
     workloads = None if args.no_kubernetes else from_environment(os.environ, settings.node, pod_view=view)

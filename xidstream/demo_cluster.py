@@ -44,10 +44,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from schemas.errors import XidstreamError
-from schemas.models import Alert, RemediationCommand, RemediationResult
-from schemas.scenario import Scenario, load_scenario, parse_scenario
-from schemas.vocab import Action
+from xidstream.schemas.errors import XidstreamError
+from xidstream.schemas.models import Alert, RemediationCommand, RemediationResult
+from xidstream.schemas.scenario import Scenario, load_scenario, parse_scenario
+from xidstream.schemas.vocab import Action
 
 __all__ = ["ClosedLoop", "run_closed_loop", "render", "register", "SCENARIO"]
 
@@ -191,8 +191,8 @@ def wait_enrolled(settings: Any, identities: set[str], timeout: float) -> None:
     enrolled')."""
     from confluent_kafka import Consumer
 
-    from schemas.codec import decode_any
-    from transport.kafka import consumer_config
+    from xidstream.schemas.codec import decode_any
+    from xidstream.transport.kafka import consumer_config
 
     consumer = Consumer({**consumer_config(settings, f"{settings.topic_prefix}demo-enrolled-{uuid.uuid4().hex[:6]}"),
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
@@ -232,7 +232,7 @@ class _Reader:
     def __init__(self, settings: Any, loop: ClosedLoop) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        from transport.kafka import admin, consumer_config
+        from xidstream.transport.kafka import admin, consumer_config
 
         self.loop = loop
         names = [settings.topics.name(n) for n in ("gpu.remediation", "gpu.remediation.results", "gpu.alerts")]
@@ -241,7 +241,7 @@ class _Reader:
         self.consumer.assign([TopicPartition(t, p, 0) for t in names for p in sorted(md.topics[t].partitions)])
 
     def read(self, timeout: float = 0.3) -> None:
-        from transport.kafka import consume_records
+        from xidstream.transport.kafka import consume_records
 
         for rec in consume_records(self.consumer, timeout):
             self.loop.arrived[rec.event_id] = time.time()
@@ -287,13 +287,13 @@ def run_closed_loop(bootstrap: str, kube: Any, workdir: Path, *, node: str = NOD
                     timeout: float = 40.0, log: Callable[[str], None] | None = None) -> ClosedLoop:
     """Run the motivating incident through the closed loop; return what the topics and the API
     server show. Everything it started is stopped and its topics deleted (the API objects stay)."""
-    from collectors.scenario import ScenarioRunner
-    from collectors.sink import KafkaSink
-    from executors.enroll import request_enrollment
-    from executors.kube import make_client
-    from schemas.signing import SigningKey, generate_keys
-    from transport.identity import CLUSTER_IDENTITY, NodeIdentity, ProcessorIdentity
-    from transport.kafka import create_topics, delete_run
+    from xidstream.collectors.scenario import ScenarioRunner
+    from xidstream.collectors.sink import KafkaSink
+    from xidstream.executors.enroll import request_enrollment
+    from xidstream.executors.kube import make_client
+    from xidstream.schemas.signing import SigningKey, generate_keys
+    from xidstream.transport.identity import CLUSTER_IDENTITY, NodeIdentity, ProcessorIdentity
+    from xidstream.transport.kafka import create_topics, delete_run
     from xidstream.runner import WorkerProcess
     from xidstream.settings import Settings
 
@@ -439,8 +439,8 @@ def render(loop: ClosedLoop, out: TextIO) -> None:
 
 
 def _demo_cluster(args: argparse.Namespace, settings: Any) -> int:
-    from xidstream.localbroker import LocalBroker
-    from xidstream.localkube import LocalKube
+    from workshop.localbroker import LocalBroker
+    from workshop.localkube import LocalKube
 
     say = (lambda m: print(f"xidstream demo-cluster: {m}", file=sys.stderr, flush=True))
     broker = kube = None

@@ -19,7 +19,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from schemas.errors import ConfigError
+from xidstream.schemas.errors import ConfigError
 from xidstream.cliargs import add_kafka_args, require_node_name
 from xidstream.settings import Settings
 
@@ -27,12 +27,12 @@ __all__ = ["register"]
 
 
 def _keys(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.signing import SigningKey, generate_keys
+    from xidstream.schemas.signing import SigningKey, generate_keys
 
     if args.action == "identity":
         if not args.key:
             raise ConfigError("keys identity needs --key FILE (the processor's signing key)")
-        from transport.identity import ProcessorIdentity
+        from xidstream.transport.identity import ProcessorIdentity
 
         public = ProcessorIdentity(SigningKey.load(args.key)).public  # what nodes get as --processor-identity
         if args.out:
@@ -45,7 +45,7 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "generate":
         if not args.out:
             raise ConfigError("keys generate needs --out DIR")
-        from transport.identity import IDENTITY_PUB, ProcessorIdentity
+        from xidstream.transport.identity import IDENTITY_PUB, ProcessorIdentity
 
         priv, pub, kid = generate_keys(args.out)
         # The processor's X25519 identity key follows from its signing key: written beside it, so
@@ -58,9 +58,9 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     if not args.key:
         raise ConfigError("keys sign needs --key FILE (a private key from `xidstream keys generate`)")
-    from schemas.codec import decode_any, encode
-    from schemas.errors import DecodeError
-    from schemas.models import Approval, RemediationCommand
+    from xidstream.schemas.codec import decode_any, encode
+    from xidstream.schemas.errors import DecodeError
+    from xidstream.schemas.models import Approval, RemediationCommand
 
     key = SigningKey.load(args.key)
     bad = 0
@@ -91,14 +91,14 @@ def _write_public(path: Path, public: str) -> None:
 
 
 def _identity(args: argparse.Namespace, settings: Settings) -> int:
-    from transport.identity import NodeIdentity
+    from xidstream.transport.identity import NodeIdentity
 
     ident = NodeIdentity.load_or_create(args.identity_dir, args.node)
     if args.action == "show":
         print(f"{ident.identity} x25519 {ident.x25519_public} ed25519 {ident.ed25519_public}")
         return 0
-    from executors.enroll import request_enrollment
-    from executors.kube import make_client
+    from xidstream.executors.enroll import request_enrollment
+    from xidstream.executors.kube import make_client
 
     name = request_enrollment(make_client(args.kubeconfig), ident)
     print(f"asked to enroll {ident.identity} (CertificateSigningRequest {name}); the cluster executor's enroller "
@@ -107,9 +107,9 @@ def _identity(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _approve(args: argparse.Namespace, settings: Settings) -> int:
-    from schemas.codec import encode
-    from schemas.models import Approval
-    from schemas.signing import SigningKey
+    from xidstream.schemas.codec import encode
+    from xidstream.schemas.models import Approval
+    from xidstream.schemas.signing import SigningKey
 
     require_node_name(args.node)  # a held command is always about a Node; anything else came from a forgery
     key = SigningKey.load(args.key)
@@ -121,7 +121,7 @@ def _approve(args: argparse.Namespace, settings: Settings) -> int:
     if args.publish:
         from confluent_kafka import Producer
 
-        from transport.kafka import producer_config
+        from xidstream.transport.kafka import producer_config
 
         topic = settings.topics.name("gpu.remediation.approvals")
         producer = Producer(producer_config(settings))
@@ -137,8 +137,8 @@ def _approve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
-    from executors.runner import Executor
-    from schemas.signing import VerifyKeys
+    from xidstream.executors.runner import Executor
+    from xidstream.schemas.signing import VerifyKeys
 
     if args.scope == "node" and not args.node:
         raise ConfigError("--scope node needs --node NAME (the node this executor runs on)")
@@ -156,13 +156,13 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
     approval_keys = VerifyKeys.load(args.approver_key or [], args.revoked_keys, purpose="approvals")
     client = None
     if not (args.scope == "node" and args.no_kube):
-        from executors.kube import make_client
+        from xidstream.executors.kube import make_client
 
         client = make_client(args.kubeconfig)
     if args.scope == "cluster":
-        from executors.cluster import ClusterActions
+        from xidstream.executors.cluster import ClusterActions
 
-        from executors.cluster import MANAGED_NODE_LABELS
+        from xidstream.executors.cluster import MANAGED_NODE_LABELS
 
         replace_client = make_client(args.replace_kubeconfig) if args.replace_kubeconfig else None
         actions = ClusterActions(client, drain_timeout=args.drain_timeout,
@@ -170,12 +170,12 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
                                  keep_namespaces=tuple(args.drain_keep_namespace),
                                  replace_backend=args.replace_backend, replace_client=replace_client)
     else:
-        from executors.gpureset import NvidiaSmi
-        from executors.node import NodeActions, NvmlGpuOps
-        from executors.reboot import KuredReboot, LogindReboot
+        from xidstream.executors.gpureset import NvidiaSmi
+        from xidstream.executors.node import NodeActions, NvmlGpuOps
+        from xidstream.executors.reboot import KuredReboot, LogindReboot
 
         if args.fake_nvml:
-            from collectors.fakes import FilePynvml
+            from xidstream.collectors.fakes import FilePynvml
 
             print(f"xidstream execute: --fake-nvml {args.fake_nvml}: GPUs are what that file says, not NVML; for "
                   f"end-to-end tests only", file=sys.stderr, flush=True)
@@ -187,11 +187,11 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
                 gpu_ops = NvmlGpuOps(pynvml, smi=NvidiaSmi(args.nvidia_smi))
             except ImportError:
                 gpu_ops = None
-        from collectors.nvml import NvmlRelease
+        from xidstream.collectors.nvml import NvmlRelease
 
         view = None
         if args.pod_view:
-            from transport.podview import PodViewClient
+            from xidstream.transport.podview import PodViewClient
 
             view = PodViewClient(args.pod_view, args.pod_view_token)
         backend = LogindReboot() if args.reboot_backend == "logind" else KuredReboot(args.reboot_sentinel, pod_view=view)
@@ -202,7 +202,7 @@ def build_executor(args: argparse.Namespace):  # -> executors.runner.Executor
                               operand_wait=args.operand_wait, reboot_backend=backend,
                               reboot_confirm_s=args.reboot_confirm_timeout)
         if args.apply and not args.fake_nvml:
-            from executors.gpureset import lacks_admin
+            from xidstream.executors.gpureset import lacks_admin
 
             if lacks_admin():
                 print("xidstream execute: this process lacks CAP_SYS_ADMIN: the driver answers nvidia-smi --gpu-reset "
@@ -227,7 +227,7 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
           f"{', '.join(ex.approval_keys.key_ids) or 'nobody (held commands expire)'}, journal {ex.journal.path}",
           file=sys.stderr, flush=True)
     if args.metrics_port:
-        from executors.metrics import ExecutorMetrics
+        from xidstream.executors.metrics import ExecutorMetrics
 
         metrics = ExecutorMetrics(args.scope, ex.held_since)
         ex.on_result = lambda cmd, r: metrics.result(cmd.action, r.outcome, r.detail)
@@ -237,12 +237,12 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
     if args.scope == "cluster" and args.pod_view_port:
         _serve_pod_view(args)
     if args.stdin:
-        from executors.runner import run_stdin
+        from xidstream.executors.runner import run_stdin
 
         return run_stdin(ex, sys.stdin.buffer, sys.stdout.buffer)
-    from executors.runner import run_kafka
-    from transport.identity import CLUSTER_IDENTITY
-    from transport.kafka import check_replication
+    from xidstream.executors.runner import run_kafka
+    from xidstream.transport.identity import CLUSTER_IDENTITY
+    from xidstream.transport.kafka import check_replication
     from xidstream.collect_cmd import node_auth
 
     reg = settings.topics
@@ -260,8 +260,8 @@ def _execute(args: argparse.Namespace, settings: Settings) -> int:
 
 def _serve_pod_view(args: argparse.Namespace) -> None:
     """The pod view (executors.podview): every pod watched, each node's served to that node's pods."""
-    from executors.kube import make_client
-    from executors.podview import PodIndex, PodViewServer, PodWatch, TokenCheck, review_with
+    from xidstream.executors.kube import make_client
+    from xidstream.executors.podview import PodIndex, PodViewServer, PodWatch, TokenCheck, review_with
 
     index = PodIndex()
     # clients of their own: the watch holds its connection open; the reviews come from the server's threads
@@ -278,11 +278,11 @@ def _enroller(args: argparse.Namespace, settings: Settings):
 
     from confluent_kafka import Producer
 
-    from executors.enroll import Enroller
-    from executors.kube import make_client
-    from schemas.codec import encode
-    from schemas.signing import SigningKey
-    from transport.kafka import producer_config
+    from xidstream.executors.enroll import Enroller
+    from xidstream.executors.kube import make_client
+    from xidstream.schemas.codec import encode
+    from xidstream.schemas.signing import SigningKey
+    from xidstream.transport.kafka import producer_config
 
     topic = settings.topics.name("xidstream.identities")
     producer = Producer(producer_config(settings))
@@ -296,8 +296,8 @@ def _enroller(args: argparse.Namespace, settings: Settings):
     enroller = Enroller(make_client(args.kubeconfig), key, publish, node_service_account=args.node_service_account)
     if args.identity_dir:
         # The enroller vouches for itself: its own results carry @cluster-executor's MAC.
-        from schemas.models import NodeEnrollment
-        from transport.identity import CLUSTER_IDENTITY, NodeIdentity
+        from xidstream.schemas.models import NodeEnrollment
+        from xidstream.transport.identity import CLUSTER_IDENTITY, NodeIdentity
 
         own = NodeIdentity.load_or_create(args.identity_dir, CLUSTER_IDENTITY)
         publish(key.sign(NodeEnrollment(node=CLUSTER_IDENTITY, x25519_public=own.x25519_public,
@@ -376,7 +376,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="serve Prometheus metrics (results by action and outcome, commands held for an approval) "
                         "on this port (0: off)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="metrics bind address (default 127.0.0.1)")
-    from transport.podview import AUDIENCE, TOKEN_PATH
+    from xidstream.transport.podview import AUDIENCE, TOKEN_PATH
 
     p.add_argument("--pod-view-port", type=int, default=0, metavar="PORT",
                    help="cluster scope: serve the pod view on this port (0: off; the chart's 9466): GET /v1/pods "

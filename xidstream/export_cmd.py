@@ -12,7 +12,7 @@ import argparse
 import signal
 import sys
 
-from schemas.errors import ConfigError
+from xidstream.schemas.errors import ConfigError
 from xidstream.cliargs import add_kafka_args
 from xidstream.settings import Settings
 
@@ -27,9 +27,9 @@ def _parse_to(value: str) -> tuple[str, str]:
 
 
 def _export(args: argparse.Namespace, settings: Settings) -> int:
-    from exporters.parquet import ParquetLander
-    from exporters.pipeline import Exporter, JsonlSink, KafkaTopicSink, ParquetSink
-    from transport.acls import export_group
+    from xidstream.exporters.parquet import ParquetLander
+    from xidstream.exporters.pipeline import Exporter, JsonlSink, KafkaTopicSink, ParquetSink
+    from xidstream.transport.acls import export_group
 
     kind, where = _parse_to(args.to)
     lander = None

@@ -30,9 +30,9 @@ from typing import IO, Any
 
 import orjson
 
-from schemas.base import format_ts, plain_text
-from schemas.errors import ConfigError
-from streams.repair import REPAIR_ACTIONS, answer_milestones, durations, reached
+from xidstream.schemas.base import format_ts, plain_text
+from xidstream.schemas.errors import ConfigError
+from xidstream.streams.repair import REPAIR_ACTIONS, answer_milestones, durations, reached
 from xidstream.cliargs import add_kafka_args
 from xidstream.settings import Settings
 
@@ -445,7 +445,7 @@ def read_book(settings: Settings, since_s: float, stdin: IO[bytes] | None = None
             if line.strip():
                 book.add_raw(line, unwrap=True)
         return book
-    from transport.kafka import read_since
+    from xidstream.transport.kafka import read_since
 
     since_ms = int((time.time() - since_s) * 1000)
     for m in read_since(settings, [settings.topics.name(t) for t in TOPICS], since_ms):

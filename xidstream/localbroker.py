@@ -14,7 +14,7 @@ Steps, each idempotent and each logging to `<state>/broker.log`:
 run it: one SASL_SSL listener (a local CA and a broker certificate made at first start, PEM key
 stores), SCRAM-SHA-512 users `collector`, `processor`, `executor`, `cluster-executor`, `exporter` and
 `admin` (added at format time, passwords generated once), KRaft's StandardAuthorizer with no access unless an ACL grants it,
-and the contract's least-privilege ACLs (`transport.acls`) created as `admin` through the Admin
+and the contract's least-privilege ACLs (`xidstream.transport.acls`) created as `admin` through the Admin
 API. The controller listener is TLS with client certificates on loopback (its principal, the
 broker certificate's subject, is a super user like `admin`). Each role gets a librdkafka properties
 file, `clients/ROLE.properties` (mode 0600), that `--kafka-config` and `kcat -F` read.
@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.errors import BrokerError
+from xidstream.schemas.errors import BrokerError
 
 __all__ = ["LocalBroker", "broker_for_run", "DEPLOY_DIR", "default_cache_dir", "default_state_dir", "ROLES", "SECURE_PORT"]
 
@@ -377,8 +377,8 @@ class LocalBroker:
 
     def _grant(self) -> None:
         """The contract's ACLs (transport.acls), created as admin; idempotent."""
-        from transport.acls import apply_acls
-        from transport.config import KafkaConfig
+        from xidstream.transport.acls import apply_acls
+        from xidstream.transport.config import KafkaConfig
 
         extra = {k: v for k, v in self.client_config("admin").items() if k != "bootstrap.servers"}
         apply_acls(KafkaConfig(bootstrap=self.bootstrap, kafka_extra=extra))

@@ -33,8 +33,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.errors import BrokerError
-from xidstream.localbroker import DEPLOY_DIR, REPO_ROOT, LocalBroker
+from xidstream.schemas.errors import BrokerError
+from workshop.localbroker import DEPLOY_DIR, REPO_ROOT, LocalBroker
 
 __all__ = ["LocalCluster", "ClusterNode", "CLUSTER_PORT", "SECURE_CLUSTER_PORT"]
 
@@ -262,7 +262,7 @@ def _passwords_of(node: ClusterNode) -> dict[str, str]:
     import json
     import secrets
 
-    from xidstream.localbroker import ROLES
+    from workshop.localbroker import ROLES
 
     path = node._passwords_file
     try:
@@ -339,7 +339,7 @@ class LocalCluster:
 
     def _write_client_files(self) -> None:
         """`clients/ROLE.properties` with the whole bootstrap list (mode 0600)."""
-        from xidstream.localbroker import ROLES
+        from workshop.localbroker import ROLES
 
         first = self.nodes[0]
         first.clients_dir.mkdir(parents=True, exist_ok=True)
@@ -396,8 +396,8 @@ class LocalCluster:
             procs[n.node_id] = n.launch(java)
         self.wait(timeout, procs)
         if self.secure:
-            from transport.acls import apply_acls
-            from transport.config import KafkaConfig
+            from xidstream.transport.acls import apply_acls
+            from xidstream.transport.config import KafkaConfig
 
             extra = {k: v for k, v in self.client_config("admin").items() if k != "bootstrap.servers"}
             apply_acls(KafkaConfig(bootstrap=self.bootstrap, kafka_extra=extra))

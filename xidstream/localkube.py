@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import XidstreamError
-from xidstream.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
+from xidstream.schemas.errors import XidstreamError
+from workshop.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
 
 __all__ = ["LocalKube", "KubeHandle", "LocalKubeError", "KUBE_DIR", "register"]
 

@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import XidstreamError
-from xidstream.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
-from xidstream.localkube import LocalKube, build_go_binary, kube_version
+from xidstream.schemas.errors import XidstreamError
+from workshop.localbroker import DEPLOY_DIR, REPO_ROOT, default_cache_dir
+from workshop.localkube import LocalKube, build_go_binary, kube_version
 
 __all__ = ["LocalNode", "LocalNodeError", "NODE_NAME", "BRIDGE_IP", "register"]
 
@@ -539,7 +539,7 @@ state = "{self.state_dir / 'containerd' / 'state'}"
                     except OSError:
                         pass
         ran |= self.kube.stop()
-        from xidstream.localbroker import LocalBroker  # `xidstream e2e --keep` leaves its broker on the bridge
+        from workshop.localbroker import LocalBroker  # `xidstream e2e --keep` leaves its broker on the bridge
 
         for name in ("broker", "broker-secure"):
             ran |= LocalBroker(host=BRIDGE_IP, state_dir=self.state_dir / name, secure=name.endswith("secure")).stop()

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from schemas.errors import XidstreamError
-from xidstream.demo_cluster import _ok  # an API answer or a XidstreamError naming what failed
-from xidstream.localbroker import REPO_ROOT, LocalBroker, default_cache_dir
-from xidstream.localnode import BRIDGE_IP, BROKER_PORT, PAUSE_IMAGE, PROJECT_IMAGE, LocalNode
+from xidstream.schemas.errors import XidstreamError
+from workshop.demo_cluster import _ok  # an API answer or a XidstreamError naming what failed
+from workshop.localbroker import REPO_ROOT, LocalBroker, default_cache_dir
+from workshop.localnode import BRIDGE_IP, BROKER_PORT, PAUSE_IMAGE, PROJECT_IMAGE, LocalNode
 
 __all__ = ["register", "run_e2e"]
 
@@ -576,10 +576,10 @@ def check_enrolled(node: LocalNode, workdir: Path, tl: Timeline, bootstrap: str,
     believing the node's records (a record without the node's MAC is dead-lettered, not acted on)."""
     from confluent_kafka import Consumer
 
-    from schemas.codec import decode_any
-    from schemas.signing import VerifyKeys
-    from transport.identity import CLUSTER_IDENTITY
-    from transport.kafka import consumer_config
+    from xidstream.schemas.codec import decode_any
+    from xidstream.schemas.signing import VerifyKeys
+    from xidstream.transport.identity import CLUSTER_IDENTITY
+    from xidstream.transport.kafka import consumer_config
     from xidstream.settings import Settings
 
     settings = Settings(bootstrap=bootstrap, partitions=2, node=node.node, kafka_extra=dict(kafka_extra))
@@ -676,7 +676,7 @@ class _Topics:
     stamped with when it was read; only what arrived after `mark()` counts as this run's."""
 
     def __init__(self, bootstrap: str, node: str, kafka_extra: dict | None = None) -> None:
-        from xidstream.demo_cluster import ClosedLoop, _Reader
+        from workshop.demo_cluster import ClosedLoop, _Reader
         from xidstream.settings import Settings
 
         self.loop = ClosedLoop(node=node, namespace=TENANT, t0=time.time())
@@ -716,7 +716,7 @@ def node_run(node: LocalNode, topics: _Topics, tl: Timeline, what: str, inject: 
     """One incident whose plan cordons and drains the node: `inject()` writes its evidence (kernel
     lines, fake NVML) and returns when the kernel line went out; waits for the cordon, the eviction
     done by the kubelet and a result for each of `actions`; checks what the drain kept."""
-    from schemas.vocab import Action
+    from xidstream.schemas.vocab import Action
 
     kube = node.kube.handle()
     before = _wait("the tenants' three pods Running", lambda: _running(kube), 120, 0.5)
@@ -800,7 +800,7 @@ def xid79_run(node: LocalNode, topics: _Topics, tl: Timeline, bus: str) -> Run:
 
 
 def _device_taint_rules(kube: Any) -> tuple[str, list[dict]]:
-    from executors.kube import discover_version, make_client
+    from xidstream.executors.kube import discover_version, make_client
 
     version = discover_version(make_client(str(kube.kubeconfig)), "resource.k8s.io", "devicetaintrules")
     if not version:
@@ -820,7 +820,7 @@ def quarantine_run(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvm
     """Three processes fault GPU 0 (Xid 31), one after another: the GPU is quarantined with a
     DeviceTaintRule of the served resource.k8s.io version, the node keeps working; once GPU 0 is
     healthy for the policy's resolve_after_s the rule is deleted (RELEASE_GPU)."""
-    from schemas.vocab import Action
+    from xidstream.schemas.vocab import Action
 
     kube = node.kube.handle()
     topics.mark()
@@ -947,7 +947,7 @@ def _wedge_lines(gpu: dict) -> list[str]:
 def stage_times(alert_ts: float, results: dict[str, Any]) -> list[dict[str, Any]]:
     """The repair's milestones (streams.repair, as `xidstream incident` and the processor's
     histograms count them) from the verdict's alert and the executors' answers and steps."""
-    from streams.repair import answer_milestones, durations, step_time
+    from xidstream.streams.repair import answer_milestones, durations, step_time
 
     milestones = {"detection": alert_ts}
     for r in results.values():
@@ -969,7 +969,7 @@ def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, w
        reset is refused naming that pause, not final, and no label is touched.
 
     Returns the count of RESET_GPU outcomes seen here."""
-    from schemas.vocab import Action
+    from xidstream.schemas.vocab import Action
 
     kube = node.kube.handle()
     smi_log = workdir / "host" / "var-lib-xidstream" / "fake-nvidia-smi.log"
@@ -1017,7 +1017,7 @@ def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, w
     wedged = [a for a in topics.fresh(topics.loop.alerts) if a.gpu_uuid == uuid and a.classification.value == "GPU_WEDGED"]
     if not wedged:
         raise E2eError("no GPU_WEDGED alert for GPU 2")
-    from streams.repair import STAGES
+    from xidstream.streams.repair import STAGES
 
     rows = stage_times(wedged[0].ts.timestamp(), results)
     missing = [st for st in STAGES if st not in {r["stage"] for r in rows}]
@@ -1062,7 +1062,7 @@ def reset_runs(node: LocalNode, topics: _Topics, tl: Timeline, fake: FakeNvml, w
 def restore(node: LocalNode) -> None:
     """Between runs, the operator's part: lift xidstream's cordon (unschedulable, its NoSchedule
     taint and its annotation) so the evicted tenant comes back."""
-    from executors.cluster import CORDON_ANNOTATION, TAINT_KEY
+    from xidstream.executors.cluster import CORDON_ANNOTATION, TAINT_KEY
 
     kube = node.kube.handle()
     node_obj = _ok(*kube.request("GET", f"/api/v1/nodes/{node.node}"), "node")

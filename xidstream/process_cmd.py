@@ -9,7 +9,7 @@ import logging
 import sys
 import time
 
-from schemas.errors import ConfigError, TopicError
+from xidstream.schemas.errors import ConfigError, TopicError
 from xidstream.cliargs import add_kafka_args, add_replication_args
 from xidstream.settings import Settings
 
@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _load_config(path: str | None) -> dict:
     if not path:
         return {}
-    from streams.policy import read_yaml
+    from xidstream.streams.policy import read_yaml
 
     data = read_yaml(path)
     if not isinstance(data, dict):
@@ -102,7 +102,7 @@ def _check_identity_choice(args: argparse.Namespace, signing_key: object) -> Non
 
 
 def _process(args: argparse.Namespace, settings: Settings) -> int:
-    from streams.policy import load_policy
+    from xidstream.streams.policy import load_policy
 
     conf = _load_config(args.config)
     # file < environment < flags: the file's values stand in for unset XIDSTREAM_* variables
@@ -114,7 +114,7 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
         bootstrap=args.bootstrap, topic_prefix=args.topic_prefix, partitions=args.partitions, node=args.node,
         replication_factor=args.replication_factor, min_insync_replicas=args.min_insync_replicas)
     settings.validate()
-    from streams.faust_fast import PROCESSOR_ACKS_ENV, processor_acks
+    from xidstream.streams.faust_fast import PROCESSOR_ACKS_ENV, processor_acks
 
     try:
         if processor_acks() == "1":
@@ -126,20 +126,20 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     policy = load_policy(args.policy or conf.get("policy"))
     signing_key = None
     if args.signing_key or conf.get("signing_key"):
-        from schemas.signing import SigningKey
+        from xidstream.schemas.signing import SigningKey
 
         signing_key = SigningKey.load(args.signing_key or conf.get("signing_key"))
     approver_keys = None
     if args.approver_key:
-        from schemas.signing import VerifyKeys
+        from xidstream.schemas.signing import VerifyKeys
 
         approver_keys = VerifyKeys.load(args.approver_key, purpose="approvals")
         if signing_key is not None and signing_key.key_id in approver_keys.key_ids:
             raise ConfigError(f"--approver-key {signing_key.key_id} is the signing key's own: a reset must be "
                               f"approved by someone else's key")
     _check_identity_choice(args, signing_key)
-    from streams.app import create_app, internal_topics
-    from transport.kafka import ensure_processor_topics, settle_replication
+    from xidstream.streams.app import create_app, internal_topics
+    from xidstream.transport.kafka import ensure_processor_topics, settle_replication
 
     # its internal and changelog topics, and the start-up check of every topic, with one answer
     settings, replication = settle_replication(settings)
@@ -149,8 +149,8 @@ def _process(args: argparse.Namespace, settings: Settings) -> int:
     if args.enroller_key:
         if signing_key is None:
             raise ConfigError("--enroller-key needs --signing-key: each node's record key is agreed with the processor's")
-        from schemas.signing import VerifyKeys
-        from transport.identity import IdentityDirectory, ProcessorIdentity, RecordVerifier
+        from xidstream.schemas.signing import VerifyKeys
+        from xidstream.transport.identity import IdentityDirectory, ProcessorIdentity, RecordVerifier
 
         verifier = RecordVerifier(ProcessorIdentity(signing_key))
         directory = IdentityDirectory(settings, VerifyKeys.load(args.enroller_key, purpose="enrollments"), verifier).start()
@@ -205,8 +205,8 @@ def _breaker(args: argparse.Namespace, settings: Settings) -> int:
     import orjson
     from confluent_kafka import KafkaException, Producer
 
-    from streams.app import FLEET_KEY, internal_topics
-    from transport.kafka import admin, list_topics, producer_config, unreachable
+    from xidstream.streams.app import FLEET_KEY, internal_topics
+    from xidstream.transport.kafka import admin, list_topics, producer_config, unreachable
 
     fleet = list(internal_topics(settings))[1]
     try:
@@ -220,10 +220,10 @@ def _breaker(args: argparse.Namespace, settings: Settings) -> int:
         import uuid
         from datetime import datetime, timedelta, timezone
 
-        from schemas.codec import to_dict
-        from schemas.models import Approval
-        from schemas.signing import SigningKey
-        from streams.handoff import RESET_COMMAND_ID
+        from xidstream.schemas.codec import to_dict
+        from xidstream.schemas.models import Approval
+        from xidstream.schemas.signing import SigningKey
+        from xidstream.streams.handoff import RESET_COMMAND_ID
 
         now = datetime.now(timezone.utc)
         approval = SigningKey.load(args.key).sign(Approval(

@@ -37,16 +37,16 @@ from typing import Any, Callable, Iterator, TextIO
 
 import orjson
 
-from collectors.scenario import ScenarioRunner, pick_command
-from collectors.sink import KafkaSink
-from schemas.base import Record
-from schemas.codec import decode_any, to_dict
-from schemas.errors import DecodeError, ScenarioError, XidstreamError
-from schemas.models import Alert, DeadLetter, RemediationCommand, RemediationResult
-from schemas.scenario import Scenario, load_scenario
-from schemas.topics import INPUT_TOPICS
-from streams.app import internal_topics
-from transport.kafka import create_topics, delete_run, read_all
+from xidstream.collectors.scenario import ScenarioRunner, pick_command
+from xidstream.collectors.sink import KafkaSink
+from xidstream.schemas.base import Record
+from xidstream.schemas.codec import decode_any, to_dict
+from xidstream.schemas.errors import DecodeError, ScenarioError, XidstreamError
+from xidstream.schemas.models import Alert, DeadLetter, RemediationCommand, RemediationResult
+from xidstream.schemas.scenario import Scenario, load_scenario
+from xidstream.schemas.topics import INPUT_TOPICS
+from xidstream.streams.app import internal_topics
+from xidstream.transport.kafka import create_topics, delete_run, read_all
 from xidstream.runner import WorkerProcess
 from xidstream.settings import Settings
 
@@ -87,7 +87,7 @@ class KafkaCommandLookup:
     def __init__(self, settings: Settings, *, timeout: float = 30.0, before_wait=None) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        from transport.kafka import admin, consumer_config
+        from xidstream.transport.kafka import admin, consumer_config
 
         self.timeout = timeout
         self.before_wait = before_wait
@@ -103,7 +103,7 @@ class KafkaCommandLookup:
         self.topic = topic
 
     def _read(self, timeout: float) -> None:
-        from transport.kafka import consume_records
+        from xidstream.transport.kafka import consume_records
 
         self.commands += [r for r in consume_records(self.consumer, timeout) if isinstance(r, RemediationCommand)]
 
@@ -130,14 +130,14 @@ class KafkaCommandLookup:
 
 class EngineCommandLookup:
     """A `CommandLookup` for the pure path (no Kafka): folds what the sink holds so far through a
-    fresh `streams.engine.Engine` and looks among its commands. Quadratic, for scenario-sized runs."""
+    fresh `xidstream.streams.engine.Engine` and looks among its commands. Quadratic, for scenario-sized runs."""
 
     def __init__(self, records_so_far, policy=None) -> None:
         self.records_so_far = records_so_far
         self.policy = policy
 
     def __call__(self, node, gpu_uuid, pci_bus_id, action, exclude):
-        from streams.engine import Engine
+        from xidstream.streams.engine import Engine
 
         engine = Engine(self.policy).run(list(self.records_so_far()))
         return pick_command(engine.commands, node, gpu_uuid, pci_bus_id, action, exclude)
@@ -460,7 +460,7 @@ def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[
     With `paths`, the scenarios run in up to `jobs` child replays at once (`_replay_children`)."""
     broker = None
     if bootstrap is None:
-        from xidstream.localbroker import LocalBroker
+        from workshop.localbroker import LocalBroker
 
         broker = LocalBroker()
         ours = broker.pid() is None
@@ -469,7 +469,7 @@ def _replay_all(scenarios: list[Scenario], bootstrap: str | None, log: Callable[
         if not ours:
             broker = None
     else:
-        from transport.kafka import reachable
+        from xidstream.transport.kafka import reachable
 
         reachable(Settings(bootstrap=bootstrap))  # before any topic or worker: one clear line
     failed = 0

@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import ConfigError
-from schemas.xid_catalog import lookup
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.xid_catalog import lookup
 from xidstream.incidents import _ts
 
 __all__ = ["write_report", "render_report", "live_samples", "RECOVERY_ORDER"]
@@ -59,7 +59,7 @@ def live_samples(settings: Any, gpu_uuid: str, inc: Any) -> list[dict]:
     only the partition its UUID is keyed to is read (transport.kafka.read_key)."""
     import orjson
 
-    from transport.kafka import read_key
+    from xidstream.transport.kafka import read_key
 
     node = inc.last.get("node") if inc.alerts else None
     times = [_ts(a.get("ts")) for a in inc.alerts] + [_ts(c.get("ts")) for c in inc.commands]

@@ -177,7 +177,7 @@ class WorkerProcess:
         The probe's broker calls get no more than the time left (at most 10 s each), so a slow
         broker stretches the wait past `timeout` by little: only the committed-offsets request
         keeps librdkafka's own request timeout."""
-        from transport.kafka import LagProbe
+        from xidstream.transport.kafka import LagProbe
 
         probe = LagProbe(self.settings, self.group, topics)
         started = time.monotonic()
@@ -188,7 +188,7 @@ class WorkerProcess:
         try:
             while True:
                 if not self.alive():
-                    from schemas.errors import XidstreamError
+                    from xidstream.schemas.errors import XidstreamError
 
                     raise XidstreamError(f"the processor exited (code {self.proc.returncode}):\n{self.tail()}")
                 probe.timeout = max(0.5, min(10.0, deadline - time.monotonic()))

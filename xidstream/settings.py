@@ -1,7 +1,7 @@
 """One frozen settings object per process, built by the CLI and passed down.
 
 Library code never reads `os.environ` and never imports this module: `Settings` is a
-`transport.config.KafkaConfig` (what the libraries take) plus how the commands build it.
+`xidstream.transport.config.KafkaConfig` (what the libraries take) plus how the commands build it.
 `Settings.from_env()` is called once, in the CLI, and flags override what the environment says.
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
-from schemas.errors import ConfigError
-from transport.config import DEFAULT_BOOTSTRAP, KafkaConfig
+from xidstream.schemas.errors import ConfigError
+from xidstream.transport.config import DEFAULT_BOOTSTRAP, KafkaConfig
 
 __all__ = ["Settings", "DEFAULT_BOOTSTRAP", "read_kafka_properties"]
 

@@ -3,7 +3,7 @@ processor found them.
 
 The simulator publishes what N nodes x G GPUs' collectors would: a sample and a process list per
 GPU per tick, and kernel Xid lines turned into `gpu.xid` records by the collector's own parser
-(`collectors.parse.kernel.parse_line`), through the collector's own `KafkaSink` (spool, murmur2,
+(`xidstream.collectors.parse.kernel.parse_line`), through the collector's own `KafkaSink` (spool, murmur2,
 idempotent producer). Each GPU gets at most one fault, drawn with the configured rates; the
 ground truth is written as JSON lines for `evaluate`.
 
@@ -35,10 +35,10 @@ from typing import Any, Callable, Iterable, TextIO
 
 import orjson
 
-from collectors.agent import xid_fields
-from collectors.parse.kernel import parse_line
-from collectors.sink import KafkaSink
-from schemas.models import (
+from xidstream.collectors.agent import xid_fields
+from xidstream.collectors.parse.kernel import parse_line
+from xidstream.collectors.sink import KafkaSink
+from xidstream.schemas.models import (
     Alert,
     ComputeApp,
     GpuInventory,
@@ -48,8 +48,8 @@ from schemas.models import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.errors import ConfigError
-from schemas.vocab import NODE_ACTIONS, Action, Classification
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.vocab import NODE_ACTIONS, Action, Classification
 from xidstream.settings import Settings
 
 __all__ = ["FaultRates", "Simulator", "evaluate", "read_truth", "score"]
@@ -457,8 +457,8 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO | None = None, ti
     """Precision and recall per classification, node actions on app-fault-only GPUs, latencies:
     the processor's output read back from Kafka, scored by `score`."""
     out = out or sys.stdout  # when called, not when imported (a captured stdout is honoured)
-    from schemas.codec import decode_any
-    from transport.kafka import read_all
+    from xidstream.schemas.codec import decode_any
+    from xidstream.transport.kafka import read_all
 
     meta, truth = read_truth(truth_path)
     reg = settings.topics
@@ -466,8 +466,8 @@ def evaluate(truth_path: Path, settings: Settings, out: TextIO | None = None, ti
     report = score(meta, truth, ((decode_any(m.value()), m.timestamp()[1] / 1000.0) for m in msgs), out)
     w = out.write
     try:
-        from schemas.topics import INPUT_TOPICS
-        from transport.kafka import consumer_lag
+        from xidstream.schemas.topics import INPUT_TOPICS
+        from xidstream.transport.kafka import consumer_lag
 
         lag = consumer_lag(settings, f"{settings.topic_prefix}xidstream-processor",
                            [reg.name(n) for n in INPUT_TOPICS])

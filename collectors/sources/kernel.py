@@ -42,8 +42,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from collectors.parse.kernel import INJECTED_KMSG
-from collectors.spool import write_durably
+from xidstream.collectors.parse.kernel import INJECTED_KMSG
+from xidstream.collectors.spool import write_durably
 
 __all__ = [
     "LogLine", "KernelSource", "KmsgSource", "JournalSource", "FileSource", "StdinSource",

@@ -9,7 +9,7 @@
   succeeded. In the chart they come from the cluster executor's pod view (``PodViewPoller``,
   transport.podview: every 10 s, the pods of this pod's own node, as the API server names it; the
   node pods may not read pods on the API server). Outside it, from a Kubernetes API watch
-  (``PodWatcher``, ``fieldSelector=spec.nodeName=<node>``; lightkube through ``transport.kube``).
+  (``PodWatcher``, ``fieldSelector=spec.nodeName=<node>``; lightkube through ``xidstream.transport.kube``).
 
 Off cleanly when not on Kubernetes: `from_environment` returns None when there is no API or socket.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from schemas.limits import JOB_MAX
+from xidstream.schemas.limits import JOB_MAX
 
 __all__ = [
     "ContainerDevices", "decode_pod_resources", "PodResourcesClient", "pod_transitions",
@@ -207,7 +207,7 @@ def pod_transitions(old: Mapping | None, new: Mapping) -> list[dict]:
 class PodWatcher:
     """Lists, then watches, the pods on one node through the Kubernetes API, in a thread.
 
-    The client is lightkube's, through `transport.kube` (the executors' too): the watch resumes
+    The client is lightkube's, through `xidstream.transport.kube` (the executors' too): the watch resumes
     from the list's resourceVersion, lists again on 410 Gone, and the in-cluster token is re-read
     when the API server answers 401 (bound service-account tokens are rotated). Other failures
     (the API server restarting) are retried with a backoff. Pods go on `q` as plain dicts."""
@@ -235,7 +235,7 @@ class PodWatcher:
     def _run(self) -> None:
         from lightkube.resources.core_v1 import Pod
 
-        from transport.kube import list_then_watch
+        from xidstream.transport.kube import list_then_watch
 
         backoff = 1.0
         while not self._stop.is_set():
@@ -381,7 +381,7 @@ def from_environment(env: Mapping[str, str], node: str, socket_path: str = POD_R
     if not Path(socket_path).exists():
         log.warning("%s missing: mount it to attribute pods to GPUs; workload events are off", socket_path)
         return None
-    from transport.kube import make_client
+    from xidstream.transport.kube import make_client
 
     try:
         client = make_client(kubeconfig, field_manager="xidstream-collector")

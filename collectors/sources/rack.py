@@ -2,7 +2,7 @@
 by blast radius, streams.storms): a label of this node's own Node object, or a value the operator
 gives (`xidstream collect --rack`, for nodes outside Kubernetes).
 
-The Node is read with a GET of one object through `transport.kube` (lightkube, the client of the pod
+The Node is read with a GET of one object through `xidstream.transport.kube` (lightkube, the client of the pod
 watch) at start and again at each inventory heartbeat (collectors.agent INVENTORY_HEARTBEAT_S), so a
 relabelled node is picked up without a restart. The read is bounded (`timeout`) and never raises:
 
@@ -28,7 +28,7 @@ import logging
 import re
 from typing import Any, Mapping
 
-from schemas.limits import K8S_LABEL_MAX
+from xidstream.schemas.limits import K8S_LABEL_MAX
 
 __all__ = ["FixedRack", "NodeLabelRack", "valid_rack", "from_environment", "DEFAULT_RACK_LABEL",
            "RBAC_RULE"]
@@ -85,7 +85,7 @@ class NodeLabelRack:
     def read(self) -> str | None:
         from lightkube.resources.core_v1 import Node
 
-        from transport.kube import ApiError
+        from xidstream.transport.kube import ApiError
 
         try:
             obj = self.client.get(Node, name=self.node)
@@ -144,7 +144,7 @@ def from_environment(env: Mapping[str, str], node: str, label: str, *, kubeconfi
     if not kubeconfig and not env.get("KUBERNETES_SERVICE_HOST"):
         log.info("not on Kubernetes (no KUBERNETES_SERVICE_HOST): no rack from a Node label (--rack VALUE gives one)")
         return None
-    from transport.kube import make_client
+    from xidstream.transport.kube import make_client
 
     try:
         client = make_client(kubeconfig, timeout=timeout, field_manager="xidstream-collector")

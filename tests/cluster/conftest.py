@@ -27,7 +27,7 @@ _STARTED: list = []
 
 
 def _cluster(secure: bool):
-    from xidstream.localcluster import LocalCluster
+    from workshop.localcluster import LocalCluster
 
     cluster = LocalCluster(brokers=3, secure=secure)
     for other in _STARTED:
@@ -46,7 +46,7 @@ def _cluster(secure: bool):
 
 @pytest.fixture(scope="session")
 def kafka_cluster():
-    """A started `xidstream.localcluster.LocalCluster` (three combined broker+controller nodes;
+    """A started `workshop.localcluster.LocalCluster` (three combined broker+controller nodes;
     topics at replication 3, min.insync.replicas 2). Tests that kill a node start it again and wait
     until every partition is back in sync before they end."""
     yield from _cluster(secure=False)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from transport.kafka import create_topics, delete_run
+from xidstream.transport.kafka import create_topics, delete_run
 from xidstream.settings import Settings
 
 pytestmark = pytest.mark.cluster

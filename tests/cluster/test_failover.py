@@ -10,7 +10,7 @@ published while the controller moves leadership; the wedge verdict comes after.
 
 What must hold: the scenario's expect/forbid; every command of the plan exactly once per
 command_id; one incident; every record the producer had acknowledged is on its topic, once (by
-event_id); and the verdicts are those of the pure decision path (`streams.engine.Engine`) over
+event_id); and the verdicts are those of the pure decision path (`xidstream.streams.engine.Engine`) over
 the same records, i.e. of an uninterrupted run.
 """
 
@@ -25,16 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import KafkaSink
-from schemas.codec import decode_any
-from schemas.models import Alert, RemediationCommand, XidEvent
-from schemas.scenario import load_scenario
-from schemas.topics import INPUT_TOPICS, TOPICS
-from schemas.vocab import Action
-from streams.app import changelog_topics, internal_topics
-from streams.engine import Engine
-from transport.kafka import admin, check_replication, create_topics, delete_run, read_all
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import KafkaSink
+from xidstream.schemas.codec import decode_any
+from xidstream.schemas.models import Alert, RemediationCommand, XidEvent
+from xidstream.schemas.scenario import load_scenario
+from xidstream.schemas.topics import INPUT_TOPICS, TOPICS
+from xidstream.schemas.vocab import Action
+from xidstream.streams.app import changelog_topics, internal_topics
+from xidstream.streams.engine import Engine
+from xidstream.transport.kafka import admin, check_replication, create_topics, delete_run, read_all
 from xidstream.replay import ReplayResult, check_scenario
 from xidstream.runner import WorkerProcess
 from xidstream.settings import Settings

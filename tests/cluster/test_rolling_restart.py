@@ -35,14 +35,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from collectors.sink import KafkaSink
-from schemas.codec import decode_any
-from schemas.models import RemediationCommand
-from schemas.topics import INPUT_TOPICS
-from schemas.vocab import Action
-from streams.app import internal_topics
-from streams.engine import Engine
-from transport.kafka import create_topics, delete_run, read_all
+from xidstream.collectors.sink import KafkaSink
+from xidstream.schemas.codec import decode_any
+from xidstream.schemas.models import RemediationCommand
+from xidstream.schemas.topics import INPUT_TOPICS
+from xidstream.schemas.vocab import Action
+from xidstream.streams.app import internal_topics
+from xidstream.streams.engine import Engine
+from xidstream.transport.kafka import create_topics, delete_run, read_all
 from xidstream.runner import WorkerProcess, die_with_parent
 from xidstream.settings import Settings
 from xidstream.simulate import Simulator
@@ -66,7 +66,7 @@ RECOVERY_BOUND = 60.0  # s from a broker's return to the lag back under RECOVERE
 # The restarts, in a process of their own: each line printed is "<event> <node> <unix time>".
 _DRIVER = """
 import sys, time
-from xidstream.localcluster import LocalCluster
+from workshop.localcluster import LocalCluster
 c = LocalCluster(brokers=3)
 for n in (1, 2, 3):
     print("stopping", n, time.time(), flush=True)

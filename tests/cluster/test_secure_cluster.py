@@ -15,13 +15,13 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from collectors.sink import KafkaSink
-from schemas.codec import decode_any
-from schemas.models import XidEvent
-from schemas.vocab import XidSource
-from transport.acls import apply_acls
-from transport.config import KafkaConfig
-from transport.kafka import check_replication, consumer_config, create_topics, delete_run
+from xidstream.collectors.sink import KafkaSink
+from xidstream.schemas.codec import decode_any
+from xidstream.schemas.models import XidEvent
+from xidstream.schemas.vocab import XidSource
+from xidstream.transport.acls import apply_acls
+from xidstream.transport.config import KafkaConfig
+from xidstream.transport.kafka import check_replication, consumer_config, create_topics, delete_run
 
 pytestmark = pytest.mark.cluster
 

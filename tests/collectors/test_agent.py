@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakePynvml
-from collectors.nvml import NvmlReader
-from collectors.scenario import ScenarioRunner
-from collectors.sink import MemorySink
-from collectors.sources.kernel import MemoryKernelSource
-from schemas import GpuInventory, GpuProcesses, GpuSample, XidEvent, load_scenario
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakePynvml
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import MemorySink
+from xidstream.collectors.sources.kernel import MemoryKernelSource
+from xidstream.schemas import GpuInventory, GpuProcesses, GpuSample, XidEvent, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)
@@ -80,7 +80,7 @@ def test_unresolved_pci_is_published_and_flagged():
     c.tick(T0)
     (x,) = _xids(sink)
     assert (x.gpu_uuid, x.resolved, x.pci_bus_id) == (None, False, "0000:9b:00")
-    from schemas import TopicRegistry
+    from xidstream.schemas import TopicRegistry
 
     assert TopicRegistry().for_record(x) == ("gpu.xid", b"node-a/0000:9b:00")
 
@@ -106,14 +106,14 @@ def test_an_sxid_event_names_every_nvswitch_it_came_from_and_no_gpu():
     assert (x.pci_bus_id, x.gpu_uuid, x.resolved) == (None, None, False)
     # NVIDIA's name and class of the code (Fabric Manager guide); the guide gives no Xid-style bucket
     assert (x.xid_name, x.xid_category, x.xid_resolution) == ("LTSSM Fault Up", "fatal", None)
-    from schemas import TopicRegistry, decode_any, encode
+    from xidstream.schemas import TopicRegistry, decode_any, encode
 
     assert decode_any(encode(x)) == x
     assert TopicRegistry().for_record(x) == ("gpu.xid", b"node-a/unknown")  # no switch taken for a GPU
 
 
 def test_an_sxid_event_from_more_switches_than_the_contract_holds_keeps_the_first():
-    from schemas.limits import NVSWITCHES_MAX
+    from xidstream.schemas.limits import NVSWITCHES_MAX
 
     sink = MemorySink()
     c, _, kernel, clock = _rig(sink)
@@ -219,7 +219,7 @@ def test_an_xid_code_outside_the_catalog_is_published_with_its_raw_text(code):
     """A code NVIDIA's catalog does not name is a record like any other: parsed, published with
     the driver's whole line and the catalog's word for it ('unknown', no resolution), through
     the codec the Kafka sink and the processor use, and counted under 'other' on the metrics."""
-    from schemas.codec import decode_any, encode
+    from xidstream.schemas.codec import decode_any, encode
 
     sink = MemorySink()
     c, _, kernel, _ = _rig(sink, window=0.0)
@@ -272,7 +272,7 @@ def test_with_nvml_xid_records_say_process_lists_come():
 
 
 def test_a_restart_neither_loses_nor_resends_kernel_records(tmp_path):
-    from collectors.sources.kernel import FileSource
+    from xidstream.collectors.sources.kernel import FileSource
 
     log = tmp_path / "kern.log"
     log.write_text("NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m\nnoise\n")
@@ -499,7 +499,7 @@ X79 = "NVRM: Xid (PCI:0000:01:00): 79, pid='<unknown>', name=<unknown>, GPU has 
 
 
 def _file_rig(tmp_path, since=None, boot=datetime(2026, 12, 30, tzinfo=UTC)):
-    from collectors.sources.kernel import FileSource
+    from xidstream.collectors.sources.kernel import FileSource
 
     sink = MemorySink()
     src = FileSource(tmp_path / "kern.log", cursor_file=tmp_path / "cur")
@@ -599,7 +599,7 @@ def test_replay_in_the_loops_own_time_keeps_only_absolute_line_times():
 def test_a_driver_without_compute_processes_v3_does_not_stop_the_collector(versions):
     """R470 and other pre-R510 drivers lack nvmlDeviceGetComputeRunningProcesses_v3, where the
     unversioned pynvml call raises NVMLLibraryMismatchError: fall back to _v2, else unknown."""
-    from collectors.fakes import FakeProcess
+    from xidstream.collectors.fakes import FakeProcess
 
     sink = MemorySink()
     c, fake, _, clock = _rig(sink, gpus=[FakeGpu(0, "GPU-aaaa", "00000000:01:00.0",
@@ -726,8 +726,8 @@ def test_a_gpu_nvml_refuses_on_a_first_start_is_published_as_lost_and_counted(tm
 
 
 def test_the_key_of_a_gpu_known_only_by_its_index_fits_the_contract_on_any_node():
-    from collectors.agent import unidentified_key, unidentified_pci
-    from schemas.limits import GPU_UUID_MAX
+    from xidstream.collectors.agent import unidentified_key, unidentified_pci
+    from xidstream.schemas.limits import GPU_UUID_MAX
 
     assert (unidentified_pci(1), unidentified_pci(300)) == ("ffff:00:01", "ffff:01:2c")
     assert unidentified_key("gpu-node-7", 1) == "gpu-node-7/ffff:00:01"
@@ -758,7 +758,7 @@ def test_a_gpu_refused_at_start_and_known_from_the_saved_inventory_is_published_
 
 # -- the reset handshake: planned, quiet ---------------------------------------------------------------
 def _release_rig(tmp_path, nvml):
-    from collectors.nvml import NvmlRelease
+    from xidstream.collectors.nvml import NvmlRelease
 
     clock = [1000.0]
     rel = NvmlRelease(tmp_path / "collector", clock=lambda: clock[0])
@@ -856,7 +856,7 @@ def test_a_gpu_already_lost_before_a_planned_release_is_not_announced_again(tmp_
 def test_an_unchanged_inventory_is_published_again_every_six_hours():
     """The processor forgets a node whose inventory it has not seen for a day (the fleet's size,
     and which nodes may have capacity taken without approval): a quiet node re-publishes."""
-    from collectors.agent import INVENTORY_HEARTBEAT_S
+    from xidstream.collectors.agent import INVENTORY_HEARTBEAT_S
 
     sink = MemorySink()
     c, _, _, clock = _rig(sink)

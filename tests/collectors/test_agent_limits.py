@@ -7,14 +7,14 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakePynvml
-from collectors.nvml import NvmlReader
-from collectors.scenario import FakeProcFs, MemoryWorkloadSource
-from collectors.sink import MemorySink
-from collectors.sources.kernel import MemoryKernelSource
-from schemas import GpuInventory, GpuProcesses, WorkloadEvent, XidEvent, decode_any, encode
-from schemas.limits import (
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakePynvml
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.scenario import FakeProcFs, MemoryWorkloadSource
+from xidstream.collectors.sink import MemorySink
+from xidstream.collectors.sources.kernel import MemoryKernelSource
+from xidstream.schemas import GpuInventory, GpuProcesses, WorkloadEvent, XidEvent, decode_any, encode
+from xidstream.schemas.limits import (
     KERNEL_MESSAGE_MAX,
     KERNEL_RAW_MAX,
     NVML_STRING_MAX,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 
-from schemas.models import XidEvent
+from xidstream.schemas.models import XidEvent
 from xidstream.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kernel-log-lines.tsv"

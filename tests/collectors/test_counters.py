@@ -11,12 +11,12 @@ import jsonschema
 import orjson
 import pytest
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeFabric, FakeGpu, FakeNvLink, FakePynvml
-from collectors.nvml import COUNTER_FIELDS, NvmlReader
-from collectors.sink import MemorySink
-from schemas import GpuCounters, GpuSample, decode_any, encode
-from schemas.jsonschema import SCHEMA_DIR
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeFabric, FakeGpu, FakeNvLink, FakePynvml
+from xidstream.collectors.nvml import COUNTER_FIELDS, NvmlReader
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import GpuCounters, GpuSample, decode_any, encode
+from xidstream.schemas.jsonschema import SCHEMA_DIR
 from xidstream.cli import main
 
 T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)

@@ -1,7 +1,7 @@
 import io
 
-from collectors.fakes import FakeGpu, FakePynvml
-from collectors.gpucheck import run_gpu_check
+from xidstream.collectors.fakes import FakeGpu, FakePynvml
+from xidstream.collectors.gpucheck import run_gpu_check
 from xidstream.cli import main
 
 
@@ -70,7 +70,7 @@ def test_gpu_check_reports_every_new_field():
 def test_gpu_check_on_a_driver_without_compute_processes_v3_falls_back_and_exits_0():
     """R470 has no nvmlDeviceGetComputeRunningProcesses_v3: the unversioned pynvml call raises
     NVMLLibraryMismatchError; gpu-check reads _v2 instead, no traceback."""
-    from collectors.fakes import FakeProcess
+    from xidstream.collectors.fakes import FakeProcess
 
     out = io.StringIO()
     fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", serial="1", processes=[FakeProcess(4242, used_memory_mib=100)])],
@@ -108,8 +108,8 @@ def test_gpu_check_shows_every_pending_xid_event():
 
 
 def test_gpu_check_prints_every_counter_and_what_the_board_does_not_support():
-    from collectors.fakes import FakeFabric, FakeNvLink
-    from collectors.nvml import COUNTER_FIELDS
+    from xidstream.collectors.fakes import FakeFabric, FakeNvLink
+    from xidstream.collectors.nvml import COUNTER_FIELDS
 
     out = io.StringIO()
     fake = FakePynvml([FakeGpu(0, "GPU-aaaa", "00000000:01:00.0", nvlinks=[FakeNvLink(recovery=505)],

@@ -20,13 +20,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.metrics import CollectorMetrics
-from collectors.parse import parse_line, parse_line_checked
-from collectors.parse.kernel import split_prefix
-from collectors.sink import MemorySink
-from collectors.sources.kernel import MemoryKernelSource
-from schemas import XidEvent
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.metrics import CollectorMetrics
+from xidstream.collectors.parse import parse_line, parse_line_checked
+from xidstream.collectors.parse.kernel import split_prefix
+from xidstream.collectors.sink import MemorySink
+from xidstream.collectors.sources.kernel import MemoryKernelSource
+from xidstream.schemas import XidEvent
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)

@@ -24,15 +24,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakePynvml
-from collectors.nvml import NvmlReader
-from collectors.parse import parse_line, parse_line_checked
-from collectors.sink import MemorySink
-from collectors.sources.kernel import FileSource, StdinSource
-from schemas import XidEvent
-from schemas.codec import decode_any
-from streams.engine import Engine
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakePynvml
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.parse import parse_line, parse_line_checked
+from xidstream.collectors.sink import MemorySink
+from xidstream.collectors.sources.kernel import FileSource, StdinSource
+from xidstream.schemas import XidEvent
+from xidstream.schemas.codec import decode_any
+from xidstream.streams.engine import Engine
 from xidstream.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -4,7 +4,7 @@ import gzip
 import os
 import threading
 
-from collectors.sources.kernel import FileSource, KmsgSource, open_kernel_source
+from xidstream.collectors.sources.kernel import FileSource, KmsgSource, open_kernel_source
 
 XID = "NVRM: Xid (PCI:0000:01:00): 13, pid=1, name=a, m"
 
@@ -111,7 +111,7 @@ def test_text_kernel_logs_open_only_when_the_caller_accepts_that_they_are_forgea
 
     import pytest
 
-    from collectors.sources.kernel import FileSource, StdinSource
+    from xidstream.collectors.sources.kernel import FileSource, StdinSource
 
     log = tmp_path / "kern.log"
     log.write_text("")
@@ -128,7 +128,7 @@ def test_journal_source_follows_journalctl_with_its_cursor(tmp_path):
     import json
     import time
 
-    from collectors.sources.kernel import JournalSource
+    from xidstream.collectors.sources.kernel import JournalSource
 
     args_file = tmp_path / "args"
     fake = tmp_path / "journalctl"
@@ -256,7 +256,7 @@ def test_injected_kmsg_lines_count_only_with_the_test_switch(tmp_path):
     """A root harness's write to /dev/kmsg arrives with facility 1 (prio 12 = user.warning): refused
     by default (a tenant must not forge an Xid), counted with --accept-injected-kmsg (make e2e);
     a facility other than kernel or user stays refused even then."""
-    from collectors.parse.kernel import parse_line_checked
+    from xidstream.collectors.parse.kernel import parse_line_checked
 
     log, boot = tmp_path / "kmsg", tmp_path / "boot_id"
     boot.write_text("boot-1\n")

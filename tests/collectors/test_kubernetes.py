@@ -11,7 +11,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from collectors.sources.kubernetes import (
+from xidstream.collectors.sources.kubernetes import (
     KubernetesWorkloads,
     PodResourcesClient,
     PodWatcher,
@@ -137,8 +137,8 @@ def test_watch_on_the_real_api_server_gives_workload_events_per_gpu(kube, tmp_pa
     """The collector's pod watch through transport.kube (lightkube) on the real kube-apiserver: a
     pod already there is listed (joined late: no event), a new one's start and failure are events,
     each attributed to the GPU the kubelet's pod-resources gave it; pods on other nodes are unseen."""
-    from collectors.sources.kubernetes import from_environment
-    from transport.kube import make_client
+    from xidstream.collectors.sources.kubernetes import from_environment
+    from xidstream.transport.kube import make_client
 
     run = uuid.uuid4().hex[:6]
     node, ns = f"wl-node-{run}", f"wl-{run}"
@@ -212,8 +212,8 @@ def test_pod_transitions_carry_the_job():
 
 def test_a_job_name_over_the_bound_is_no_job_rather_than_a_cut_one():
     # cut to JOB_MAX, two long owner names that differ only at the end were one job (review)
-    from collectors.sources.kubernetes import job_of
-    from schemas.limits import JOB_MAX
+    from xidstream.collectors.sources.kubernetes import job_of
+    from xidstream.schemas.limits import JOB_MAX
 
     ns = "n" * 63
     long_a = {"namespace": ns, "ownerReferences": [{"controller": True, "kind": "JobSet", "name": "x" * 253}]}
@@ -236,8 +236,8 @@ class _View:
 
 
 def test_two_consecutive_views_make_the_transitions_and_a_pod_gone_between_them_is_no_failure(caplog):
-    from collectors.sources.kubernetes import PodViewPoller
-    from transport.podview import PodViewError
+    from xidstream.collectors.sources.kubernetes import PodViewPoller
+    from xidstream.transport.podview import PodViewError
 
     running = _pod({"running": {"startedAt": "t1"}})
     other = _pod({"running": {"startedAt": "t1"}}, uid="u2", name="trainer")

@@ -2,12 +2,12 @@ import socket
 import urllib.request
 from datetime import datetime, timezone
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakePynvml
-from collectors.metrics import CollectorMetrics
-from collectors.nvml import NvmlReader
-from collectors.sink import MemorySink
-from collectors.sources.kernel import MemoryKernelSource
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakePynvml
+from xidstream.collectors.metrics import CollectorMetrics
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.sink import MemorySink
+from xidstream.collectors.sources.kernel import MemoryKernelSource
 
 
 def _free_port():
@@ -47,7 +47,7 @@ import stat  # noqa: E402
 import time  # noqa: E402
 import urllib.error  # noqa: E402
 
-from collectors.sources.kernel import JournalSource  # noqa: E402
+from xidstream.collectors.sources.kernel import JournalSource  # noqa: E402
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.fakes import FakeGpu, FakeProcess, FakePynvml
-from collectors.nvml import NvmlReader, NvmlUnavailable
+from xidstream.collectors.fakes import FakeGpu, FakeProcess, FakePynvml
+from xidstream.collectors.nvml import NvmlReader, NvmlUnavailable
 
 
 def _fake(**kw) -> FakePynvml:
@@ -337,8 +337,8 @@ def test_file_pynvml_follows_its_file_and_keeps_the_last_good_state(tmp_path):
     a rewrite shows at the next read, a torn or bad file keeps the last good state."""
     import json
 
-    from collectors.fakes import FilePynvml
-    from collectors.nvml import NvmlReader
+    from xidstream.collectors.fakes import FilePynvml
+    from xidstream.collectors.nvml import NvmlReader
 
     path = tmp_path / "fake-nvml.json"
     gpu = {"index": 0, "uuid": "GPU-e2e", "pci_bus_id": "00000000:3B:00.0", "utilization_gpu_pct": 40,

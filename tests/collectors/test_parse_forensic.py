@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from collectors.parse.kernel import REFUSALS, parse_line, parse_line_checked, split_prefix
+from xidstream.collectors.parse.kernel import REFUSALS, parse_line, parse_line_checked, split_prefix
 from xidstream.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -128,9 +128,9 @@ def test_the_probe_time_message_as_one_kmsg_or_journal_record_is_one_record():
 
 
 def test_the_collector_publishes_the_probe_time_message_once():
-    from collectors.scenario import ScenarioRunner
-    from collectors.sink import MemorySink
-    from schemas import XidEvent, load_scenario
+    from xidstream.collectors.scenario import ScenarioRunner
+    from xidstream.collectors.sink import MemorySink
+    from xidstream.schemas import XidEvent, load_scenario
 
     sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "probe-fallen-off-bus.yaml")
     sink = MemorySink()
@@ -153,7 +153,7 @@ def test_the_plain_fallen_off_the_bus_line_after_an_xid_79_stays_its_own_record(
 
 @pytest.mark.parametrize("shape, line, kind, xid, pci, refused", WRAPPERS, ids=[r[0] for r in WRAPPERS])
 def test_a_scenarios_line_is_read_as_xidstream_parse_reads_it(shape, line, kind, xid, pci, refused):
-    from collectors.parse.kernel import parse_scenario_line
+    from xidstream.collectors.parse.kernel import parse_scenario_line
 
     (rec,) = parse_scenario_line(line).records
     assert (rec.kind, rec.xid, rec.pci, rec.refused) == (kind, int(xid), pci, None)
@@ -162,15 +162,15 @@ def test_a_scenarios_line_is_read_as_xidstream_parse_reads_it(shape, line, kind,
 @pytest.mark.parametrize("line", [r[0] for r in rows("kernel-forgeries.tsv")]
                          + [r[1] for r in rows("kernel-newline-forgery.tsv") if r[0] == "kmsg"])
 def test_a_scenarios_line_shaped_as_a_kmsg_record_is_held_to_the_live_rules(line):
-    from collectors.parse.kernel import parse_scenario_line
+    from xidstream.collectors.parse.kernel import parse_scenario_line
 
     assert parse_scenario_line(line).records == []
 
 
 def test_a_fleet_storm_written_in_the_kernel_tag_shape_raises_its_alerts():
-    from collectors.scenario import ScenarioRunner
-    from collectors.sink import MemorySink
-    from schemas import XidEvent, load_scenario
+    from xidstream.collectors.scenario import ScenarioRunner
+    from xidstream.collectors.sink import MemorySink
+    from xidstream.schemas import XidEvent, load_scenario
 
     sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "fleet-storm-kernel-tag.yaml")
     assert all(line.startswith("kernel: [") for e in sc.timeline for line in e.kernel or [])
@@ -193,7 +193,7 @@ def test_a_number_no_driver_prints_gives_no_record_and_never_an_unencodable_one(
     """The driver prints the code and the pid with %d: a code past 32 bits is no driver line, and one
     past 64 bits made a record that failed to encode for Kafka outside the collector's error
     handling (and `xidstream parse`'s output)."""
-    from collectors.parse.kernel import parse_line
+    from xidstream.collectors.parse.kernel import parse_line
 
     huge = "9" * 25
     assert parse_line(f"NVRM: Xid (PCI:0000:3b:00): {huge}, pid=1, name=x, y") == []

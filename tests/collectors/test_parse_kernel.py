@@ -10,7 +10,7 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from collectors.parse import extract_pci, parse_line, parse_line_checked
+from xidstream.collectors.parse import extract_pci, parse_line, parse_line_checked
 from tests.tools import examples
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kernel-log-lines.tsv"
@@ -173,7 +173,7 @@ def test_parser_never_fails_on_decoded_garbage(data):
 
 
 def test_a_parser_error_is_reported_not_swallowed(monkeypatch):
-    import collectors.parse.kernel as kernel
+    import xidstream.collectors.parse.kernel as kernel
 
     def broken(seg, raw, meta):
         raise RuntimeError("boom")

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import orjson
 import pytest
 
-from collectors.parse.kernel import (
+from xidstream.collectors.parse.kernel import (
     INJECTED_KMSG, REFUSALS, SXID_EVENT_SPAN_US, KernelRecord, Parsed, extract_pci, merge_sxid, parse_line,
     parse_line_checked, split_prefix, sxid_continues,
 )

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from collectors.sources.procfs import ProcFs, parse_cgroup
+from xidstream.collectors.sources.procfs import ProcFs, parse_cgroup
 
 POD = "1b2c3d4e-5f60-4718-9abc-def012345678"
 CID = "a" * 40 + "0123456789abcdef01234567"

@@ -14,21 +14,21 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from collectors.agent import INVENTORY_HEARTBEAT_S, Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakePynvml
-from collectors.nvml import NvmlReader
-from collectors.sink import MemorySink
-from collectors.sources.rack import (
+from xidstream.collectors.agent import INVENTORY_HEARTBEAT_S, Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakePynvml
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.sink import MemorySink
+from xidstream.collectors.sources.rack import (
     DEFAULT_RACK_LABEL,
     FixedRack,
     NodeLabelRack,
     from_environment,
     valid_rack,
 )
-from schemas import GpuInventory
-from schemas.errors import ConfigError
-from schemas.limits import K8S_LABEL_MAX
-from transport.kube import ApiError
+from xidstream.schemas import GpuInventory
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.limits import K8S_LABEL_MAX
+from xidstream.transport.kube import ApiError
 
 T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)
 LABEL = DEFAULT_RACK_LABEL
@@ -99,7 +99,7 @@ def test_a_refusal_403_gives_no_rack_and_one_warning_naming_the_rbac_rule(caplog
     src = NodeLabelRack(nodes, "n1", LABEL)
     assert src.read() == "r7"
     nodes.error = _api_error(403)
-    with caplog.at_level(logging.INFO, logger="collectors.sources.rack"):
+    with caplog.at_level(logging.INFO, logger="xidstream.collectors.sources.rack"):
         assert src.read() is None  # the rack is no longer known: not the old one
         assert src.read() is None
     (said,) = caplog.records
@@ -111,7 +111,7 @@ def test_a_transient_failure_keeps_the_last_rack_and_is_said_once(caplog):
     nodes = FakeNodes({LABEL: "r7"})
     src = NodeLabelRack(nodes, "n1", LABEL)
     assert src.read() == "r7"
-    with caplog.at_level(logging.INFO, logger="collectors.sources.rack"):
+    with caplog.at_level(logging.INFO, logger="xidstream.collectors.sources.rack"):
         for error in (_api_error(503), _api_error(503), TimeoutError("timed out"), TimeoutError("again")):
             nodes.error = error
             assert src.read() == "r7"
@@ -124,7 +124,7 @@ def test_a_transient_failure_keeps_the_last_rack_and_is_said_once(caplog):
 @pytest.mark.parametrize("value", ["r" * (K8S_LABEL_MAX + 1), "row 3/rack 12"])
 def test_an_over_long_or_odd_label_is_not_published_never_cut_and_logged_once(caplog, value):
     src = NodeLabelRack(FakeNodes({LABEL: value}), "n1", LABEL)
-    with caplog.at_level(logging.INFO, logger="collectors.sources.rack"):
+    with caplog.at_level(logging.INFO, logger="xidstream.collectors.sources.rack"):
         assert src.read() is None
         assert src.read() is None
     (said,) = caplog.records
@@ -225,7 +225,7 @@ def test_the_cli_prefers_rack_refuses_a_bad_one_and_is_off_without_kubernetes(mo
 def test_on_the_real_api_server_the_inventory_carries_the_nodes_rack_label(kube, tmp_path, caplog):
     """A Node labelled with its rack: the collector's inventories carry it, and a relabel is
     published at the heartbeat; a user the RBAC gives nothing gets no rack, one warning, no crash."""
-    from transport.kube import make_client
+    from xidstream.transport.kube import make_client
 
     node = f"rack-node-{uuid.uuid4().hex[:6]}"
     status, body = kube.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -248,7 +248,7 @@ def test_on_the_real_api_server_the_inventory_carries_the_nodes_rack_label(kube,
             user["user"] = {"token": kube.nobody_token}
         nobody = tmp_path / "nobody.kubeconfig"
         nobody.write_text(yaml.safe_dump(cfg))
-        with caplog.at_level(logging.WARNING, logger="collectors.sources.rack"):
+        with caplog.at_level(logging.WARNING, logger="xidstream.collectors.sources.rack"):
             c, sink, clock = _rig(from_environment({}, node, LABEL, kubeconfig=str(nobody)))
             clock[0] = 61
             c.tick(T0 + timedelta(seconds=INVENTORY_HEARTBEAT_S))

@@ -13,12 +13,12 @@ import orjson
 import pytest
 from confluent_kafka import KafkaError
 
-import collectors.sink as sink_mod
-from collectors.sink import KafkaSink, MemorySink, StdoutSink
-from schemas import decode_any
-from schemas.codec import to_dict
+import xidstream.collectors.sink as sink_mod
+from xidstream.collectors.sink import KafkaSink, MemorySink, StdoutSink
+from xidstream.schemas import decode_any
+from xidstream.schemas.codec import to_dict
 from tests.factories import T0, one_of_each
-from transport.config import KafkaConfig
+from xidstream.transport.config import KafkaConfig
 
 RECORDS = {type(r).__name__: r for r in one_of_each()}
 XID, SAMPLE, PROCS, INVENTORY = (RECORDS[n] for n in ("XidEvent", "GpuSample", "GpuProcesses", "GpuInventory"))
@@ -100,7 +100,7 @@ def retriable(code=KafkaError.NOT_ENOUGH_REPLICAS) -> KafkaError:
 
 
 def messages(caplog, level: int) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "collectors.sink" and r.levelno == level]
+    return [r.getMessage() for r in caplog.records if r.name == "xidstream.collectors.sink" and r.levelno == level]
 
 
 # -- construction --------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def test_samples_and_process_lists_go_to_telemetry_counters_apart_everything_els
     # counters in the critical spool filled its bound in some 17 days of outage at 8 GPUs, and
     # pushed Xids out with them (review of the counters change)
     from tests.factories import one_of_each
-    from schemas.models import GpuCounters
+    from xidstream.schemas.models import GpuCounters
 
     counters = next(r for r in one_of_each() if isinstance(r, GpuCounters))
     sink = make_sink()
@@ -455,7 +455,7 @@ def test_a_full_producer_queue_keeps_the_record_for_later(make_sink):
 @pytest.mark.parametrize("code", [KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT])
 def test_broker_down_is_said_once_and_its_end_too(make_sink, clock, caplog, code):
     sink = make_sink()
-    caplog.set_level(logging.WARNING, logger="collectors.sink")
+    caplog.set_level(logging.WARNING, logger="xidstream.collectors.sink")
     sink._on_error(KafkaError(code, "broker gone"))
     clock.t += 30
     sink._on_error(KafkaError(code, "broker gone"))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectors.spool import Spool
+from xidstream.collectors.spool import Spool
 
 
 def _fill(spool, n, start=0):
@@ -107,7 +107,7 @@ def test_the_cursor_is_written_then_fsynced_then_renamed(tmp_path, monkeypatch):
     """Defect 10: write-rename-fsync; the rename must not land before the data is on disk."""
     import os
 
-    import collectors.spool as spool_mod
+    import xidstream.collectors.spool as spool_mod
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace

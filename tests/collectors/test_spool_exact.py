@@ -13,8 +13,8 @@ import zlib
 
 import pytest
 
-import collectors.spool as spool_mod
-from collectors.spool import Spool, write_durably
+import xidstream.collectors.spool as spool_mod
+from xidstream.collectors.spool import Spool, write_durably
 
 # A record of exactly 128 bytes on disk: 16 header + 6 payload header + 1 topic + 105 value.
 REC = 128

@@ -915,7 +915,7 @@ def test_the_exporter_runs_as_the_exporter_role_ocsf_to_a_topic_and_parquet_to_a
     emptyDir would lose files whose offsets are committed)."""
     import kubernetes_validate
 
-    from transport.acls import EXPORT_GROUP_PREFIX, EXPORT_TOPICS, export_group
+    from xidstream.transport.acls import EXPORT_GROUP_PREFIX, EXPORT_TOPICS, export_group
     from xidstream.cli import build_parser
     from xidstream.export_cmd import _parse_to
 

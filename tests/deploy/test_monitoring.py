@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collectors.metrics import CollectorMetrics
-from executors.metrics import ExecutorMetrics
-from streams.metrics import PROCESSOR_METRICS
+from xidstream.collectors.metrics import CollectorMetrics
+from xidstream.executors.metrics import ExecutorMetrics
+from xidstream.streams.metrics import PROCESSOR_METRICS
 from tests.tools import find_tool
 from tests.deploy.test_helm_chart import by_kind, helm, render  # noqa: F401 - the helm fixture
 

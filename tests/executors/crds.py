@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from tests.tools import find_tool
-from xidstream.localbroker import default_cache_dir
+from workshop.localbroker import default_cache_dir
 
 __all__ = ["CRDS", "crd_file", "install_crd"]
 

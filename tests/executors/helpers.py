@@ -6,8 +6,8 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from schemas.models import Approval, RemediationCommand
-from schemas.signing import SigningKey, VerifyKeys, generate_keys
+from xidstream.schemas.models import Approval, RemediationCommand
+from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
 
 UUID1 = "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"
 

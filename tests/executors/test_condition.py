@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from executors.cluster import condition_for
+from xidstream.executors.cluster import condition_for
 
 
 def test_the_strongest_holder_names_it_and_a_gpu_without_an_index_is_named_by_its_uuid():
@@ -30,7 +30,7 @@ def test_a_holder_annotation_the_node_rewrote_never_crashes_the_executor():
     # The incidents annotation lives on the Node, which the node's own kubelet credentials may
     # write: an unknown reason, a number or a list as "action" must not raise (a TypeError from
     # comparing None with an int crashed the cluster executor on every later command for the node).
-    from executors.cluster import _condition_holders
+    from xidstream.executors.cluster import _condition_holders
 
     node = SimpleNamespace(metadata=SimpleNamespace(annotations={"xidstream.io/gpu-incidents": (
         '{"a": {"action": "SomethingNew"}, "b": {"action": 5}, "c": {"action": ["x"]}, '
@@ -43,7 +43,7 @@ def test_a_holder_annotation_the_node_rewrote_never_crashes_the_executor():
 
 
 def test_the_replacement_condition_is_true_only_while_a_replace_holds_the_node():
-    from executors.cluster import replacement_condition_for
+    from xidstream.executors.cluster import replacement_condition_for
 
     cordon = {"a": {"gpu": "g", "gpu_index": 0, "action": "GPUFaultCordonedNode", "at": "t"}}
     c = replacement_condition_for(cordon)  # a cordon is no request to replace

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 import orjson
 import pytest
 
-from executors.gate import Approvals, Journal, decide, result_for
-from executors.runner import Executor
-from schemas.models import Approval, RemediationCommand
-from schemas.vocab import Outcome
+from xidstream.executors.gate import Approvals, Journal, decide, result_for
+from xidstream.executors.runner import Executor
+from xidstream.schemas.models import Approval, RemediationCommand
+from xidstream.schemas.vocab import Outcome
 from tests.executors import helpers
 from tests.executors.helpers import keypair
 
@@ -190,7 +190,7 @@ def test_a_done_line_whose_result_is_unreadable_leaves_the_command_interrupted(e
     journal.started(cmd, NOW)
     with journal.path.open("ab") as fh:
         fh.write(orjson.dumps({"kind": "done", "command_id": cmd.command_id, "result": result}) + b"\n")
-    with caplog.at_level("ERROR", logger="executors.gate"):
+    with caplog.at_level("ERROR", logger="xidstream.executors.gate"):
         restarted = Journal(journal.path)
     assert f"the result of command {cmd.command_id} is unreadable" in caplog.text
     d = _decide(cmd, keys, restarted, approvals)
@@ -205,7 +205,7 @@ def test_a_journal_line_that_is_no_entry_is_skipped_and_the_executor_starts(env,
     journal.started(cmd, NOW)
     with journal.path.open("ab") as fh:
         fh.write(line + b"\n")
-    with caplog.at_level("ERROR", logger="executors.gate"):
+    with caplog.at_level("ERROR", logger="xidstream.executors.gate"):
         restarted = Journal(journal.path)
     assert "a line that is no entry, skipped" in caplog.text
     assert restarted.answer(cmd.command_id).detail.startswith("interrupted")  # the good lines still count

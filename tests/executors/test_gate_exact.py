@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from executors.gate import Approvals, Journal, Limits, decide, result_for, separate_trust
-from schemas.errors import ConfigError
-from schemas.signing import VerifyKeys
-from schemas.vocab import Outcome
+from xidstream.executors.gate import Approvals, Journal, Limits, decide, result_for, separate_trust
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.signing import VerifyKeys
+from xidstream.schemas.vocab import Outcome
 from tests.executors.helpers import approval, command, keypair
 from tests.executors.test_gate_trust import NOW
 from tests.shell import HOSTILE, interpreted
@@ -121,7 +121,7 @@ def test_the_trust_conflict_names_every_shared_key(env, tmp_path):
 def test_a_node_executors_cursor_survives_a_torn_write_and_never_moves_back(tmp_path):
     """The node executor's position (no consumer group: executors.runner): saved atomically, an
     unreadable file costs a re-read (never a skipped command), and a position never moves back."""
-    from executors.runner import Cursor
+    from xidstream.executors.runner import Cursor
 
     c = Cursor(tmp_path / "cursor.json")
     assert c.get("t", 0) is None

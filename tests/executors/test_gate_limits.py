@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 
 import orjson
 
-from executors.gate import Approvals, Journal, decide, result_for
-from schemas import decode_any, encode
-from schemas.limits import DETAIL_MAX
-from schemas.vocab import Outcome
+from xidstream.executors.gate import Approvals, Journal, decide, result_for
+from xidstream.schemas import decode_any, encode
+from xidstream.schemas.limits import DETAIL_MAX
+from xidstream.schemas.vocab import Outcome
 from tests.executors import helpers
 from tests.executors.helpers import keypair
 

@@ -11,9 +11,9 @@ import os
 import orjson
 import pytest
 
-from executors.gate import Journal, result_for
-from schemas.base import format_ts
-from schemas.vocab import Outcome
+from xidstream.executors.gate import Journal, result_for
+from xidstream.schemas.base import format_ts
+from xidstream.schemas.vocab import Outcome
 from tests.executors.helpers import keypair
 from tests.executors.test_gate_trust import NOW
 from tests.executors.test_gate import command

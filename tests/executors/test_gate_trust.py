@@ -11,10 +11,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from executors.gate import Approvals, Journal, Limits, decide
-from executors.runner import Executor
-from schemas.errors import ConfigError
-from schemas.signing import VerifyKeys
+from xidstream.executors.gate import Approvals, Journal, Limits, decide
+from xidstream.executors.runner import Executor
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.signing import VerifyKeys
 from tests.executors.helpers import approval, command, keypair
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)

@@ -7,10 +7,10 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from collectors.sources.procfs import PodRef
-from executors.gpureset import AMPERE, HOPPER, NvidiaSmi, Platform, classify_holders, read_platform, reset_scope
-from executors.operands import PAUSABLE, LABEL_PREFIX, Operands, PAUSE_VALUE
-from executors.reboot import kured_on_node
+from xidstream.collectors.sources.procfs import PodRef
+from xidstream.executors.gpureset import AMPERE, HOPPER, NvidiaSmi, Platform, classify_holders, read_platform, reset_scope
+from xidstream.executors.operands import PAUSABLE, LABEL_PREFIX, Operands, PAUSE_VALUE
+from xidstream.executors.reboot import kured_on_node
 
 PAUSE = tuple(LABEL_PREFIX + p for p in PAUSABLE)
 
@@ -176,9 +176,9 @@ def test_fabric_manager_counts_only_as_a_host_process(tmp_path):
     """nv-fabricmanager is seen through hostPID by its task name, which any process may take: a
     tenant's process in a pod named nv-fabricmanage is not Fabric Manager (else an HGX A100 without
     it would get a single-GPU reset that nvidia-smi(1) says needs every NVLink peer)."""
-    from collectors.fakes import FakePynvml
-    from collectors.sources.procfs import ProcFs
-    from executors.node import NvmlGpuOps
+    from xidstream.collectors.fakes import FakePynvml
+    from xidstream.collectors.sources.procfs import ProcFs
+    from xidstream.executors.node import NvmlGpuOps
 
     def proc(pid, comm, pod=None):
         d = tmp_path / "proc" / str(pid)
@@ -198,7 +198,7 @@ def test_fabric_manager_counts_only_as_a_host_process(tmp_path):
 def test_the_administrator_capability_is_read_from_the_effective_set():
     """nvidia-smi --gpu-reset and -pm are the driver's administrator calls (capable(CAP_SYS_ADMIN));
     root without the capability is refused them, so the effective set is what counts, not the uid."""
-    from executors.gpureset import lacks_admin
+    from xidstream.executors.gpureset import lacks_admin
 
     status = "Name:\tpython3\nUid:\t0\t0\t0\t0\nCapEff:\t{}\n"
     assert lacks_admin(status.format("00000000a80425fb")) is True  # runc's default set: no SYS_ADMIN
@@ -214,7 +214,7 @@ def test_an_applying_node_executor_without_cap_sys_admin_says_its_resets_will_fa
 
     assert main(["keys", "generate", "--out", str(tmp_path / "keys")]) == 0
     status = tmp_path / "status"
-    monkeypatch.setattr("executors.gpureset.PROC_STATUS", str(status))
+    monkeypatch.setattr("xidstream.executors.gpureset.PROC_STATUS", str(status))
     import io
 
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))

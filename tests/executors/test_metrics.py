@@ -7,8 +7,8 @@ import socket
 import urllib.request
 from datetime import timedelta
 
-from executors.metrics import ExecutorMetrics
-from executors.runner import Executor
+from xidstream.executors.metrics import ExecutorMetrics
+from xidstream.executors.runner import Executor
 from tests.executors.helpers import keypair
 from tests.executors.test_gate import NOW, _Recorder, approval, command
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timezone
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakePynvml
-from collectors.nvml import NvmlReader, NvmlRelease
-from collectors.sink import MemorySink
-from schemas import GpuSample
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakePynvml
+from xidstream.collectors.nvml import NvmlReader, NvmlRelease
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import GpuSample
 
 UUID0, UUID1 = "GPU-00000000-aaaa-bbbb-cccc-000000000000", "GPU-8d2e4b7a-1c9f-4a3b-b6d5-0e7f9a2c4d81"
 
@@ -119,7 +119,7 @@ def test_the_release_is_answered_within_a_tick_while_the_event_thread_waits(tmp_
     catching the thread at five points of its wait."""
     import time
 
-    from collectors.agent import EVENT_WAIT_MS
+    from xidstream.collectors.agent import EVENT_WAIT_MS
 
     clock = Clock()
     fake = FakePynvml([FakeGpu(0, UUID0, "00000000:01:00.0"), FakeGpu(1, UUID1, "00000000:02:00.0")])
@@ -151,7 +151,7 @@ def test_an_nvml_wait_that_overstays_costs_the_release_a_tick_not_the_loop(tmp_p
     RELEASE_LOCK_WAIT_S, samples on, and the next tick answers once the wait has ended."""
     import time
 
-    from collectors.agent import RELEASE_LOCK_WAIT_S
+    from xidstream.collectors.agent import RELEASE_LOCK_WAIT_S
 
     fake, sink, c = rig(tmp_path)
     executor = NvmlRelease(tmp_path / "collector", clock=Clock())

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from executors.podview import NODE_NAME_EXTRA, PodIndex, PodViewServer, TokenCheck, project
-from schemas.errors import ConfigError
-from transport.podview import AUDIENCE
+from xidstream.executors.podview import NODE_NAME_EXTRA, PodIndex, PodViewServer, TokenCheck, project
+from xidstream.schemas.errors import ConfigError
+from xidstream.transport.podview import AUDIENCE
 
 
 def pod(name: str, node: str | None, uid: str | None = None, **spec) -> dict:
@@ -212,8 +212,8 @@ def test_oversized_headers_are_refused_and_read_only_up_to_the_budget():
 
 def test_huge_args_are_cut_in_the_index_and_kureds_period_is_still_read():
     """M1: a tenant's pod with megabytes of args costs the index a bounded few KiB."""
-    from executors.podview import MAX_ARG_CHARS, MAX_ARGS
-    from executors.reboot import kured_on_node
+    from xidstream.executors.podview import MAX_ARG_CHARS, MAX_ARGS
+    from xidstream.executors.reboot import kured_on_node
 
     big = pod("big", "a")
     big["spec"]["containers"][0]["args"] = ["x" * 1_000_000] + ["y"] * 10_000
@@ -247,7 +247,7 @@ def test_a_silent_watch_goes_stale_answers_503_and_a_fresh_worker_lists_again():
     import time
     from types import SimpleNamespace
 
-    from executors.podview import PodWatch
+    from xidstream.executors.podview import PodWatch
 
     class P(SimpleNamespace):
         def to_dict(self):

@@ -9,10 +9,10 @@ import pytest
 from lightkube.models.core_v1 import Node, NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 
-import executors.replace as replace
-from executors.cluster import ClusterActions
-from executors.replace import REPLACE_BACKENDS, ClusterApiReplace, KarpenterReplace
-from schemas.errors import ConfigError
+import xidstream.executors.replace as replace
+from xidstream.executors.cluster import ClusterActions
+from xidstream.executors.replace import REPLACE_BACKENDS, ClusterApiReplace, KarpenterReplace
+from xidstream.schemas.errors import ConfigError
 from tests.executors.helpers import command
 from xidstream import execute_cmd
 

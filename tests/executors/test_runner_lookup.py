@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from executors import runner
+from xidstream.executors import runner
 
 
 class Answers:

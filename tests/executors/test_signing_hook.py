@@ -7,10 +7,10 @@ import asyncio
 
 import orjson
 
-from schemas import decode_any
-from schemas.signing import SigningKey, VerifyKeys, generate_keys
-from streams.app import FLEET_KEY, create_app
-from streams.handoff import Handoff
+from xidstream.schemas import decode_any
+from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
+from xidstream.streams.app import FLEET_KEY, create_app
+from xidstream.streams.handoff import Handoff
 from tests.streams.builders import wedge
 from tests.streams.test_agents import _fleet_messages
 from xidstream.settings import Settings

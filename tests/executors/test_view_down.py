@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from executors.runner import Executor
-from executors.node import NodeActions, _Steps
-from executors.operands import PODS_UNKNOWN
-from schemas.vocab import Outcome
+from xidstream.executors.runner import Executor
+from xidstream.executors.node import NodeActions, _Steps
+from xidstream.executors.operands import PODS_UNKNOWN
+from xidstream.schemas.vocab import Outcome
 from tests.executors.helpers import command, keypair
-from transport.podview import PodViewClient
+from xidstream.transport.podview import PodViewClient
 
 DEAD = "http://127.0.0.1:9"  # nothing listens: the view unreachable
 

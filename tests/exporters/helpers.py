@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from functools import lru_cache
 
-from schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, \
+from xidstream.schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, \
     RemediationResult, Severity
 from tests.factories import NODE, T0, UUID1
 
@@ -53,7 +53,7 @@ def ocsf_validator(class_name: str, profiles: tuple[str, ...] = ()):
     from jsonschema import Draft202012Validator
     from ocsf_json_schema import OcsfJsonSchemaEmbedded, get_ocsf_schema
 
-    from exporters.ocsf import OCSF_VERSION
+    from xidstream.exporters.ocsf import OCSF_VERSION
 
     schema = OcsfJsonSchemaEmbedded(get_ocsf_schema(version=OCSF_VERSION)).get_class_schema(class_name, list(profiles))
     Draft202012Validator.check_schema(schema)
@@ -61,7 +61,7 @@ def ocsf_validator(class_name: str, profiles: tuple[str, ...] = ()):
 
 
 def ocsf_errors(event: dict) -> list[str]:
-    from exporters.ocsf import class_name_of
+    from xidstream.exporters.ocsf import class_name_of
 
     v = ocsf_validator(class_name_of(event["class_uid"]), tuple(sorted(event["metadata"].get("profiles", []))))
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(event)]

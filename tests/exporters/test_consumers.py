@@ -11,10 +11,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from exporters import security_lake
-from exporters.ecs import CUSTOM_NAMESPACE, ECS_FIELD_TYPES, to_ecs
-from exporters.ocsf import to_ocsf
-from schemas import Action
+from xidstream.exporters import security_lake
+from xidstream.exporters.ecs import CUSTOM_NAMESPACE, ECS_FIELD_TYPES, to_ecs
+from xidstream.exporters.ocsf import to_ocsf
+from xidstream.schemas import Action
 from tests.exporters.helpers import alerts, commands_and_results
 from tests.exporters.test_ecs import _flatten
 from tests.exporters.test_semantics import _approval, _key

@@ -8,8 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from exporters.ecs import CUSTOM_NAMESPACE, ECS_ARRAY_FIELDS, ECS_FIELD_TYPES, to_ecs
-from schemas import Classification, RemediationResult
+from xidstream.exporters.ecs import CUSTOM_NAMESPACE, ECS_ARRAY_FIELDS, ECS_FIELD_TYPES, to_ecs
+from xidstream.schemas import Classification, RemediationResult
 from tests.exporters.helpers import alerts, commands_and_results
 from tests.factories import UUID1, one_of_each
 

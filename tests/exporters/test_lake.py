@@ -18,8 +18,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from exporters.parquet import ParquetLander, arrow_schema
-from schemas import GpuSample, XidEvent
+from xidstream.exporters.parquet import ParquetLander, arrow_schema
+from xidstream.schemas import GpuSample, XidEvent
 from tests.factories import UUID1
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def _xid(ts: datetime, n: int = 0, **kw) -> XidEvent:
 
 
 def _inventory(lander: ParquetLander, ts: datetime) -> None:
-    from schemas import GpuInventory
+    from xidstream.schemas import GpuInventory
     lander.add("gpu.inventory", GpuInventory(ts=ts, node="node-a", gpu_uuid=UUID1, gpu_index=1,
                                              pci_bus_id="0000:01:00", name="NVIDIA H100 80GB HBM3"))
 
@@ -63,7 +63,7 @@ def _land_xids(root: Path, times: list[datetime]) -> list:
 
 
 def test_every_shipped_read_names_the_partition_types_and_matches_columns_by_name(tmp_path):
-    from exporters.parquet import HIVE_TYPES_SQL
+    from xidstream.exporters.parquet import HIVE_TYPES_SQL
     reads = re.findall(r"read_parquet\((.*?)\)", _shipped_sql(tmp_path), re.S)
     assert reads
     for args in reads:
@@ -148,7 +148,7 @@ def test_a_lake_of_two_releases_reads_every_row_with_the_new_columns_null_for_ol
     got = con.sql("select message, observed_at, process_lists from xid order by ts").fetchall()
     assert got == [("Xid 79 #1", None, None), ("Xid 79 #2", seen, False)]
 
-    from exporters.parquet import lake_dataset
+    from xidstream.exporters.parquet import lake_dataset
     table = lake_dataset(tmp_path, "gpu.xid").to_table().sort_by("ts").to_pylist()
     assert [(r["message"], r["observed_at"], r["process_lists"], r["hour"]) for r in table] == \
         [("Xid 79 #1", None, None, 23), ("Xid 79 #2", seen, False, 0)]
@@ -175,7 +175,7 @@ def test_an_sxid_lands_with_its_nvswitches_and_an_earlier_release_file_reads_the
     assert con.sql("select count(*) from xid where list_contains(nvswitch_pci_bus_ids, '0000:05:00')"
                    ).fetchall() == [(1,)]
 
-    from exporters.parquet import lake_dataset
+    from xidstream.exporters.parquet import lake_dataset
     table = lake_dataset(tmp_path, "gpu.xid").to_table().sort_by("ts").to_pylist()
     assert [r["nvswitch_pci_bus_ids"] for r in table] == [None, ["0000:06:00", "0000:05:00"]]
 
@@ -211,8 +211,8 @@ def test_a_skewed_live_xid_is_filed_at_its_reading_and_keeps_its_own_ts(tmp_path
 
 
 def test_the_landing_skew_bound_is_the_processors():
-    from exporters.parquet import MAX_CLOCK_SKEW_S
-    from streams.policy import Policy
+    from xidstream.exporters.parquet import MAX_CLOCK_SKEW_S
+    from xidstream.streams.policy import Policy
     assert MAX_CLOCK_SKEW_S == Policy().max_clock_skew_s
 
 
@@ -278,7 +278,7 @@ def test_open_files_are_bounded_the_least_recently_used_is_published_first(tmp_p
 
 
 def test_compaction_merges_a_partitions_files_into_one_with_every_row(tmp_path):
-    from exporters.parquet import compact, compact_lake
+    from xidstream.exporters.parquet import compact, compact_lake
     folder = tmp_path / "topic=gpu.xid" / "dt=2026-11-28" / "hour=23"
     _old_release_file(folder, [_old_row(D, 0)])
     lander = ParquetLander(tmp_path)
@@ -305,7 +305,7 @@ def test_compaction_merges_a_partitions_files_into_one_with_every_row(tmp_path):
 def test_after_a_failed_write_no_flush_returns(tmp_path, monkeypatch):
     # Streamed rows are gone from memory once written: a failed write cannot be retried, so the
     # lander must never again say "durable" (the caller would commit offsets of rows it lost).
-    import exporters.parquet as parquet
+    import xidstream.exporters.parquet as parquet
     lander = ParquetLander(tmp_path)
     for s in _samples(10, D):
         lander.add("gpu.samples", s)
@@ -338,7 +338,7 @@ def _split_top(text: str) -> list[str]:
 
 
 def test_the_column_table_in_the_docs_lists_every_landed_column():
-    from exporters.parquet import FINDINGS_SCHEMA, LANDED_MODELS
+    from xidstream.exporters.parquet import FINDINGS_SCHEMA, LANDED_MODELS
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     documented = {}
     for tables, cols in re.findall(r"^\| ((?:gpu|findings)\.[^|]*?) \| (.*) \|$", text, re.M):

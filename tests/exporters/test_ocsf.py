@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from exporters.ocsf import OCSF_VERSION, to_ocsf
-from schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, RuleRef, \
+from xidstream.exporters.ocsf import OCSF_VERSION, to_ocsf
+from xidstream.schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, RuleRef, \
     RemediationResult, Severity
 from tests.exporters.helpers import alerts, commands_and_results, ocsf_errors
 from tests.factories import NODE, T0, UUID1, one_of_each

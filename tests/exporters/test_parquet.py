@@ -9,8 +9,8 @@ import duckdb
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from exporters.parquet import LANDED_MODELS, ParquetLander, arrow_schema
-from schemas import GpuSample
+from xidstream.exporters.parquet import LANDED_MODELS, ParquetLander, arrow_schema
+from xidstream.schemas import GpuSample
 from tests.factories import T0, UUID1, one_of_each
 
 
@@ -86,7 +86,7 @@ def test_no_temporary_or_partial_file_is_left_visible(tmp_path):
 def test_a_counters_record_lands_with_typed_columns_and_its_values(tmp_path):
     import pyarrow as pa
 
-    from schemas import GpuCounters
+    from xidstream.schemas import GpuCounters
 
     rec = next(r for r in one_of_each() if isinstance(r, GpuCounters))
     lander = ParquetLander(tmp_path)

@@ -12,20 +12,20 @@ from functools import lru_cache
 
 import pytest
 
-from exporters.ecs import to_ecs
-from exporters.ocsf import OCSF_VERSION, to_ocsf
-from schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, \
+from xidstream.exporters.ecs import to_ecs
+from xidstream.exporters.ocsf import OCSF_VERSION, to_ocsf
+from xidstream.schemas import Action, Alert, Classification, Evidence, EvidenceEntry, Outcome, RemediationCommand, \
     RemediationResult, Severity
-from schemas.models import Approval
-from schemas.signing import SigningKey
+from xidstream.schemas.models import Approval
+from xidstream.schemas.signing import SigningKey
 
 
 def _key() -> SigningKey:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return SigningKey(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
-from streams.fleet import FleetState, fleet_step
-from streams.policy import Policy
+from xidstream.streams.fleet import FleetState, fleet_step
+from xidstream.streams.policy import Policy
 from tests.exporters.helpers import alerts, commands_and_results, ocsf_errors
 from tests.exporters.test_ocsf import _meta
 from tests.factories import NODE, T0, UUID1

@@ -7,7 +7,7 @@ import time
 
 import orjson
 
-from exporters.pipeline import JsonlSink, _event_ms
+from xidstream.exporters.pipeline import JsonlSink, _event_ms
 from tests.exporters.helpers import alerts
 
 
@@ -46,7 +46,7 @@ def test_the_kafka_timestamp_is_the_events_time_never_ahead_of_now():
 def _big_alert(entries: int = 3000, summary_chars: int = 100):
     from datetime import timedelta
 
-    from schemas import EvidenceEntry
+    from xidstream.schemas import EvidenceEntry
 
     a = alerts()[0]
     timeline = [EvidenceEntry(ts=a.ts + timedelta(milliseconds=i), kind="xid", summary=f"Xid 13 #{i} " + "x" * 100,
@@ -56,8 +56,8 @@ def _big_alert(entries: int = 3000, summary_chars: int = 100):
 
 
 def test_a_document_over_the_limit_is_shrunk_and_marked_and_one_that_cannot_fit_is_refused():
-    from exporters import ecs, ocsf
-    from exporters.pipeline import fit_document
+    from xidstream.exporters import ecs, ocsf
+    from xidstream.exporters.pipeline import fit_document
 
     big = _big_alert()
     for doc, flag_at, timeline in ((ocsf.to_ocsf(big), "unmapped", ("unmapped", "timeline")),
@@ -80,7 +80,7 @@ def test_a_document_over_the_limit_is_shrunk_and_marked_and_one_that_cannot_fit_
 
 
 def test_the_progress_line_counts_truncated_and_skipped_documents():
-    from exporters.pipeline import ExportStats
+    from xidstream.exporters.pipeline import ExportStats
 
     s = ExportStats(consumed=3, exported=3)
     assert "truncated" not in s.line()
@@ -95,11 +95,11 @@ def test_approvals_are_read_as_findings(monkeypatch):
     from datetime import timedelta
 
     import exporters.ocsf
-    from exporters.pipeline import FINDING_TOPICS, Exporter
-    from schemas import Approval, encode
+    from xidstream.exporters.pipeline import FINDING_TOPICS, Exporter
+    from xidstream.schemas import Approval, encode
 
     assert "gpu.remediation.approvals" in FINDING_TOPICS
-    from transport.acls import EXPORT_READ_TOPICS
+    from xidstream.transport.acls import EXPORT_READ_TOPICS
 
     assert set(EXPORT_READ_TOPICS) == set(FINDING_TOPICS)  # the exporter role may read what it reads
 
@@ -131,8 +131,8 @@ def test_approvals_are_read_as_findings(monkeypatch):
 def test_idle_exit_holds_when_no_partition_is_ever_assigned():
     """`--idle-exit` counted only from an assignment: where none ever came (a refused group, a
     broker that never answers) the exporter read 0 records for ever."""
-    from exporters.pipeline import Exporter, JsonlSink
-    from transport.config import KafkaConfig
+    from xidstream.exporters.pipeline import Exporter, JsonlSink
+    from xidstream.transport.config import KafkaConfig
 
     t0 = time.monotonic()
     exporter = Exporter("ocsf", JsonlSink("/dev/null"))

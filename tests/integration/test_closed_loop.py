@@ -20,8 +20,8 @@ import uuid
 
 import pytest
 
-from schemas.vocab import Action
-from xidstream.demo_cluster import run_closed_loop
+from xidstream.schemas.vocab import Action
+from workshop.demo_cluster import run_closed_loop
 
 pytestmark = [pytest.mark.broker, pytest.mark.kube]
 

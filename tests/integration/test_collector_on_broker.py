@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from collectors.agent import Collector, CollectorConfig
-from collectors.fakes import FakeGpu, FakeNvLink, FakePynvml
-from collectors.nvml import NvmlReader
-from collectors.sink import KafkaSink
-from collectors.sources.kernel import MemoryKernelSource
-from schemas import decode_any
+from xidstream.collectors.agent import Collector, CollectorConfig
+from xidstream.collectors.fakes import FakeGpu, FakeNvLink, FakePynvml
+from xidstream.collectors.nvml import NvmlReader
+from xidstream.collectors.sink import KafkaSink
+from xidstream.collectors.sources.kernel import MemoryKernelSource
+from xidstream.schemas import decode_any
 from xidstream.cli import main as cli
-from transport.kafka import create_topics, read_all
+from xidstream.transport.kafka import create_topics, read_all
 from xidstream.settings import Settings
 
 pytestmark = pytest.mark.broker
@@ -47,7 +47,7 @@ def test_collect_scenario_publishes_to_the_broker(kafka_settings, tmp_path, caps
 @pytest.fixture
 def own_broker(tmp_path):
     """A second broker of our own, so that stopping it does not disturb the session's."""
-    from xidstream.localbroker import LocalBroker
+    from workshop.localbroker import LocalBroker
 
     broker = LocalBroker(port=19192, controller_port=19193, state_dir=tmp_path / "broker")
     broker.start()

@@ -10,11 +10,11 @@ from aiokafka.partitioner import DefaultPartitioner
 from confluent_kafka import Producer
 from confluent_kafka.admin import ConfigResource
 
-from schemas import DecodeError, GpuSample, TopicError, decode, decode_any, encode
-from schemas.topics import TOPICS
+from xidstream.schemas import DecodeError, GpuSample, TopicError, decode, decode_any, encode
+from xidstream.schemas.topics import TOPICS
 from tests.factories import one_of_each
 from xidstream.cli import main as cli
-from transport.kafka import admin, create_topics, delete_topics, producer_config, read_all
+from xidstream.transport.kafka import admin, create_topics, delete_topics, producer_config, read_all
 
 pytestmark = pytest.mark.broker
 

@@ -14,8 +14,8 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from schemas.codec import decode, encode
-from schemas.models import RemediationResult
+from xidstream.schemas.codec import decode, encode
+from xidstream.schemas.models import RemediationResult
 from tests.executors.helpers import command
 from tests.integration.test_executors_cluster import get_node, make_node, snapshot
 
@@ -102,12 +102,12 @@ def test_execute_clear_errors(tmp_path, keydir):
 @pytest.mark.broker
 @pytest.mark.kube
 def test_commands_through_kafka_to_results(kube, kafka_settings, keydir, opsdir, tmp_path):
-    from executors.cluster import ClusterActions
-    from executors.kube import make_client
-    from executors.runner import Executor, run_kafka
-    from schemas.models import Approval
-    from schemas.signing import SigningKey, VerifyKeys
-    from transport.kafka import producer_config, read_all
+    from xidstream.executors.cluster import ClusterActions
+    from xidstream.executors.kube import make_client
+    from xidstream.executors.runner import Executor, run_kafka
+    from xidstream.schemas.models import Approval
+    from xidstream.schemas.signing import SigningKey, VerifyKeys
+    from xidstream.transport.kafka import producer_config, read_all
 
     settings = kafka_settings
     node = make_node(kube, "kafka")

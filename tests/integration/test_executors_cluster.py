@@ -13,11 +13,11 @@ import uuid
 
 import pytest
 
-from executors.cluster import (CONDITION_ANNOTATION, CONDITION_TYPE, CORDON_ANNOTATION, TAINT_KEY, ClusterActions,
+from xidstream.executors.cluster import (CONDITION_ANNOTATION, CONDITION_TYPE, CORDON_ANNOTATION, TAINT_KEY, ClusterActions,
                                quarantine_rule_name)
-from executors.kube import make_client
-from executors.runner import Executor
-from schemas.vocab import Outcome
+from xidstream.executors.kube import make_client
+from xidstream.executors.runner import Executor
+from xidstream.schemas.vocab import Outcome
 from tests.executors.helpers import approval, command, keypair
 
 pytestmark = pytest.mark.kube
@@ -221,7 +221,7 @@ def test_drain_keeps_the_pods_of_a_kept_namespace_and_the_reset_precondition_ign
     """The chart runs its processor and cluster executor with --drain-keep-namespace <release ns>:
     on the real node of `make e2e` the executor evicted both, itself mid-drain, and on a one-node
     cluster they stayed Pending behind the cordon (nothing finished the incident)."""
-    from executors.node import NodeActions
+    from xidstream.executors.node import NodeActions
 
     key, verify = keys
     own = f"xs-own-{RUN}"

@@ -11,7 +11,7 @@ import pytest
 
 from lightkube.resources.core_v1 import Node
 
-from executors.kube import discover_version, list_then_watch, make_client
+from xidstream.executors.kube import discover_version, list_then_watch, make_client
 
 pytestmark = pytest.mark.kube
 

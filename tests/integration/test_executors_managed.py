@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from executors.cluster import ClusterActions
-from executors.kube import make_client
-from executors.runner import Executor
+from xidstream.executors.cluster import ClusterActions
+from xidstream.executors.kube import make_client
+from xidstream.executors.runner import Executor
 from tests.executors.helpers import command, keypair
 
 pytestmark = pytest.mark.kube

@@ -9,13 +9,13 @@ import uuid
 
 import pytest
 
-from collectors.fakes import FakeGpu, FakeProcess, FakePynvml
-from collectors.sources.procfs import ProcFs
-from executors.gpureset import NvidiaSmi
-from executors.kube import make_client
-from executors.node import NodeActions, NvmlGpuOps
-from executors.runner import Executor
-from schemas.vocab import Outcome
+from xidstream.collectors.fakes import FakeGpu, FakeProcess, FakePynvml
+from xidstream.collectors.sources.procfs import ProcFs
+from xidstream.executors.gpureset import NvidiaSmi
+from xidstream.executors.kube import make_client
+from xidstream.executors.node import NodeActions, NvmlGpuOps
+from xidstream.executors.runner import Executor
+from xidstream.schemas.vocab import Outcome
 from tests.executors.helpers import UUID1, command, keypair
 from tests.integration.test_executors_cluster import get_node, make_node, make_pod, node_events, snapshot
 
@@ -190,9 +190,9 @@ def test_reset_waits_for_the_collectors_nvml_release_and_lets_it_resume(kube, tm
     import time
     from datetime import datetime, timezone
 
-    from collectors.agent import Collector, CollectorConfig
-    from collectors.nvml import NvmlReader, NvmlRelease
-    from collectors.sink import MemorySink
+    from xidstream.collectors.agent import Collector, CollectorConfig
+    from xidstream.collectors.nvml import NvmlReader, NvmlRelease
+    from xidstream.collectors.sink import MemorySink
 
     node = make_node(kube, "reset-handshake")
     kube.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}},
@@ -546,7 +546,7 @@ def test_kured_reboot_is_answered_only_once_the_boot_id_changed_the_node_is_read
 
 
 def test_a_reboot_not_seen_within_its_bound_fails_so_the_ladder_climbs(kube, ns, tmp_path):
-    from executors.reboot import LogindReboot
+    from xidstream.executors.reboot import LogindReboot
 
     node = make_node(kube, "reboot-never")
     cordon(kube, node)
@@ -569,7 +569,7 @@ def test_a_reboot_not_seen_within_its_bound_fails_so_the_ladder_climbs(kube, ns,
 
 
 def test_logind_backend_waits_for_the_drain_and_refuses_without_it(kube, ns, tmp_path):
-    from executors.reboot import LogindReboot
+    from xidstream.executors.reboot import LogindReboot
 
     node = make_node(kube, "reboot-undrained")
     make_pod(kube, ns, f"busy-{RUN}", node)
@@ -638,7 +638,7 @@ def test_a_reboot_of_a_gpu_known_only_by_its_index_is_confirmed_by_that_index(ku
     rig = Rig(kube, tmp_path, node)
     clock = [1000.0]
     actions = NodeActions(make_client(kube.kubeconfig), node, rig.ops, state_dir=tmp_path / "s", clock=lambda: clock[0],
-                          reboot_backend=__import__("executors.reboot", fromlist=["x"]).LogindReboot(run=lambda argv: (0, "")))
+                          reboot_backend=__import__("xidstream.executors.reboot", fromlist=["x"]).LogindReboot(run=lambda argv: (0, "")))
     actions.precondition_wait = 0.0
     cordon(kube, node)
     rig.ex.actions = actions

@@ -15,11 +15,11 @@ import uuid
 import pytest
 import yaml
 
-from executors.cluster import REPLACE_LABEL, ClusterActions
-from executors.kube import make_client
-from executors.replace import REMEDIATE_ANNOTATION, SKIP_REMEDIATION_ANNOTATION
-from executors.runner import Executor
-from schemas.vocab import Outcome
+from xidstream.executors.cluster import REPLACE_LABEL, ClusterActions
+from xidstream.executors.kube import make_client
+from xidstream.executors.replace import REMEDIATE_ANNOTATION, SKIP_REMEDIATION_ANNOTATION
+from xidstream.executors.runner import Executor
+from xidstream.schemas.vocab import Outcome
 from tests.executors.crds import install_crd
 from tests.executors.helpers import command, keypair
 from tests.integration.test_executors_cluster import condition, get_node, node_events

@@ -17,16 +17,16 @@ import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Producer
 
-from exporters.parquet import TELEMETRY_TOPICS
-from exporters.pipeline import Exporter, KafkaTopicSink, ParquetSink
-from exporters.parquet import ParquetLander
-from schemas import GpuProcesses, GpuSample, WorkloadEvent, WorkloadEventType, XidEvent, XidSource
-from schemas.codec import encode
-from schemas.topics import spec_for_model
+from xidstream.exporters.parquet import TELEMETRY_TOPICS
+from xidstream.exporters.pipeline import Exporter, KafkaTopicSink, ParquetSink
+from xidstream.exporters.parquet import ParquetLander
+from xidstream.schemas import GpuProcesses, GpuSample, WorkloadEvent, WorkloadEventType, XidEvent, XidSource
+from xidstream.schemas.codec import encode
+from xidstream.schemas.topics import spec_for_model
 from tests.exporters.helpers import alerts, commands_and_results, ocsf_errors
 from tests.factories import T0
-from schemas.errors import ConfigError
-from transport.kafka import admin, producer_config, read_all
+from xidstream.schemas.errors import ConfigError
+from xidstream.transport.kafka import admin, producer_config, read_all
 from confluent_kafka.admin import NewTopic
 
 pytestmark = pytest.mark.broker
@@ -71,7 +71,7 @@ def _counts(records) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_findings_exported_to_a_kafka_topic_as_valid_ocsf(kafka_settings):
-    from exporters import ocsf
+    from xidstream.exporters import ocsf
 
     produced = alerts() + commands_and_results()
     _produce(kafka_settings, produced)
@@ -168,7 +168,7 @@ def test_a_document_over_the_topics_size_limit_is_shrunk_or_skipped_and_the_expo
     the group commits."""
     import base64
 
-    from schemas import EvidenceEntry
+    from xidstream.schemas import EvidenceEntry
 
     def noise(n: int) -> str:  # incompressible: the broker's limit applies to the lz4 batch
         return base64.b64encode(os.urandom(n)).decode()

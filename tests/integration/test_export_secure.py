@@ -24,13 +24,13 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, NewTopic, ResourcePatternType,
                                    ResourceType)
 
-from exporters import ocsf
-from schemas import Approval
-from schemas.codec import encode
-from schemas.topics import spec_for_model
+from xidstream.exporters import ocsf
+from xidstream.schemas import Approval
+from xidstream.schemas.codec import encode
+from xidstream.schemas.topics import spec_for_model
 from tests.exporters.helpers import alerts, commands_and_results
-from transport.acls import acl_bindings
-from transport.kafka import admin, create_topics, delete_run, producer_config, read_all
+from xidstream.transport.acls import acl_bindings
+from xidstream.transport.kafka import admin, create_topics, delete_run, producer_config, read_all
 from xidstream.settings import Settings
 
 # slow (make test-all only): the secure broker's exporter ACL paths

@@ -6,14 +6,14 @@ opens the incident (Xid 13 at +120 s: APP_FAULT, `RECORD`) and holds the wedge e
 the driver's recovery failure at +122 s, pinned samples from +123 s); the second half carries the
 rest of the pinned minute, after which the same incident becomes GPU_WEDGED (+183 s) with
 `CORDON_NODE`, `DRAIN_NODE`, `RESET_GPU`. A worker that lost the GPU's table row in between would
-open a new incident (its id is derived from the opening record, `streams.classify`) or, missing the
+open a new incident (its id is derived from the opening record, `xidstream.streams.classify`) or, missing the
 Xid 43 and the first 27 pinned seconds, not call the GPU wedged at all.
 
 The worker is stopped only after the group committed the first half (`WorkerProcess.wait_idle`):
 what comes after must come from the table state, not from re-reading the inputs (which, the ids
 being deterministic, would hide a lost row).
 
-The reference is the pure path (`streams.engine.Engine`, the same decisions as a single worker's
+The reference is the pure path (`xidstream.streams.engine.Engine`, the same decisions as a single worker's
 replay): the same incident id, the same `command_id` for every step.
 """
 
@@ -33,15 +33,15 @@ from confluent_kafka import (Consumer, ConsumerGroupState, ConsumerGroupTopicPar
                              TopicPartition)
 import pytest
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import MemorySink
-from schemas import encode, load_scenario
-from schemas.models import Alert, DeadLetter, RemediationCommand
-from schemas.topics import INPUT_TOPICS
-from schemas.vocab import Action, Classification
-from streams.app import internal_topics
-from streams.engine import Engine
-from transport.kafka import admin, consume_records, consumer_config, producer_config
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import encode, load_scenario
+from xidstream.schemas.models import Alert, DeadLetter, RemediationCommand
+from xidstream.schemas.topics import INPUT_TOPICS
+from xidstream.schemas.vocab import Action, Classification
+from xidstream.streams.app import internal_topics
+from xidstream.streams.engine import Engine
+from xidstream.transport.kafka import admin, consume_records, consumer_config, producer_config
 from xidstream.runner import WorkerProcess
 
 # slow (make test-all only): workers killed and restarted over their changelogs
@@ -68,7 +68,7 @@ def _scenario():
 
 def _healthy_fleet(records, n):
     """One sample each of `n` other GPUs (nodes of their own), at the time of `records`' first."""
-    from schemas.models import GpuSample
+    from xidstream.schemas.models import GpuSample
 
     first = next(r for r in records if isinstance(r, GpuSample))
     return [first.model_copy(update={"gpu_uuid": f"GPU-{i:08d}-7777-7777-7777-777777777777", "node": f"filler-{i}",
@@ -540,8 +540,8 @@ def test_a_fetch_over_an_emptied_partition_set_takes_nothing_and_records_put_bac
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition as KTP
 
-    from streams.faust_fast import _put_back, _Wanted
-    from transport.kafka import create_topics
+    from xidstream.streams.faust_fast import _put_back, _Wanted
+    from xidstream.transport.kafka import create_topics
 
     s = kafka_settings
     create_topics(s, names=["gpu.xid"])

@@ -18,13 +18,13 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from schemas import Action, RemediationCommand, RemediationResult, encode, to_dict
-from schemas.models import NodeEnrollment
-from schemas.signing import SigningKey, VerifyKeys, generate_keys
+from xidstream.schemas import Action, RemediationCommand, RemediationResult, encode, to_dict
+from xidstream.schemas.models import NodeEnrollment
+from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
 from tests.integration.test_processor_on_broker import outputs, stop_worker
 from tests.streams.builders import inventory, sample, xid
-from transport.identity import CLUSTER_IDENTITY, NodeIdentity, ProcessorIdentity
-from transport.kafka import producer_config
+from xidstream.transport.identity import CLUSTER_IDENTITY, NodeIdentity, ProcessorIdentity
+from xidstream.transport.kafka import producer_config
 
 pytestmark = pytest.mark.broker
 

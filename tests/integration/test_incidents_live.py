@@ -10,8 +10,8 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from schemas.codec import encode
-from transport.kafka import producer_config
+from xidstream.schemas.codec import encode
+from xidstream.transport.kafka import producer_config
 from tests.streams.builders import run, wedge
 from xidstream.cli import main as cli
 
@@ -48,7 +48,7 @@ def test_incidents_reads_only_what_is_within_since_and_ends_by_itself(kafka_sett
 
 
 def test_our_murmur2_names_the_partition_librdkafka_put_each_key_on(kafka_settings):
-    from transport.kafka import murmur2_partition
+    from xidstream.transport.kafka import murmur2_partition
 
     topic = kafka_settings.topics.name("gpu.samples")
     p = Producer(producer_config(kafka_settings))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from xidstream.localkube import KubeHandle, LocalKube, LocalKubeError
+from workshop.localkube import KubeHandle, LocalKube, LocalKubeError
 
 pytestmark = pytest.mark.kube
 

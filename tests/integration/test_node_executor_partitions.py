@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewPartitions
 
-from schemas import decode_any
-from schemas.codec import encode
+from xidstream.schemas import decode_any
+from xidstream.schemas.codec import encode
 from tests.executors.helpers import command, keypair
 
 # slow (make test-all only): a partition added while a node executor runs
@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.broker
 def test_a_node_executor_reads_a_partition_added_while_it_runs(kafka_settings, tmp_path):
-    from executors.node import NodeActions
-    from executors.runner import Executor, run_kafka
-    from transport.kafka import admin, producer_config, read_all
+    from xidstream.executors.node import NodeActions
+    from xidstream.executors.runner import Executor, run_kafka
+    from xidstream.transport.kafka import admin, producer_config, read_all
 
     settings = kafka_settings
     reg = settings.topics

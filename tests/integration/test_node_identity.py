@@ -10,10 +10,10 @@ import uuid
 import pytest
 import yaml
 
-from executors.enroll import Enroller, request_enrollment
-from executors.kube import make_client
-from schemas.signing import SigningKey, VerifyKeys, generate_keys
-from transport.identity import CLUSTER_IDENTITY, AuthError, NodeIdentity, ProcessorIdentity, RecordVerifier
+from xidstream.executors.enroll import Enroller, request_enrollment
+from xidstream.executors.kube import make_client
+from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
+from xidstream.transport.identity import CLUSTER_IDENTITY, AuthError, NodeIdentity, ProcessorIdentity, RecordVerifier
 
 pytestmark = pytest.mark.kube
 

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from schemas.errors import TopicError
-from schemas.topics import TOPICS
-from streams.app import create_app, internal_topics
-from transport.kafka import create_topics, delete_topics, ensure_processor_topics
+from xidstream.schemas.errors import TopicError
+from xidstream.schemas.topics import TOPICS
+from xidstream.streams.app import create_app, internal_topics
+from xidstream.transport.kafka import create_topics, delete_topics, ensure_processor_topics
 from xidstream.collect_cmd import _check_topics
 from xidstream.settings import Settings
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from executors.kube import make_client, pods_on_node
-from executors.node import NodeActions
-from executors.podview import PodIndex, PodViewServer, PodWatch, TokenCheck, review_with
-from executors.runner import Executor
-from schemas.vocab import Outcome
+from xidstream.executors.kube import make_client, pods_on_node
+from xidstream.executors.node import NodeActions
+from xidstream.executors.podview import PodIndex, PodViewServer, PodWatch, TokenCheck, review_with
+from xidstream.executors.runner import Executor
+from xidstream.schemas.vocab import Outcome
 from tests.deploy.test_helm_chart import by_kind, helm, render  # noqa: F401 - helm is a fixture
 from tests.executors.helpers import command, keypair
-from transport.podview import AUDIENCE, PodViewClient, PodViewError
+from xidstream.transport.podview import AUDIENCE, PodViewClient, PodViewError
 
 pytestmark = pytest.mark.kube
 
@@ -255,7 +255,7 @@ def test_the_node_executors_drained_check_reads_the_view_and_cannot_tell_is_not_
 def test_the_collector_makes_workload_events_from_two_consecutive_views(cluster, tmp_path):
     """The collector's PodViewPoller over the real view: a pod's start and failure between two
     polls are events for the GPU the kubelet gave it; a pod deleted between two polls is none."""
-    from collectors.sources.kubernetes import KubernetesWorkloads, PodResourcesClient, PodViewPoller
+    from xidstream.collectors.sources.kubernetes import KubernetesWorkloads, PodResourcesClient, PodViewPoller
     from tests.collectors.test_kubernetes import _serve_pod_resources, _set_container
 
     c = cluster

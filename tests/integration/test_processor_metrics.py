@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from collectors.sink import KafkaSink
+from xidstream.collectors.sink import KafkaSink
 from xidstream.runner import WorkerProcess
 from tests.streams.builders import wedge
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import KafkaSink
-from schemas import Action, Classification, decode_any, encode, load_scenario
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import KafkaSink
+from xidstream.schemas import Action, Classification, decode_any, encode, load_scenario
 from tests.streams.builders import GPU, wedge
-from transport.kafka import producer_config, read_all
+from xidstream.transport.kafka import producer_config, read_all
 
 pytestmark = pytest.mark.broker
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from schemas import load_scenario
-from schemas.errors import XidstreamError
-from transport.kafka import admin, delete_run
+from xidstream.schemas import load_scenario
+from xidstream.schemas.errors import XidstreamError
+from xidstream.transport.kafka import admin, delete_run
 from xidstream.replay import replay_scenario
 from xidstream.settings import Settings
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas import Action, RemediationResult, decode_any, load_scenario, parse_scenario
-from schemas.errors import ScenarioError
-from transport.kafka import admin, delete_run, read_all
+from xidstream.schemas import Action, RemediationResult, decode_any, load_scenario, parse_scenario
+from xidstream.schemas.errors import ScenarioError
+from xidstream.transport.kafka import admin, delete_run, read_all
 from xidstream.replay import replay_scenario
 from xidstream.settings import Settings
 

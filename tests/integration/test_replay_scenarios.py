@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from schemas import load_scenario
+from xidstream.schemas import load_scenario
 from xidstream.cli import main as cli
 from xidstream.replay import run_replay
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from schemas import decode_any, encode
-from schemas.errors import ConfigError, TopicError
-from transport.config import KafkaConfig
-from transport.faust_auth import faust_kwargs
+from xidstream.schemas import decode_any, encode
+from xidstream.schemas.errors import ConfigError, TopicError
+from xidstream.transport.config import KafkaConfig
+from xidstream.transport.faust_auth import faust_kwargs
 from xidstream.settings import Settings, read_kafka_properties
 from tests.deploy.test_helm_chart import helm  # noqa: F401 - the helm fixture
 
@@ -63,7 +63,7 @@ def test_replication_settings_are_checked():
         Settings.from_env({"XIDSTREAM_REPLICATION": "3", "XIDSTREAM_MIN_INSYNC_REPLICAS": "4"})
     s = Settings.from_env({"XIDSTREAM_REPLICATION": "3", "XIDSTREAM_MIN_INSYNC_REPLICAS": "2"})
     assert (s.replication_factor, s.min_insync_replicas) == (3, 2)
-    from transport.kafka import topic_config
+    from xidstream.transport.kafka import topic_config
 
     assert topic_config(s, {"cleanup.policy": "compact"}) == {"cleanup.policy": "compact", "min.insync.replicas": "2"}
     assert topic_config(Settings(), {}) == {}
@@ -72,7 +72,7 @@ def test_replication_settings_are_checked():
 def test_faust_gets_scram_over_tls_from_the_librdkafka_settings(tmp_path):
     import faust
 
-    from xidstream.localbroker import LocalBroker
+    from workshop.localbroker import LocalBroker
 
     broker = LocalBroker(secure=True, state_dir=tmp_path)
     broker._ensure_tls()
@@ -110,8 +110,8 @@ def test_what_faust_cannot_carry_is_a_clear_config_error(extra, message):
 def secure(secure_kafka):
     """A fresh topic prefix on the secure broker: the contract's topics created and the ACLs of
     every role granted for it, as `admin`; everything under it deleted at the end."""
-    from transport.acls import apply_acls
-    from transport.kafka import create_topics, delete_run
+    from xidstream.transport.acls import apply_acls
+    from xidstream.transport.kafka import create_topics, delete_run
 
     prefix = f"s{uuid.uuid4().hex[:8]}."
 
@@ -147,10 +147,10 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.mark.broker
 def test_each_role_works_end_to_end_with_its_properties_file(secure, secure_kafka, tmp_path):
-    from collectors.scenario import ScenarioRunner
-    from collectors.sink import KafkaSink
-    from schemas import Action, Outcome, RemediationResult, load_scenario
-    from transport.kafka import consumer_config, producer_config, read_all
+    from xidstream.collectors.scenario import ScenarioRunner
+    from xidstream.collectors.sink import KafkaSink
+    from xidstream.schemas import Action, Outcome, RemediationResult, load_scenario
+    from xidstream.transport.kafka import consumer_config, producer_config, read_all
 
     collector, admin, executor = secure("collector"), secure("admin"), secure("cluster-executor")
     reg = admin.topics
@@ -201,7 +201,7 @@ def test_each_role_works_end_to_end_with_its_properties_file(secure, secure_kafk
 
 
 def _produce_error(settings: Settings, topic: str) -> KafkaError | None:
-    from transport.kafka import producer_config
+    from xidstream.transport.kafka import producer_config
 
     out: list = []
     p = Producer(producer_config(settings, **{"message.timeout.ms": 15000}))
@@ -216,7 +216,7 @@ def _fetch_error(settings: Settings, topic: str) -> KafkaError | None:
     metadata answer when it will not even describe the topic to this user (no READ, no DESCRIBE),
     else the fetch's, by assignment from offset 0 (a group error, from a group the role may not
     use, is skipped: the topic's own READ is what is tested)."""
-    from transport.kafka import consumer_config
+    from xidstream.transport.kafka import consumer_config
 
     c = Consumer(consumer_config(settings, f"{settings.topic_prefix}probe-{uuid.uuid4().hex[:6]}"))
     try:
@@ -269,7 +269,7 @@ def test_a_role_is_refused_reading_what_the_contract_does_not_give_it(secure, ro
 
 @pytest.mark.broker
 def test_the_collector_cannot_create_topics_or_read_the_processors_group(secure):
-    from transport.kafka import create_topics
+    from xidstream.transport.kafka import create_topics
 
     s = secure("collector")
     with pytest.raises(TopicError, match="TOPIC_AUTHORIZATION_FAILED"):
@@ -278,7 +278,7 @@ def test_the_collector_cannot_create_topics_or_read_the_processors_group(secure)
 
 @pytest.mark.broker
 def test_a_wrong_password_fails_fast_naming_the_user(secure, tmp_path):
-    from transport.kafka import create_topics
+    from xidstream.transport.kafka import create_topics
 
     s = secure("collector")
     bad = replace(s, kafka_extra={**s.kafka_extra, "sasl.password": "not-the-password"})
@@ -289,7 +289,7 @@ def test_a_wrong_password_fails_fast_naming_the_user(secure, tmp_path):
 
 
 def _untrusted_ca(tmp_path: Path) -> Path:
-    from xidstream.localbroker import LocalBroker
+    from workshop.localbroker import LocalBroker
 
     other = LocalBroker(secure=True, state_dir=tmp_path / "other")
     other._ensure_tls()
@@ -298,7 +298,7 @@ def _untrusted_ca(tmp_path: Path) -> Path:
 
 @pytest.mark.broker
 def test_an_untrusted_ca_fails_fast_naming_tls(secure, tmp_path):
-    from transport.kafka import create_topics
+    from xidstream.transport.kafka import create_topics
 
     s = secure("collector")
     bad = replace(s, kafka_extra={**s.kafka_extra, "ssl.ca.location": str(_untrusted_ca(tmp_path))})
@@ -327,13 +327,13 @@ def test_the_processor_with_an_untrusted_ca_exits_with_the_cause(secure, secure_
 def test_replication_and_min_insync_apply_to_contract_internal_and_changelog_topics(secure):
     from confluent_kafka.admin import ConfigResource
 
-    from streams.app import changelog_topics, internal_topics
-    from transport.kafka import admin as admin_client
-    from transport.kafka import create_topics, ensure_processor_topics
+    from xidstream.streams.app import changelog_topics, internal_topics
+    from xidstream.transport.kafka import admin as admin_client
+    from xidstream.transport.kafka import create_topics, ensure_processor_topics
 
     s = secure("admin").with_(min_insync_replicas=1)
     s = replace(s, topic_prefix=s.topic_prefix + "r.")
-    create_topics(s, names=list(__import__("schemas.topics", fromlist=["TOPICS"]).TOPICS))
+    create_topics(s, names=list(__import__("xidstream.schemas.topics", fromlist=["TOPICS"]).TOPICS))
     ensure_processor_topics(s, internal_topics(s), compacted=changelog_topics(s, s.topic_prefix + "app"))
     client = admin_client(s)
     names = [s.topics.name("gpu.xid"), *internal_topics(s), *changelog_topics(s, s.topic_prefix + "app")]
@@ -347,7 +347,7 @@ def test_replication_and_min_insync_apply_to_contract_internal_and_changelog_top
 
 @pytest.mark.broker
 def test_the_collectors_sink_names_a_refused_password_and_keeps_the_records(secure, tmp_path):
-    from collectors.sink import KafkaSink
+    from xidstream.collectors.sink import KafkaSink
     from tests.factories import one_of_each
 
     s = secure("collector")
@@ -365,7 +365,7 @@ def _commit_error(settings: Settings, group: str, topic: str):
     or a commit to the end would (None when allowed)."""
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
-    from transport.kafka import admin
+    from xidstream.transport.kafka import admin
 
     client = admin(settings)  # kept referenced until the answer: a freed AdminClient never completes its futures
     futures = client.alter_consumer_group_offsets(
@@ -384,7 +384,7 @@ def _commit_error(settings: Settings, group: str, topic: str):
 def test_a_nodes_credentials_cannot_commit_or_rewind_the_cluster_executors_group(secure):
     """With a node's `executor` user (threat T2) the cluster executor's group was committed to its
     end on 1484261, after which it handled none of the signed commands. Now it is its own user's."""
-    from transport.acls import executor_group
+    from xidstream.transport.acls import executor_group
 
     node, cluster = secure("executor"), secure("cluster-executor")
     topic = node.topics.name("gpu.remediation")
@@ -404,12 +404,12 @@ def test_no_nodes_credentials_can_move_another_node_executors_position(secure, t
     after a restart where it stopped, and answers nobody else's."""
     import threading
 
-    from executors.node import NodeActions
-    from executors.runner import Executor, run_kafka
-    from schemas.models import RemediationResult
+    from xidstream.executors.node import NodeActions
+    from xidstream.executors.runner import Executor, run_kafka
+    from xidstream.schemas.models import RemediationResult
     from tests.executors.helpers import command, keypair
-    from transport.acls import executor_group
-    from transport.kafka import producer_config, read_all
+    from xidstream.transport.acls import executor_group
+    from xidstream.transport.kafka import producer_config, read_all
 
     node, admin = secure("executor"), secure("admin")
     reg = node.topics

@@ -13,11 +13,11 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from schemas import Action, encode
-from streams.app import DEADLETTER_ORIGINAL_BYTES
+from xidstream.schemas import Action, encode
+from xidstream.streams.app import DEADLETTER_ORIGINAL_BYTES
 from tests.integration.test_processor_on_broker import outputs, start_worker, stop_worker
 from tests.streams.builders import NODE, xid
-from transport.kafka import producer_config
+from xidstream.transport.kafka import producer_config
 
 # slow (make test-all only): oversized dead letters on the broker
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.topics import INPUT_TOPICS
-from streams.app import internal_topics
+from xidstream.schemas.topics import INPUT_TOPICS
+from xidstream.streams.app import internal_topics
 from xidstream.cli import main as cli
 from xidstream.runner import WorkerProcess
 

@@ -21,11 +21,11 @@ import pytest
 from confluent_kafka.admin import ConfigResource, NewTopic
 from confluent_kafka import Producer
 
-from schemas import decode_any, encode
-from schemas.errors import TopicError
-from streams.app import changelog_topics, internal_topics, wait_for_partitions
+from xidstream.schemas import decode_any, encode
+from xidstream.schemas.errors import TopicError
+from xidstream.streams.app import changelog_topics, internal_topics, wait_for_partitions
 from tests.streams.builders import inventory, sample, xid
-from transport.kafka import admin, ensure_processor_topics, producer_config, read_all
+from xidstream.transport.kafka import admin, ensure_processor_topics, producer_config, read_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # exception that escapes the agent's loop (what faust's PartitionsMismatch did).
 CRASHING_WORKER = """
 import sys
-import streams.app as app_module
+import xidstream.streams.app as app_module
 
 real = app_module.create_app
 

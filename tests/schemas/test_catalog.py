@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas import catalog_gen
-from schemas.xid_catalog import NOT_ASSIGNED, NVLINK5_RULES, XID_CATALOG, lookup
+from xidstream.schemas import catalog_gen
+from xidstream.schemas.xid_catalog import NOT_ASSIGNED, NVLINK5_RULES, XID_CATALOG, lookup
 
 
 def test_every_entry_has_a_name_category_and_resolution():
@@ -35,7 +35,7 @@ CATALOG_CSVS = ("xid_catalog.csv", "xid_catalog_extended.csv", "xid_nvlink5_deco
 
 def test_generated_module_matches_the_catalog_csv():
     assert catalog_gen.OUT.read_text() == catalog_gen.render(OWN_DATA), (
-        "schemas/xid_catalog.py is not what tests/data's CSVs generate: run python -m schemas.catalog_gen "
+        "schemas/xid_catalog.py is not what tests/data's CSVs generate: run python -m xidstream.schemas.catalog_gen "
         "(and copy the CSVs it read into tests/data)")
     assert "DO NOT EDIT" in Path(catalog_gen.OUT).read_text().splitlines()[0]
 

@@ -4,8 +4,8 @@ import jsonschema
 import orjson
 import pytest
 
-from schemas import encode
-from schemas.jsonschema import SCHEMA_DIR, render_all, stale_files
+from xidstream.schemas import encode
+from xidstream.schemas.jsonschema import SCHEMA_DIR, render_all, stale_files
 from tests.factories import one_of_each
 
 

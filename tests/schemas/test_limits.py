@@ -9,7 +9,7 @@ import re
 import orjson
 import pytest
 
-from schemas import (
+from xidstream.schemas import (
     DecodeError,
     GpuCounters,
     GpuInventory,
@@ -22,8 +22,8 @@ from schemas import (
     decode_any,
     encode,
 )
-from schemas.base import NodeRecord
-from schemas.limits import (
+from xidstream.schemas.base import NodeRecord
+from xidstream.schemas.limits import (
     CATALOG_TEXT_MAX,
     COUNTER_NAME_MAX,
     COUNTER_NAMES_MAX,
@@ -48,7 +48,7 @@ from schemas.limits import (
     XID_SOURCES_MAX,
     clip,
 )
-from schemas.models import ALL_MODELS
+from xidstream.schemas.models import ALL_MODELS
 from tests.factories import one_of_each
 
 NODE_SENT = (GpuInventory, GpuSample, GpuProcesses, XidEvent, WorkloadEvent, GpuCounters, RemediationResult)
@@ -292,7 +292,7 @@ COUNTER_INTS = ["pcie_replay_count", "ecc_corrected_volatile", "ecc_uncorrected_
 def test_a_counter_past_a_signed_64_bit_integer_is_refused_by_name(path):
     # every node writes gpu.counters, and the lake's columns are Parquet int64: a forged 2**64 passed
     # validation, then failed the lander's conversion, and every flush after it, for every topic
-    from schemas.limits import INT64_MAX
+    from xidstream.schemas.limits import INT64_MAX
 
     doc = _doc(GpuCounters)
     doc.setdefault("nvlinks", [{"link": 0}])
@@ -308,8 +308,8 @@ def test_a_counters_record_at_every_cap_lands(tmp_path):
     # what the schema lets through, the lake's int64 columns hold: a counter at INT64_MAX lands
     import pyarrow.parquet as pq
 
-    from exporters.parquet import ParquetLander
-    from schemas.limits import INT64_MAX
+    from xidstream.exporters.parquet import ParquetLander
+    from xidstream.schemas.limits import INT64_MAX
 
     doc = _doc(GpuCounters)
     for path in COUNTER_INTS:

@@ -6,7 +6,7 @@ import orjson
 import pydantic
 import pytest
 
-from schemas import (
+from xidstream.schemas import (
     ALL_MODELS,
     Action,
     Classification,

@@ -12,12 +12,12 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from schemas import DecodeError, decode, decode_any, encode
-from schemas.base import NODE_NAME_PATTERN, is_node_name
-from schemas.errors import ScenarioError
-from schemas.jsonschema import render_all
-from schemas.models import Alert, RemediationCommand
-from schemas.scenario import parse_scenario
+from xidstream.schemas import DecodeError, decode, decode_any, encode
+from xidstream.schemas.base import NODE_NAME_PATTERN, is_node_name
+from xidstream.schemas.errors import ScenarioError
+from xidstream.schemas.jsonschema import render_all
+from xidstream.schemas.models import Alert, RemediationCommand
+from xidstream.schemas.scenario import parse_scenario
 from tests.factories import one_of_each
 from tests.schemas.test_limits import NODE_SENT
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from schemas import Action, Classification, ScenarioError, load_scenario, parse_scenario
+from xidstream.schemas import Action, Classification, ScenarioError, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 MOTIVATING = ROOT / "scenarios" / "motivating-incident.yaml"

@@ -26,7 +26,7 @@ import orjson
 import pytest
 from pydantic import BaseModel
 
-from schemas.models import ALL_MODELS, GpuSample
+from xidstream.schemas.models import ALL_MODELS, GpuSample
 
 LOCK = Path(__file__).resolve().parents[2] / "schemas" / "versions.lock"
 BUMP = ("bump its version (SCHEMA, the `schema` Literal, LEGACY), run `xidstream schemas generate`, then "

@@ -12,9 +12,9 @@ from datetime import timedelta
 
 import pytest
 
-from schemas import Action, ConfigError, RemediationCommand, encode
-from schemas.models import Approval
-from schemas.signing import SignatureError, SigningKey, VerifyKeys, canonical, canonical_v1, generate_keys
+from xidstream.schemas import Action, ConfigError, RemediationCommand, encode
+from xidstream.schemas.models import Approval
+from xidstream.schemas.signing import SignatureError, SigningKey, VerifyKeys, canonical, canonical_v1, generate_keys
 from tests.factories import T0, one_of_each
 
 

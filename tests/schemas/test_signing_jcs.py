@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import Action, RemediationCommand
-from schemas.models import Approval
-from schemas.signing import SignatureError, SigningKey, VerifyKeys, canonical, canonical_v1
+from xidstream.schemas import Action, RemediationCommand
+from xidstream.schemas.models import Approval
+from xidstream.schemas.signing import SignatureError, SigningKey, VerifyKeys, canonical, canonical_v1
 from tests.factories import T0
 from tests.tools import examples, find_tool
 
@@ -136,7 +136,7 @@ def _go(verifier: Path, lines: list[dict]) -> list[dict]:
 
 def test_go_verifies_what_the_processor_signs(go_verifier):
     from tests.streams.test_order_free import records_of
-    from streams.engine import Engine
+    from xidstream.streams.engine import Engine
 
     processor = _key(7)
     cmds = [processor.sign(c) for c in Engine().run(records_of("motivating-incident")).commands]
@@ -229,7 +229,7 @@ def test_a_command_the_previous_release_signed_still_verifies_after_it_decodes_a
     # The previous processor signs a /2 command (no `rule`) in its /2 form; this executor decodes it
     # into /3 (rule null) and must check the signature over the form it was signed in, or every
     # command of a processor not yet upgraded is refused as forged during the roll.
-    from schemas.codec import decode, encode
+    from xidstream.schemas.codec import decode, encode
 
     key = _key(7)
     doc = json.loads(encode(_command(rule=None, key_id=key.key_id)))

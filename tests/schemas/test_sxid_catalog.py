@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from schemas.sxid_catalog import FATALITIES, SXID_CATALOG, lookup_sxid
+from xidstream.schemas.sxid_catalog import FATALITIES, SXID_CATALOG, lookup_sxid
 
 
 def test_every_entry_has_its_code_a_name_and_the_guides_class():

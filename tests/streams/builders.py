@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from schemas import (
+from xidstream.schemas import (
     Action,
     ComputeApp,
     GpuInventory,
@@ -15,7 +15,7 @@ from schemas import (
     WorkloadEvent,
     XidEvent,
 )
-from schemas.xid_catalog import lookup
+from xidstream.schemas.xid_catalog import lookup
 
 T0 = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc)
 NODE = "node-a"
@@ -92,7 +92,7 @@ def feed(engine, records):
 
 def run(records, policy=None):
     """`Engine(policy).run(records)`, with `Answer`s answering the commands emitted before them."""
-    from streams.engine import Engine
+    from xidstream.streams.engine import Engine
 
     return feed(Engine(policy), sorted(records, key=lambda r: r.ts))
 
@@ -111,7 +111,7 @@ def wedge(start=120, pinned_until=300, step=5, gpu=GPU, node=NODE):
 
 def counters(t, recovery=None, links=4, gpu=GPU, node=NODE, **fields):
     """A `gpu.counters` reading: `recovery` NVLink recoveries in all, on link 0 (the others none)."""
-    from schemas.models import GpuCounters, NvLinkCounters
+    from xidstream.schemas.models import GpuCounters, NvLinkCounters
 
     nvlinks = None
     if recovery is not None:

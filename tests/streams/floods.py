@@ -5,7 +5,7 @@ executors answering the commands. Deterministic for a seed. Text is of ordinary 
 ``text="max"`` every string a node chooses is as long as its schema allows (schemas.limits): a
 tenant's process names and pod names, a node's event ids, a kernel line the driver printed.
 
-`fold(records)` runs them through `streams.engine.Engine` as a worker would (one record at a time,
+`fold(records)` runs them through `xidstream.streams.engine.Engine` as a worker would (one record at a time,
 in the order given; an `Answer` answers the newest command of its GPU, as an executor would)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 import orjson
 
-from schemas import (
+from xidstream.schemas import (
     ComputeApp,
     GpuInventory,
     GpuProcesses,
@@ -27,7 +27,7 @@ from schemas import (
     XidEvent,
     encode,
 )
-from schemas.xid_catalog import lookup
+from xidstream.schemas.xid_catalog import lookup
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
 APP_XIDS = (13, 31, 43, 45)
@@ -82,7 +82,7 @@ class _Text:
         self.max = spec.text == "max"
         self.rnd = rnd
         if self.max:
-            from schemas import limits
+            from xidstream.schemas import limits
 
             self.limits = limits
 
@@ -208,7 +208,7 @@ def answer(newest: dict, a: Answer) -> RemediationResult | None:
 
 def fold(records: list, policy=None, each: Callable[[int, object], None] | None = None):
     """An Engine with `records` folded in order; `each(i, engine)` after each record (if given)."""
-    from streams.engine import Engine
+    from xidstream.streams.engine import Engine
 
     engine = Engine(policy)
     newest: dict = {}  # GPU -> its newest command (a look-up that does not grow with the flood)

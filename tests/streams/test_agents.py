@@ -9,11 +9,11 @@ import asyncio
 import orjson
 import pytest
 
-from schemas import Action, Classification, RemediationResult, decode_any, encode, to_dict
-from streams.app import FLEET_KEY, create_app
-from streams.classify import step
-from streams.policy import Policy
-from streams.routing import fan_out, state_key
+from xidstream.schemas import Action, Classification, RemediationResult, decode_any, encode, to_dict
+from xidstream.streams.app import FLEET_KEY, create_app
+from xidstream.streams.classify import step
+from xidstream.streams.policy import Policy
+from xidstream.streams.routing import fan_out, state_key
 from tests.streams.builders import GPU, PCI, at, wedge, xid
 from xidstream.settings import Settings
 
@@ -76,7 +76,7 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_agent_goes_on(raw):
 
 def _fleet_messages(records):
     """What the gpu agent sends the fleet agent for `records`, through the same routing
-    (`streams.routing`) the agent and `streams.engine.Engine` use."""
+    (`xidstream.streams.routing`) the agent and `xidstream.streams.engine.Engine` use."""
     states, messages = {}, []
     for r in records:
         key = state_key(r)
@@ -192,7 +192,7 @@ def test_a_batch_setting_that_would_hold_records_back_is_refused(bad):
 
 
 def test_the_gpu_agent_counts_each_stage_of_a_repair_and_its_table_shows_an_unconfirmed_reboot():
-    from streams.app import unconfirmed_reboots
+    from xidstream.streams.app import unconfirmed_reboots
 
     async def run():
         proc, sent = _app()

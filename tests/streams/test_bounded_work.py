@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from streams.evidence import GpuState
-from streams.policy import Policy
-from streams.verdict import XID45, earliest_suspect, suspect_verdict
+from xidstream.streams.evidence import GpuState
+from xidstream.streams.policy import Policy
+from xidstream.streams.verdict import XID45, earliest_suspect, suspect_verdict
 from tests.streams.builders import procs, run, sample, xid, inventory
 from tests.tools import examples
 
@@ -47,8 +47,8 @@ def test_the_one_pass_suspect_rule_equals_the_rule_read_at_every_occurrence(occs
 
 
 def test_a_teardown_of_2000_processes_keeps_64_occurrences_and_changes_no_verdict(monkeypatch):
-    import streams.verdict as verdict
-    from streams.evidence import _XID45_OCCURRENCES_KEPT
+    import xidstream.streams.verdict as verdict
+    from xidstream.streams.evidence import _XID45_OCCURRENCES_KEPT
 
     recs = [inventory(0), sample(0), procs(0, *range(1000, 3000))]
     recs += [xid(10 + i * 0.01, 45, pid=1000 + i) for i in range(2000)]
@@ -77,8 +77,8 @@ def test_a_fleet_wide_burst_of_app_faults_keeps_every_fleet_row_small_and_comman
 
     import orjson
 
-    from schemas import RemediationCommand, decode_any, to_dict
-    from streams.app import FLEET_KEY, create_app
+    from xidstream.schemas import RemediationCommand, decode_any, to_dict
+    from xidstream.streams.app import FLEET_KEY, create_app
     from xidstream.settings import Settings
 
     t0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
@@ -118,7 +118,7 @@ def test_a_fleet_wide_burst_of_app_faults_keeps_every_fleet_row_small_and_comman
 
 
 def test_the_workload_sweep_forgets_pods_that_left_the_window():
-    from streams.fleet import FleetState, fleet_step
+    from xidstream.streams.fleet import FleetState, fleet_step
 
     policy = Policy()
     state = FleetState()
@@ -134,8 +134,8 @@ def test_the_workload_sweep_forgets_pods_that_left_the_window():
 def test_huge_kernel_text_from_a_collector_is_bounded_in_the_row_and_in_every_alert():
     import orjson
 
-    from schemas import encode
-    from streams.evidence import ENTRY_RAW_CHARS, ENTRY_TEXT_CHARS
+    from xidstream.schemas import encode
+    from xidstream.streams.evidence import ENTRY_RAW_CHARS, ENTRY_TEXT_CHARS
 
     big = "X" * 350_000
     recs = [inventory(0), sample(0), procs(0, 4242)]

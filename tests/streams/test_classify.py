@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Action, Classification, RemediationResult
-from streams.classify import _phase, step
-from streams.engine import Engine
-from streams.evidence import GpuState
-from streams.policy import Policy, load_policy
-from streams.render import STEP_TEXT, hid
+from xidstream.schemas import Action, Classification, RemediationResult
+from xidstream.streams.classify import _phase, step
+from xidstream.streams.engine import Engine
+from xidstream.streams.evidence import GpuState
+from xidstream.streams.policy import Policy, load_policy
+from xidstream.streams.render import STEP_TEXT, hid
 from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, result, run, sample, wedge, workload, xid
 
 
@@ -215,7 +215,7 @@ def test_contained_or_informational_xids_are_app_class(code):
 
 
 def test_contact_support_xids_quarantine_and_recommend_a_case():
-    from schemas.xid_catalog import XID_CATALOG
+    from xidstream.schemas.xid_catalog import XID_CATALOG
 
     code = min(x for x, i in XID_CATALOG.items() if i.resolution == "CONTACT_SUPPORT" and not Policy().is_app_class(x))
     e = run([sample(0), xid(10, code, pid=None)])
@@ -229,7 +229,7 @@ def test_a_code_outside_the_catalog_is_kept_with_its_raw_text(code):
     """A code NVIDIA's catalog does not name (a newer driver's, or one no source publishes) is never
     dropped: a GPU-level verdict that names it as unknown, a quarantine and a support case (no
     node-level action: nothing says the node is at fault), and the driver's line in the evidence."""
-    from schemas.xid_catalog import XID_CATALOG
+    from xidstream.schemas.xid_catalog import XID_CATALOG
 
     assert code not in XID_CATALOG
     e = run([sample(0), xid(10, code, pid=None, message="a message no catalog explains")])
@@ -351,7 +351,7 @@ def test_fleet_breaker_needs_at_least_three_nodes():
 
 
 def test_policy_file_errors_are_clear(tmp_path):
-    from schemas import ConfigError
+    from xidstream.schemas import ConfigError
 
     with pytest.raises(ConfigError, match="unknown setting\\(s\\) pinned_secs"):
         load_policy({"pinned_secs": 1})

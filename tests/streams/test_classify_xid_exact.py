@@ -1,4 +1,4 @@
-"""`streams.classify._on_xid` exactly: the Xid fact, the timeline line, the occurrence and the
+"""`xidstream.streams.classify._on_xid` exactly: the Xid fact, the timeline line, the occurrence and the
 fleet message an application fault leaves, the climb a hardware Xid makes after a reset or a
 reboot that succeeded, and the boundaries of both. Each test kills mutants of `make mutate
 streams/classify.py` that only the slow property tests (test_order_free, test_persisted_material,
@@ -10,11 +10,11 @@ import copy
 
 import pytest
 
-from schemas import Action, Classification
-from streams.classify import step
-from streams.engine import Engine
-from streams.policy import Policy
-from streams.render import describe_xid
+from xidstream.schemas import Action, Classification
+from xidstream.streams.classify import step
+from xidstream.streams.engine import Engine
+from xidstream.streams.policy import Policy
+from xidstream.streams.render import describe_xid
 from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, sample, xid
 
 P = Policy()
@@ -128,7 +128,7 @@ def test_a_hardware_xid_after_the_node_came_back_from_its_reboot_climbs_to_a_rep
 
 
 def test_an_incident_opens_with_its_id_time_plan_and_remedy_exactly():
-    from streams.render import hid
+    from xidstream.streams.render import hid
 
     e = feed(Engine(), [inventory(0), sample(0), xid(10, 48, pid=None)])
     inc = e.states[GPU].incident
@@ -161,7 +161,7 @@ def test_an_application_fault_on_a_hardware_incident_keeps_it_hardware():
 def test_a_fold_output_of_unknown_kind_is_refused_not_published_as_an_alert():
     import pytest
 
-    from streams.routing import fan_out
+    from xidstream.streams.routing import fan_out
 
     state = feed(Engine(), [inventory(0)]).states[GPU]
     with pytest.raises(ValueError, match="unknown kind 'alerts'"):

@@ -1,5 +1,5 @@
-"""GPU_DEGRADING: error counters trended over a long event-time window (`streams.degrade`, folded
-by `streams.classify.step`). A steady rise warns, a one-off jump does not; the plan is RECORD, a
+"""GPU_DEGRADING: error counters trended over a long event-time window (`xidstream.streams.degrade`, folded
+by `xidstream.streams.classify.step`). A steady rise warns, a one-off jump does not; the plan is RECORD, a
 quarantine only when the policy asks; never a node-level action from a trend; the summary per
 counter stays the same size however long the GPU lives."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from schemas import Action, Classification
-from schemas.vocab import NODE_ACTIONS
-from streams.classify import GpuState, step
-from streams.degrade import INTERVALS, fold_counters, trend_summary
-from streams.policy import Policy
+from xidstream.schemas import Action, Classification
+from xidstream.schemas.vocab import NODE_ACTIONS
+from xidstream.streams.classify import GpuState, step
+from xidstream.streams.degrade import INTERVALS, fold_counters, trend_summary
+from xidstream.streams.policy import Policy
 from tests.streams.builders import GPU, at, counters, inventory, sample
 
 H = 3600.0
@@ -225,8 +225,8 @@ def test_a_reading_marks_the_row_changed_and_names_the_gpus_nvlink_domain():
                                  {"degrade_ecc_sbe_per_h": -1}, {"degrade_realert_s": 0},
                                  {"degrade_sample_gap_s": 2}])
 def test_policies_that_would_make_noise_a_trend_are_refused(bad):
-    from schemas.errors import ConfigError
-    from streams.policy import load_policy
+    from xidstream.schemas.errors import ConfigError
+    from xidstream.streams.policy import load_policy
 
     with pytest.raises(ConfigError):
         load_policy(bad)
@@ -291,8 +291,8 @@ def test_hostile_counter_values_keep_the_row_serializable():
     # 36 links at INT64_MAX each, and a counter that resets and jumps to INT64_MAX again and again
     # within one hour: the sums stayed Python ints past 64 bits and the row's orjson.dumps failed,
     # which crash-looped the worker on the same batch (review)
-    from schemas.limits import INT64_MAX, NVLINK_LINKS_MAX
-    from schemas.models import GpuCounters, NvLinkCounters
+    from xidstream.schemas.limits import INT64_MAX, NVLINK_LINKS_MAX
+    from xidstream.schemas.models import GpuCounters, NvLinkCounters
     from tests.streams.builders import PCI, NODE
 
     def many(t, v):
@@ -313,7 +313,7 @@ def test_hostile_counter_values_keep_the_row_serializable():
 def test_an_open_incident_stays_open_when_the_policy_window_changed_across_a_restart():
     # buckets of the old width read with the new window said "not degrading", and the open
     # incident resolved at the next sample (review)
-    from streams.degrade import degrading_now
+    from xidstream.streams.degrade import degrading_now
 
     state, _ = run(ramp(4, 12))
     t = T(12 * H)

@@ -7,9 +7,9 @@ one more. Each test below fails on one of them."""
 
 from __future__ import annotations
 
-from schemas.limits import INT64_MAX
-from schemas.models import GpuCounters, NvLinkCounters
-from streams.degrade import INTERVALS, _add, _crc, _links, _window
+from xidstream.schemas.limits import INT64_MAX
+from xidstream.schemas.models import GpuCounters, NvLinkCounters
+from xidstream.streams.degrade import INTERVALS, _add, _crc, _links, _window
 from tests.streams.builders import GPU, NODE, PCI, at
 
 W = 3600.0  # the interval's width at the default day

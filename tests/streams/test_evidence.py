@@ -1,4 +1,4 @@
-"""streams.evidence: the per-GPU row's in-memory and persisted form (memory per GPU)."""
+"""xidstream.streams.evidence: the per-GPU row's in-memory and persisted form (memory per GPU)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import copy
 import orjson
 import pytest
 
-from streams.classify import GpuState, step
-from streams.evidence import EMPTY_DICT, EMPTY_LIST, added
-from streams.policy import Policy
-from streams.routing import state_key
+from xidstream.streams.classify import GpuState, step
+from xidstream.streams.evidence import EMPTY_DICT, EMPTY_LIST, added
+from xidstream.streams.policy import Policy
+from xidstream.streams.routing import state_key
 from tests.streams.builders import GPU, NODE, inventory, procs, sample, wedge, workload, xid
 
 CONTAINERS = ("pin_stats", "pin_ids", "pods", "occurrences", "xids", "workload_failures", "pending_notes")

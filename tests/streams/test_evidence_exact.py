@@ -10,8 +10,8 @@ import pickle
 
 import pytest
 
-from schemas import ComputeApp, DeviceHolder, GpuProcesses, GpuSample, WorkloadEvent
-from streams.evidence import (
+from xidstream.schemas import ComputeApp, DeviceHolder, GpuProcesses, GpuSample, WorkloadEvent
+from xidstream.streams.evidence import (
     COMPUTE,
     EMPTY_DICT,
     EMPTY_LIST,
@@ -40,8 +40,8 @@ from streams.evidence import (
     sustained_pin,
     workload_of,
 )
-from streams.incident import Incident
-from streams.policy import Policy
+from xidstream.streams.incident import Incident
+from xidstream.streams.policy import Policy
 from tests.streams.builders import at
 
 P = Policy()  # burst 5 s, skew bound 300 s, lookbacks 1800 s, pinned at >= 95% and <= 1% of memory

@@ -1,4 +1,4 @@
-"""streams.evidence, the cases its surviving mutants showed no test held (make mutate
+"""xidstream.streams.evidence, the cases its surviving mutants showed no test held (make mutate
 streams/evidence.py): the compute floor in the pin's start, the runs a process list records, a
 closed fault's name, the window `pending` reads, and the guards of `nocompute_start`."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import orjson
 
-from streams.classify import step
-from streams.evidence import (
+from xidstream.streams.classify import step
+from xidstream.streams.evidence import (
     COMPUTE,
     NO_PROCESS,
     GpuState,

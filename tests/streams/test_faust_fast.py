@@ -1,4 +1,4 @@
-"""streams.faust_fast: the cuts in faust's per-message path keep faust's behaviour (no broker)."""
+"""xidstream.streams.faust_fast: the cuts in faust's per-message path keep faust's behaviour (no broker)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from faust.types import TP
 from intervaltree import IntervalTree
 from mode import Service
 
-from streams.faust_fast import FastConsumer, RawSchema, deliver, wait_for_room
+from xidstream.streams.faust_fast import FastConsumer, RawSchema, deliver, wait_for_room
 
 
 class _Svc(Service):
@@ -479,7 +479,7 @@ def _batches(run_body, *, max_=5, within=0.2):
     consumer generation unless told otherwise."""
     import faust
 
-    from streams.faust_fast import take_batches
+    from xidstream.streams.faust_fast import take_batches
 
     async def run():
         app = faust.App("take-batches-test", broker="kafka://127.0.0.1:1", autodiscover=False)  # never connected
@@ -538,7 +538,7 @@ def test_a_short_batch_waits_up_to_within_for_more_then_goes_without_them():
 def test_the_events_of_a_batch_whose_body_raised_are_not_acked():
     """faust's take_events acks a batch in a ``finally``, also when the body raised: the worker
     could commit past records whose rows were never written. The agents' bodies that raise stop
-    the worker (`streams.app.guarded`); their records must be read again."""
+    the worker (`xidstream.streams.app.guarded`); their records must be read again."""
     async def body(put, batches, acked, stream):
         put(1, 2, 3)
         try:
@@ -654,7 +654,7 @@ def _watching(applied: dict, high: dict, positions: dict, *, queued: int = 0, fe
 
 
 def test_a_recovery_is_taken_for_stalled_only_when_aiokafka_read_past_what_it_applied_and_nothing_moved():
-    from streams.faust_fast import RECOVERY_STALL_S
+    from xidstream.streams.faust_fast import RECOVERY_STALL_S
 
     stalled = FastConsumer._stalled_recovery
     a, b = TP("gpu-state-changelog", 0), TP("gpu-state-changelog", 1)
@@ -866,7 +866,7 @@ def test_the_liveness_watch_sees_a_batch_held_in_a_body_and_nothing_once_it_retu
     """/livez (streams.app): a batch that stays in an agent's body past the stall limit makes the
     worker not live; an idle worker, or one whose bodies return, is live (a wedged
     worker still answered /metrics, the probe the chart used)."""
-    from streams.faust_fast import BATCHES
+    from xidstream.streams.faust_fast import BATCHES
 
     async def body(put, batches, acked, stream):
         put(1, 2, 3)
@@ -888,7 +888,7 @@ def test_the_liveness_watch_sees_a_batch_held_in_a_body_and_nothing_once_it_retu
 
 
 def test_the_liveness_watch_reports_the_oldest_batch():
-    from streams.faust_fast import BatchWatch
+    from xidstream.streams.faust_fast import BatchWatch
 
     w = BatchWatch()
     assert w.stalled(10, now=100) is None
@@ -907,8 +907,8 @@ def test_the_workers_producer_is_idempotent_with_acks_all():
     """faust asks aiokafka for idempotence only inside a transaction; the processor's producer
     must have it at-least-once too, or a send retried to a new leader after the old one wrote it
     and died is on the topic twice (the three-broker failover test saw a command twice)."""
-    from streams.app import create_app
-    from transport.config import KafkaConfig
+    from xidstream.streams.app import create_app
+    from xidstream.transport.config import KafkaConfig
 
     async def made() -> tuple:
         app = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app
@@ -927,9 +927,9 @@ def test_acks_1_only_when_the_measurement_asks_for_it_and_nothing_else_is_taken(
     """bench/broker_failover.py sets XIDSTREAM_PROCESSOR_ACKS=1 to measure what acks=all costs the
     worker: then acks=1 and no idempotence (aiokafka refuses idempotence without acks=all). Any
     other value is refused by name, not read as one of the two."""
-    from streams import faust_fast
-    from streams.app import create_app
-    from transport.config import KafkaConfig
+    from xidstream.streams import faust_fast
+    from xidstream.streams.app import create_app
+    from xidstream.transport.config import KafkaConfig
 
     def extra() -> tuple:
         app = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app
@@ -968,7 +968,7 @@ def test_an_offset_reset_that_meets_a_stale_leader_refreshes_the_metadata():
     from aiokafka.errors import NotLeaderForPartitionError
     from aiokafka.structs import TopicPartition
 
-    from streams.faust_fast import mend_aiokafka
+    from xidstream.streams.faust_fast import mend_aiokafka
 
     tp = TopicPartition("gpu.samples", 0)
     asked = []
@@ -998,7 +998,7 @@ def test_an_offset_fetch_that_answers_not_coordinator_is_a_retriable_group_error
     from aiokafka.protocol.commit import OffsetFetchResponse_v1, OffsetFetchResponse_v3
     from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
-    from streams.faust_fast import mend_aiokafka
+    from xidstream.streams.faust_fast import mend_aiokafka
 
     tp = TopicPartition("gpu.samples", 0)
 
@@ -1047,7 +1047,7 @@ def test_an_offset_fetch_that_answers_not_coordinator_is_a_retriable_group_error
 def test_the_worker_mends_each_consumer_it_starts(monkeypatch):
     from types import SimpleNamespace
 
-    from streams import faust_fast
+    from xidstream.streams import faust_fast
 
     started = SimpleNamespace(_fetcher=None, _coordinator=None)
 
@@ -1065,8 +1065,8 @@ def test_the_worker_mends_each_consumer_it_starts(monkeypatch):
 def test_the_workers_clients_refresh_metadata_every_ten_seconds():
     # faust's default is five minutes: a leader that moved with no error to say so (the preferred
     # leader taking its partitions back after a restart) was unknown to the worker that long
-    from streams.app import create_app
-    from transport.config import KafkaConfig
+    from xidstream.streams.app import create_app
+    from xidstream.transport.config import KafkaConfig
 
     conf = create_app(KafkaConfig(bootstrap="127.0.0.1:1")).app.conf
     assert conf.consumer_metadata_max_age_ms == conf.producer_metadata_max_age_ms == 10_000

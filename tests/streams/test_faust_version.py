@@ -5,7 +5,7 @@ update WRITTEN_FOR / MIRRORED: docs/development.md)."""
 
 from __future__ import annotations
 
-import streams.faust_fast as ff
+import xidstream.streams.faust_fast as ff
 
 
 def test_the_installed_faust_is_the_one_the_cuts_were_written_for():

@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schemas import Classification, Severity
-from streams.fleet import FLEET_NODE, WORKLOAD_GPUS_KEPT, FleetState, fleet_step
-from streams.handoff import Handoff, HandoffError
-from streams.policy import Policy
+from xidstream.schemas import Classification, Severity
+from xidstream.streams.fleet import FLEET_NODE, WORKLOAD_GPUS_KEPT, FleetState, fleet_step
+from xidstream.streams.handoff import Handoff, HandoffError
+from xidstream.streams.policy import Policy
 from tests.streams.test_fleet_trust import T0, _cmd
 
 P = Policy()
@@ -291,7 +291,7 @@ def test_the_workload_alerts_steps_exactly():
 
 @pytest.fixture()
 def approver(tmp_path):
-    from schemas.signing import SigningKey, VerifyKeys, generate_keys
+    from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
 
     priv, pub, _ = generate_keys(tmp_path / "ops")
     sk, _, _ = generate_keys(tmp_path / "signing")
@@ -301,8 +301,8 @@ def approver(tmp_path):
 def _approval(key, *, ts=T0, ttl=300.0, command_id="breaker-reset"):
     import uuid
 
-    from schemas import to_dict
-    from schemas.models import Approval
+    from xidstream.schemas import to_dict
+    from xidstream.schemas.models import Approval
 
     a = key.sign(Approval(ts=ts, node="fleet", approval_id=uuid.uuid4().hex, command_id=command_id, approved_by="ops",
                           expires_at=ts + timedelta(seconds=ttl)))
@@ -436,7 +436,7 @@ def test_a_local_reset_without_a_time_is_stamped_now_or_when_the_breaker_tripped
 
 
 def test_each_node_is_named_by_its_newest_start_the_first_of_equal_times():
-    from streams.fleet import _newest_incidents
+    from xidstream.streams.fleet import _newest_incidents
 
     starts = [[10.0, "n1", "i-a"], [5.0, "n1", "i-b"], [10.0, "n1", "i-c"], [3.0, "n2", "i-d"], [7.0, "n2", "i-e"],
               [20.0, "n3"]]  # a start kept before incident ids: names nothing
@@ -471,7 +471,7 @@ def test_a_command_read_twice_is_released_and_counted_once():
 
 
 def test_the_commands_remembered_are_the_newest_release_kept():
-    from streams.fleet import RELEASED_KEPT
+    from xidstream.streams.fleet import RELEASED_KEPT
 
     s = FleetState()
     first = _cmd("n1", "RECORD", T0)
@@ -492,7 +492,7 @@ def test_the_commands_remembered_are_the_newest_release_kept():
 
 # -- the hand-off's bound on a copy --------------------------------------------------------------
 def test_a_sealed_message_is_good_for_an_hour_and_never_for_a_seal_stamped_far_ahead():
-    from streams.handoff import MAX_AGE_S, MAX_FUTURE_S
+    from xidstream.streams.handoff import MAX_AGE_S, MAX_FUTURE_S
 
     assert (MAX_AGE_S, MAX_FUTURE_S) == (3600.0, 300.0)
     h = Handoff(b"k" * 32)
@@ -540,7 +540,7 @@ def _sealed_cmd(state, node, sealed_at, cid=None):
 
 
 def test_released_commands_are_forgotten_once_a_copy_would_be_too_old_to_open():
-    from streams.fleet import forget_released
+    from xidstream.streams.fleet import forget_released
 
     s = FleetState()
     for i, t in enumerate((100.0, 200.0, 150.0, 300.0)):  # received a little out of the order sealed
@@ -556,7 +556,7 @@ def test_released_commands_are_forgotten_once_a_copy_would_be_too_old_to_open():
 
 
 def test_a_sealed_command_older_than_the_oldest_forgotten_by_count_is_refused(monkeypatch):
-    import streams.fleet as fleet
+    import xidstream.streams.fleet as fleet
 
     monkeypatch.setattr(fleet, "RELEASED_KEPT", 3)
     s = FleetState()

@@ -16,13 +16,13 @@ from datetime import datetime, timedelta, timezone
 import orjson
 import pytest
 
-from schemas import Action, Classification, RemediationCommand, decode_any, to_dict
-from schemas.models import Approval
-from schemas.signing import SigningKey, VerifyKeys, generate_keys
-from streams.app import FLEET_KEY, create_app
-from streams.fleet import FleetState, breaker_time, fleet_step
-from streams.handoff import RESET_COMMAND_ID, Handoff, HandoffError
-from streams.policy import Policy
+from xidstream.schemas import Action, Classification, RemediationCommand, decode_any, to_dict
+from xidstream.schemas.models import Approval
+from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
+from xidstream.streams.app import FLEET_KEY, create_app
+from xidstream.streams.fleet import FleetState, breaker_time, fleet_step
+from xidstream.streams.handoff import RESET_COMMAND_ID, Handoff, HandoffError
+from xidstream.streams.policy import Policy
 from xidstream.settings import Settings
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=timezone.utc)
@@ -151,7 +151,7 @@ def test_the_fleet_agent_signs_nothing_it_was_not_handed_by_its_own_agents(keys)
 
 def test_the_gpu_agent_seals_what_it_hands_to_the_fleet_agent(keys):
     from tests.streams.builders import GPU, wedge
-    from schemas import encode
+    from xidstream.schemas import encode
 
     sk = keys[0]
 
@@ -319,7 +319,7 @@ def test_a_replayed_sealed_command_is_not_released_again_after_a_restart(keys):
 def test_a_copy_older_than_the_hand_off_bound_is_dead_lettered_and_what_it_named_forgotten(keys, monkeypatch):
     """A copy written again after the hour: refused by its seal time, whatever the table still
     holds; and the rows of the commands released an hour ago are gone from the table."""
-    import streams.app as app_module
+    import xidstream.streams.app as app_module
 
     sk = keys[0]
     now = time.time()

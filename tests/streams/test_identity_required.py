@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.signing import SigningKey, generate_keys
-from streams.app import create_app
-from streams.metrics import metrics_text
-from transport.identity import IDENTITY_PUB, ProcessorIdentity, RecordVerifier, read_processor_public
+from xidstream.schemas.signing import SigningKey, generate_keys
+from xidstream.streams.app import create_app
+from xidstream.streams.metrics import metrics_text
+from xidstream.transport.identity import IDENTITY_PUB, ProcessorIdentity, RecordVerifier, read_processor_public
 from xidstream.cli import main
 from xidstream.settings import Settings
 
@@ -75,7 +75,7 @@ def test_keys_generate_and_keys_identity_write_the_identity_key_nodes_read_from_
 
 @pytest.mark.parametrize("content, why", [("not a key\n", "holds no X25519 public key"), (None, "neither 64 hex digits")])
 def test_a_processor_identity_that_is_no_key_is_refused_by_name(tmp_path, content, why):
-    from schemas.errors import ConfigError
+    from xidstream.schemas.errors import ConfigError
 
     path = tmp_path / "identity.pub"
     if content is not None:

@@ -1,12 +1,12 @@
-"""streams.incident exactly: the ladder, the step counter, the RECORD cap, results matched to
+"""xidstream.streams.incident exactly: the ladder, the step counter, the RECORD cap, results matched to
 commands and the timeline's head-and-tail cap, each at its size and one past it."""
 
 from __future__ import annotations
 
 import pytest
 
-from schemas.vocab import Action
-from streams.incident import CLOSING, LADDER, RUNG, Incident
+from xidstream.schemas.vocab import Action
+from xidstream.streams.incident import CLOSING, LADDER, RUNG, Incident
 
 
 def incident(**kw) -> Incident:

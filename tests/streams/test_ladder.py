@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Action, RemediationResult
-from streams.engine import Engine
+from xidstream.schemas import Action, RemediationResult
+from xidstream.streams.engine import Engine
 from tests.streams.builders import GPU, NODE, at, feed, wedge, xid
 from tests.streams.test_classify import _storm, _topic_major, actions
 

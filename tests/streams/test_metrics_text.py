@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from streams.metrics import LabelledCounts, metrics_text
+from xidstream.streams.metrics import LabelledCounts, metrics_text
 
 STATS = {"events": 0, "deadletters": 0, "alerts": 0, "commands": 0, "rows_written": 0, "outputs_refused": 0,
          "gpu_claims_refused": 0}

@@ -27,13 +27,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import MemorySink
-from schemas import Classification, load_scenario
-from schemas.vocab import NODE_ACTIONS, Action
-from streams.engine import Engine
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import Classification, load_scenario
+from xidstream.schemas.vocab import NODE_ACTIONS, Action
+from xidstream.streams.engine import Engine
 from tests.streams.builders import GPU, NODE, PCI, at, inventory, procs, sample, xid, workload
-from schemas import ComputeApp, GpuProcesses, WorkloadEvent, XidEvent
+from xidstream.schemas import ComputeApp, GpuProcesses, WorkloadEvent, XidEvent
 from tests.tools import examples
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -316,9 +316,9 @@ def test_a_crash_looping_pods_closed_faults_stay_one_workload():
 def test_an_open_fault_read_late_counts_with_a_newer_closed_one():
     """The rule holds at the newer closed fault's time when an older open fault (read late) is in
     its window: in time order both were open and it held there."""
-    from streams.evidence import GpuState
-    from streams.policy import Policy
-    from streams.verdict import earliest_suspect
+    from xidstream.streams.evidence import GpuState
+    from xidstream.streams.policy import Policy
+    from xidstream.streams.verdict import earliest_suspect
 
     state = GpuState(key="k", gpu_index=0, node="n")
     state.occurrences = [

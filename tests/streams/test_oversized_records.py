@@ -8,9 +8,9 @@ import asyncio
 
 import orjson
 
-from schemas import Classification, decode_any, encode
-from schemas.limits import KERNEL_RAW_MAX
-from streams.app import create_app
+from xidstream.schemas import Classification, decode_any, encode
+from xidstream.schemas.limits import KERNEL_RAW_MAX
+from xidstream.streams.app import create_app
 from tests.streams.builders import GPU, xid
 from xidstream.settings import Settings
 

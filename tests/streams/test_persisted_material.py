@@ -1,5 +1,5 @@
 """What `step` calls unchanged is really unchanged for every decision: a worker writes a GPU's row
-only when `step` says it changed (`streams.classify._material`), so a fact left out of that
+only when `step` says it changed (`xidstream.streams.classify._material`), so a fact left out of that
 comparison is lost at the next restart or rebalance. Folding with the row read back from its last
 written bytes before every record must give exactly the outputs of folding in memory.
 
@@ -22,9 +22,9 @@ import random
 import orjson
 import pytest
 
-from streams.classify import GpuState, step
-from streams.policy import Policy
-from streams.routing import state_key
+from xidstream.streams.classify import GpuState, step
+from xidstream.streams.policy import Policy
+from xidstream.streams.routing import state_key
 from tests.streams import floods
 from tests.streams.test_order_free import NAMES, interleave, records_of
 

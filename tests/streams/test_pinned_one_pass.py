@@ -9,9 +9,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.evidence import COMPUTE, NO_PROCESS, UNKNOWN, GpuState, pin_onset
-from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
-from streams.verdict import _is_app, _is_wedge, pinned_verdicts
+from xidstream.streams.evidence import COMPUTE, NO_PROCESS, UNKNOWN, GpuState, pin_onset
+from xidstream.streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy
+from xidstream.streams.verdict import _is_app, _is_wedge, pinned_verdicts
 from tests.tools import examples
 
 

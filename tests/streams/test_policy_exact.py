@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from schemas.errors import ConfigError
-from streams.policy import Policy, load_policy
+from xidstream.schemas.errors import ConfigError
+from xidstream.streams.policy import Policy, load_policy
 
 D = 30 * 24 * 3600.0
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import orjson
 
-from schemas import Action, RemediationResult
-from schemas.models import ResultStep
-from streams.app import unconfirmed_reboots
-from streams.engine import Engine
-from streams.metrics import LabelledCounts, metrics_text
-from streams.repair import answer_milestones, durations, reached
+from xidstream.schemas import Action, RemediationResult
+from xidstream.schemas.models import ResultStep
+from xidstream.streams.app import unconfirmed_reboots
+from xidstream.streams.engine import Engine
+from xidstream.streams.metrics import LabelledCounts, metrics_text
+from xidstream.streams.repair import answer_milestones, durations, reached
 from tests.streams.builders import GPU, at, feed, procs, sample, wedge
 
 RESET_STEPS = [("cordoned_drained", 255), ("holders_classified", 256), ("operands_paused", 258),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from streams.classify import step
-from streams.policy import Policy
+from xidstream.streams.classify import step
+from xidstream.streams.policy import Policy
 from tests.streams.builders import sample
 
 

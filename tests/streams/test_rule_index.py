@@ -15,16 +15,16 @@ from pathlib import Path
 import orjson
 import pytest
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import MemorySink
-from exporters.ecs import to_ecs
-from exporters.ocsf import to_ocsf
-from schemas import Alert, load_scenario
-from schemas.codec import decode, encode, to_dict
-from schemas.models import RemediationCommand
-from streams import rules as R
-from streams.engine import Engine
-from streams.policy import Policy
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import MemorySink
+from xidstream.exporters.ecs import to_ecs
+from xidstream.exporters.ocsf import to_ocsf
+from xidstream.schemas import Alert, load_scenario
+from xidstream.schemas.codec import decode, encode, to_dict
+from xidstream.schemas.models import RemediationCommand
+from xidstream.streams import rules as R
+from xidstream.streams.engine import Engine
+from xidstream.streams.policy import Policy
 from xidstream.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import (
+from xidstream.schemas import (
     Action,
     Classification,
     ComputeApp,
@@ -18,13 +18,13 @@ from schemas import (
     RemediationResult,
     XidEvent,
 )
-from schemas.xid_catalog import XID_CATALOG
-from streams.classify import _climb, _raise
-from streams.engine import Engine
-from streams.hardware import RESET
-from streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy, is_app_class, load_policy
-from streams.routing import state_key
-from streams.verdict import Verdict
+from xidstream.schemas.xid_catalog import XID_CATALOG
+from xidstream.streams.classify import _climb, _raise
+from xidstream.streams.engine import Engine
+from xidstream.streams.hardware import RESET
+from xidstream.streams.policy import GUARD_MIN_PINNED_SPAN_S, Policy, is_app_class, load_policy
+from xidstream.streams.routing import state_key
+from xidstream.streams.verdict import Verdict
 from tests.streams.builders import GPU, NODE, PCI, at, feed, inventory, procs, result, run, sample, wedge, xid
 from tests.tools import examples
 
@@ -481,8 +481,8 @@ def _restarted_every_record(records, policy=None):
     and read back (orjson) for every record, as after a restart or a rebalance."""
     import orjson
 
-    from streams.classify import GpuState, step
-    from streams.routing import state_key
+    from xidstream.streams.classify import GpuState, step
+    from xidstream.streams.routing import state_key
 
     table, outs = {}, []
     for r in sorted(records, key=lambda r: r.ts):
@@ -498,8 +498,8 @@ def _restarted_every_record(records, policy=None):
 
 
 def _live(records, policy=None):
-    from streams.classify import step
-    from streams.routing import state_key
+    from xidstream.streams.classify import step
+    from xidstream.streams.routing import state_key
 
     states, outs = {}, []
     for r in sorted(records, key=lambda r: r.ts):
@@ -525,7 +525,7 @@ def test_what_is_persisted_decides_as_live_does(case):
 
 
 def test_rows_written_before_issue_8_still_fold():
-    from streams.classify import GpuState
+    from xidstream.streams.classify import GpuState
 
     old = {"key": GPU, "node": NODE, "gpu_uuid": GPU, "occurrences": [{"ts": 1.0, "last_ts": 1.0, "pid": 7, "codes": [13],
                                                                      "pod": None}],
@@ -534,7 +534,7 @@ def test_rows_written_before_issue_8_still_fold():
                                                               "ts": 1.0}], "timeline": []}}
     state = GpuState.from_dict(old)
     assert state.occurrences[0]["wl"] == "pid:7" and state.incident.emitted[0]["outcome"] is None
-    from streams.classify import step
+    from xidstream.streams.classify import step
 
     step(state, GPU, sample(5), Policy())  # no KeyError
 
@@ -607,7 +607,7 @@ def test_a_row_leaves_out_what_is_at_its_default_and_reads_back_the_same_state()
     the same state, for a healthy GPU and through a whole wedge with its incident."""
     import orjson
 
-    from streams.classify import GpuState, step
+    from xidstream.streams.classify import GpuState, step
 
     healthy = [inventory()] + [r for t in range(0, 60, 10) for r in (sample(t), procs(t, 7))]
     for recs in (healthy, wedge()):

@@ -2,7 +2,7 @@
 records built directly.
 
 Each scenario's records come from the real collector code on the fakes (`ScenarioRunner` into a
-`MemorySink`) and are folded by `streams.engine.Engine` **in the order the collector published
+`MemorySink`) and are folded by `xidstream.streams.engine.Engine` **in the order the collector published
 them**, which is what a one-partition replay hands the worker. (`Engine.run` sorts by `ts` first:
 that would fold a record stamped hours ahead last and hide exactly the defect the skew rule is
 about; tests/xidstream_cli/test_replay_check.py runs every library scenario that way too.)
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import MemorySink
-from schemas import Action, Classification, GpuProcesses, GpuSample, XidEvent, load_scenario
-from streams.engine import Engine
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import Action, Classification, GpuProcesses, GpuSample, XidEvent, load_scenario
+from xidstream.streams.engine import Engine
 from tests.streams.builders import at, inventory, procs, sample, workload, xid
 from xidstream.replay import ReplayResult, check_scenario
 
@@ -192,8 +192,8 @@ def test_an_incident_does_not_resolve_while_a_fault_still_waits_to_be_named():
     quarantine were lost. A fault still pending now holds the resolution back."""
     import dataclasses
 
-    from schemas.scenario import parse_scenario
-    from streams.policy import Policy
+    from xidstream.schemas.scenario import parse_scenario
+    from xidstream.streams.policy import Policy
 
     sc, _ = collected("xid31-three-pids")
     raw = sc.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -21,9 +21,9 @@ from aiokafka.errors import (
 from faust.exceptions import ProducerSendError
 from hypothesis import given, settings, strategies as st
 
-import streams.app as app_mod
-from schemas import Classification, RemediationCommand, decode_any, encode, to_dict
-from streams.app import (
+import xidstream.streams.app as app_mod
+from xidstream.schemas import Classification, RemediationCommand, decode_any, encode, to_dict
+from xidstream.streams.app import (
     DEADLETTER_KEY_BYTES,
     DEADLETTER_ORIGINAL_BYTES,
     FLEET_KEY,
@@ -34,8 +34,8 @@ from streams.app import (
     fleet_row,
     refused_for_good,
 )
-from streams.fleet import FleetState, fleet_step
-from streams.policy import Policy
+from xidstream.streams.fleet import FleetState, fleet_step
+from xidstream.streams.policy import Policy
 from tests.streams.builders import GPU, T0, wedge, xid
 from xidstream.settings import Settings
 from tests.tools import examples

@@ -9,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 
-from schemas import Classification, Severity
-from schemas.errors import ConfigError
-from schemas.vocab import Action
-from streams.fleet import FleetState, fleet_step
-from streams.policy import Policy, load_policy
-from streams.storms import GROUP_VALUE_MAX, GROUPS_KEPT, MEMBERS_KEPT, group_attrs
+from xidstream.schemas import Classification, Severity
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.vocab import Action
+from xidstream.streams.fleet import FleetState, fleet_step
+from xidstream.streams.policy import Policy, load_policy
+from xidstream.streams.storms import GROUP_VALUE_MAX, GROUPS_KEPT, MEMBERS_KEPT, group_attrs
 from tests.streams.test_fleet_trust import T0, _cmd
 
 P = Policy()

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from collectors.sink import MemorySink
-from schemas import Classification, Severity
-from schemas.vocab import BREAKER_ACTIONS
-from streams.engine import Engine
-from streams.routing import groups_of
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import Classification, Severity
+from xidstream.schemas.vocab import BREAKER_ACTIONS
+from xidstream.streams.engine import Engine
+from xidstream.streams.routing import groups_of
 from xidstream.settings import Settings
 from xidstream.simulate import FaultRates, Simulator
 
@@ -76,9 +76,9 @@ def test_a_record_with_nothing_to_route_does_not_read_the_rows_groups():
     # fan_out runs on every record the worker folds; the groups only go into a fleet message, and a
     # quiet GPU's samples and process lists make none: reading them for those was four getattrs and
     # two dicts on every record. Where a message is made, it still carries them.
-    from streams.classify import step
-    from streams.policy import Policy
-    from streams.routing import fan_out
+    from xidstream.streams.classify import step
+    from xidstream.streams.policy import Policy
+    from xidstream.streams.routing import fan_out
     from tests.streams.builders import GPU, inventory, procs, sample
 
     class Watched:

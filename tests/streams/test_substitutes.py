@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Action, Classification, ComputeApp, DeviceHolder, GpuProcesses, RemediationResult
-from streams.engine import Engine
+from xidstream.schemas import Action, Classification, ComputeApp, DeviceHolder, GpuProcesses, RemediationResult
+from xidstream.streams.engine import Engine
 from tests.streams.builders import GPU, NODE, PCI, at, inventory, procs, sample, workload, xid
 
 DISRUPTIVE = {Action.CORDON_NODE, Action.DRAIN_NODE, Action.RESET_GPU, Action.REBOOT_NODE, Action.REPLACE_NODE}

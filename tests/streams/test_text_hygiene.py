@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Action
-from schemas.base import plain_text
-from schemas.limits import DETAIL_MAX
+from xidstream.schemas import Action
+from xidstream.schemas.base import plain_text
+from xidstream.schemas.limits import DETAIL_MAX
 from tests.streams.builders import result, run, wedge
 
 
@@ -48,8 +48,8 @@ def test_the_reset_step_is_a_line_a_shell_takes_word_for_word(index, word):
     shell-quoted: an unresolved GPU's placeholder, unquoted, was a redirection (`<index>`)."""
     import shlex
 
-    from streams.evidence import GpuState
-    from streams.render import _steps_text
+    from xidstream.streams.evidence import GpuState
+    from xidstream.streams.render import _steps_text
     from tests.shell import interpreted
 
     [text] = _steps_text(GpuState(key="k", node="node-a", gpu_index=index), [Action.RESET_GPU.value])

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import Action, Classification
-from schemas.vocab import ATTESTED_XID_SOURCES, XidSource
-from streams.routing import fan_out
+from xidstream.schemas import Action, Classification
+from xidstream.schemas.vocab import ATTESTED_XID_SOURCES, XidSource
+from xidstream.streams.routing import fan_out
 from tests.streams.builders import inventory, procs, run, sample, wedge, workload, xid
 
 NODE_LEVEL = {Action.CORDON_NODE, Action.DRAIN_NODE, Action.REBOOT_NODE, Action.REPLACE_NODE}

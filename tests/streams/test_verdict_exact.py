@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 
-from schemas.vocab import Action, Classification
-from streams.evidence import COMPUTE, NO_PROCESS, UNKNOWN, GpuState, entry
-from streams.hardware import QUARANTINE, REBOOT, RECORD, RESET
-from streams.incident import Incident
-from streams.policy import Policy
-from streams.verdict import (
+from xidstream.schemas.vocab import Action, Classification
+from xidstream.streams.evidence import COMPUTE, NO_PROCESS, UNKNOWN, GpuState, entry
+from xidstream.streams.hardware import QUARANTINE, REBOOT, RECORD, RESET
+from xidstream.streams.incident import Incident
+from xidstream.streams.policy import Policy
+from xidstream.streams.verdict import (
     PLANS,
     RANK,
     XID45,
@@ -557,7 +557,7 @@ def test_the_one_pass_rule_reads_the_rules_words_only_once_it_holds(monkeypatch)
     """The sliding window counts exactly what suspect_verdict would: it asks for the verdict's words
     once, at the occurrence where the rule holds, never at one where it does not (that was the
     quadratic cost the one pass removed)."""
-    import streams.verdict as verdict
+    import xidstream.streams.verdict as verdict
 
     calls = []
     real = verdict.suspect_verdict

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
-from transport.acls import ROLE_NAMES, acl_bindings
+from xidstream.transport.acls import ROLE_NAMES, acl_bindings
 
 
 def _grants(principal: str, prefix: str = "p.") -> set[tuple[str, str, str, str]]:
@@ -28,7 +28,7 @@ def test_the_exporter_reads_findings_and_telemetry_and_writes_only_its_document_
 
 
 def test_the_exporters_default_groups_are_under_its_granted_prefix():
-    from transport.acls import EXPORT_GROUP_PREFIX, export_group
+    from xidstream.transport.acls import EXPORT_GROUP_PREFIX, export_group
 
     for fmt in ("ocsf", "ecs"):
         for kind in ("kafka", "jsonl", "parquet"):
@@ -43,8 +43,8 @@ def test_the_exporters_default_groups_are_under_its_granted_prefix():
 
 
 def test_the_collector_writes_what_the_registry_says_it_collects_and_the_processor_reads_only_its_inputs():
-    from schemas.topics import COLLECTED_TOPICS as REGISTRY_COLLECTED, INPUT_TOPICS as REGISTRY_INPUTS
-    from transport.acls import COLLECTED_TOPICS, INPUT_TOPICS
+    from xidstream.schemas.topics import COLLECTED_TOPICS as REGISTRY_COLLECTED, INPUT_TOPICS as REGISTRY_INPUTS
+    from xidstream.transport.acls import COLLECTED_TOPICS, INPUT_TOPICS
 
     assert set(COLLECTED_TOPICS) == set(REGISTRY_COLLECTED) and set(INPUT_TOPICS) == set(REGISTRY_INPUTS)
     writes = {g[1] for g in _grants("User:collector") if g[3] == "WRITE"}

@@ -13,10 +13,10 @@ import stat
 
 import pytest
 
-from schemas.errors import ConfigError
-from schemas.models import NodeEnrollment
-from schemas.signing import SigningKey, VerifyKeys, generate_keys
-from transport.identity import (CLUSTER_IDENTITY, HEADER, SIGNER_NAME, AuthError, IdentityDirectory, NodeIdentity,
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.models import NodeEnrollment
+from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
+from xidstream.transport.identity import (CLUSTER_IDENTITY, HEADER, SIGNER_NAME, AuthError, IdentityDirectory, NodeIdentity,
                                 ProcessorIdentity, RecordVerifier, record_mac, validate_csr)
 
 LOW_ORDER_REFUSAL = "CSR csr-1: its X25519 key is a point of low order (no shared secret with any key)"
@@ -237,7 +237,7 @@ def test_a_request_that_is_not_an_ed25519_self_signed_csr_with_one_x25519_key_is
 
     ed = ed25519.Ed25519PrivateKey.generate()
     good = "urn:xidstream:x25519:" + "ab" * 32
-    from transport import identity as idm
+    from xidstream.transport import identity as idm
     assert good.startswith(idm._X25519_URI)
     assert validate_csr(_csr(pem(ed, [good])), node_service_account=NODE_SA).identity == "gpu-a"
     from cryptography.hazmat.primitives import hashes
@@ -269,7 +269,7 @@ def test_a_request_that_is_not_an_ed25519_self_signed_csr_with_one_x25519_key_is
 # --- the enrollment fold -----------------------------------------------------------------------
 
 def test_only_the_enrollers_signed_enrollments_count(processor, nodes, tmp_path):
-    from schemas.codec import encode
+    from xidstream.schemas.codec import encode
 
     priv, pub, _ = generate_keys(tmp_path / "enroller")
     enroller, trusted = SigningKey.load(priv), VerifyKeys.load([pub], purpose="enrollments")
@@ -370,7 +370,7 @@ def test_a_service_account_that_is_not_namespace_slash_name_is_a_clear_error(nod
     a = nodes["gpu-a"]
     with pytest.raises(ConfigError, match=rf"^service account {re.escape(repr(account))} is not namespace/name$"):
         validate_csr(_csr(a.csr_pem()), node_service_account=account)
-    from executors.enroll import Enroller
+    from xidstream.executors.enroll import Enroller
 
     with pytest.raises(ConfigError, match="is not namespace/name"):
         Enroller(None, None, print, node_service_account=NODE_SA, cluster_service_account=account)

@@ -21,16 +21,16 @@ import confluent_kafka
 import pytest
 from confluent_kafka import KafkaError
 
-from schemas.codec import decode, encode
-from schemas.models import NodeEnrollment
-from schemas.signing import SigningKey, VerifyKeys, generate_keys
-from transport.config import KafkaConfig
-from transport.identity import AuthError, IdentityDirectory, NodeIdentity, ProcessorIdentity, RecordVerifier
-from transport.kafka_log import KAFKA_LOG
+from xidstream.schemas.codec import decode, encode
+from xidstream.schemas.models import NodeEnrollment
+from xidstream.schemas.signing import SigningKey, VerifyKeys, generate_keys
+from xidstream.transport.config import KafkaConfig
+from xidstream.transport.identity import AuthError, IdentityDirectory, NodeIdentity, ProcessorIdentity, RecordVerifier
+from xidstream.transport.kafka_log import KAFKA_LOG
 
 PREFIX = "run7-"
 TOPIC = PREFIX + "xidstream.identities"
-LOGGER = "transport.identity"
+LOGGER = "xidstream.transport.identity"
 NOT_ENROLLED = "'{}' is not enrolled (no NodeEnrollment for it on xidstream.identities)"
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from transport.kafka import LagProbe, consumer_config, producer_config
+from xidstream.transport.kafka import LagProbe, consumer_config, producer_config
 
 pytestmark = pytest.mark.broker
 

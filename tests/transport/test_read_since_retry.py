@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import transport.kafka as tk
-from transport.config import KafkaConfig
+import xidstream.transport.kafka as tk
+from xidstream.transport.config import KafkaConfig
 
 
 class _Meta:

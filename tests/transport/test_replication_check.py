@@ -1,9 +1,9 @@
-"""The start-up replication check (`transport.kafka.replication_findings`): one line per topic,
+"""The start-up replication check (`xidstream.transport.kafka.replication_findings`): one line per topic,
 naming the topic, what was found and what was expected."""
 
 from __future__ import annotations
 
-from transport.kafka import replication_findings
+from xidstream.transport.kafka import replication_findings
 
 
 def test_as_the_settings_assume_says_nothing():

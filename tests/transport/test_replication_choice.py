@@ -1,6 +1,6 @@
 """Where topics are created (`topics create`, `simulate --create-topics`, `collect --create-topics`,
 the processor's internal and changelog topics), they are replicated as the cluster can hold unless
-told otherwise (`transport.kafka.choose_replication`): 3 replicas with min.insync.replicas 2, or one
+told otherwise (`xidstream.transport.kafka.choose_replication`): 3 replicas with min.insync.replicas 2, or one
 per broker when there are fewer; one broker is the only case for one. Unreplicated topics on three
 brokers lost partitions with one broker down (readers got `Unknown partition`, a simulated fleet
 exited 1 with 5,795 records still queued).
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import transport.kafka as kafka
-from schemas.errors import ConfigError
-from schemas.topics import TOPICS
-from transport.kafka import choose_replication, create_topics, ensure_processor_topics, settle_replication
+import xidstream.transport.kafka as kafka
+from xidstream.schemas.errors import ConfigError
+from xidstream.schemas.topics import TOPICS
+from xidstream.transport.kafka import choose_replication, create_topics, ensure_processor_topics, settle_replication
 from xidstream.settings import Settings
 
 

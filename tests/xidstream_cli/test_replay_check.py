@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from collectors.scenario import ScenarioRunner
-from collectors.sink import MemorySink
-from schemas import Alert, load_scenario, parse_scenario
-from streams.engine import Engine
+from xidstream.collectors.scenario import ScenarioRunner
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import Alert, load_scenario, parse_scenario
+from xidstream.streams.engine import Engine
 from xidstream.replay import EngineCommandLookup, ReplayResult, check_scenario, render_timeline
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import transport.kafka as tk
-from schemas.errors import TopicError
+import xidstream.transport.kafka as tk
+from xidstream.schemas.errors import TopicError
 from xidstream.cli import main as cli
 from xidstream.settings import Settings
 

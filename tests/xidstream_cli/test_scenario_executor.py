@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from collectors.scenario import ScenarioRunner, pick_command
-from collectors.sink import MemorySink
-from schemas import Action, RemediationCommand, RemediationResult, load_scenario
-from schemas.errors import ScenarioError
-from streams.engine import Engine
+from xidstream.collectors.scenario import ScenarioRunner, pick_command
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import Action, RemediationCommand, RemediationResult, load_scenario
+from xidstream.schemas.errors import ScenarioError
+from xidstream.streams.engine import Engine
 from tests.streams.builders import at
 from xidstream.replay import EngineCommandLookup
 

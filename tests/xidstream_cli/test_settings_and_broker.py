@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from schemas import BrokerError, ConfigError
-from xidstream.localbroker import LocalBroker, broker_for_run
+from xidstream.schemas import BrokerError, ConfigError
+from workshop.localbroker import LocalBroker, broker_for_run
 from xidstream.settings import Settings
 
 
@@ -79,7 +79,7 @@ def test_formatting_the_secure_broker_puts_no_password_on_a_command_line(tmp_pat
     argument file (`java @file`), removed afterwards."""
     import subprocess
 
-    import xidstream.localbroker as lb
+    import workshop.localbroker as lb
 
     seen = []
 

@@ -1,5 +1,5 @@
 """The simulator's crash-looping workloads and Xid 45 teardowns, and their scoring, without a
-broker: the simulated records go into a `MemorySink`, `streams.engine.Engine` folds them in publish
+broker: the simulated records go into a `MemorySink`, `xidstream.streams.engine.Engine` folds them in publish
 order, and `score` reports on its alerts and commands (what `xidstream evaluate` does with the
 records it reads back from Kafka; the broker tier is tests/integration/test_simulate_evaluate.py).
 """
@@ -11,10 +11,10 @@ from dataclasses import astuple
 
 import pytest
 
-from collectors.sink import MemorySink
-from schemas import GpuProcesses, WorkloadEvent, XidEvent
-from schemas.errors import ConfigError
-from streams.engine import Engine
+from xidstream.collectors.sink import MemorySink
+from xidstream.schemas import GpuProcesses, WorkloadEvent, XidEvent
+from xidstream.schemas.errors import ConfigError
+from xidstream.streams.engine import Engine
 from xidstream.cli import main as cli
 from xidstream.settings import Settings
 from xidstream.simulate import CRASH_FAULTS, FaultRates, Simulator, read_truth, score

@@ -18,8 +18,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from collectors.spool import Spool
-from transport.kafka_log import FoldingKafkaLog, readable
+from xidstream.collectors.spool import Spool
+from xidstream.transport.kafka_log import FoldingKafkaLog, readable
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = "%3|"  # librdkafka's own stderr format: %<syslog level>|<time>|<facility>|...
