@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
 from xidstream.schemas.limits import ID_MAX, NODE_NAME_MAX
 
@@ -146,9 +146,6 @@ class Record(BaseModel):
     event_id: str = Field(default_factory=new_event_id, description="Unique id of this record.")
     ts: UtcDatetime = Field(default_factory=utc_now, description="When it happened (UTC, RFC 3339).")
     node: str = Field(min_length=1, description="Kubernetes node (host) name the record is about.")
-    # The LEGACY version a record was decoded from (schemas.codec), None when it came in this one:
-    # a signed record's signature covers the form it was signed in (`signed_form`).
-    _decoded_from: str | None = PrivateAttr(None)
 
     @classmethod
     def from_legacy(cls, found: str, data: dict) -> dict:
@@ -159,6 +156,13 @@ class Record(BaseModel):
         """`doc` (this record's contract JSON) in the version it was decoded from, for a signature
         made by a producer of that version; this version's form otherwise."""
         return doc
+
+    def note_decoded_from(self, found: str | None) -> None:
+        """`xidstream.schemas.codec`: this record came in as the LEGACY version `found` (None: signed or made
+        in this version's form). Kept only by a model whose `signed_form` depends on it, as a
+        private attribute of its own: a private attribute on this base made pydantic run its
+        private-attribute set-up, in Python and once per class of the hierarchy, for every record
+        validated, the worker's inputs included (about a tenth of the worker's CPU per record)."""
 
 
 class NodeRecord(Record):

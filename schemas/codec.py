@@ -67,7 +67,7 @@ def _validate(model: type[R], data: dict, raw: bytes | None) -> R:
         where = "" if found == model.SCHEMA else f" (a {found} record read as {model.SCHEMA})"
         raise DecodeError(_format_validation(exc) + where, raw, model.SCHEMA) from None
     if found != model.SCHEMA:
-        record._decoded_from = found
+        record.note_decoded_from(found)
     return record
 
 

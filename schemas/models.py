@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
 from xidstream.schemas.base import NodeRecord, Record, UtcDatetime
 from xidstream.schemas.limits import (
@@ -499,6 +499,12 @@ class RemediationCommand(Record):
     # canonical encoding of every other field, and the id of the key that made it.
     key_id: str | None = Field(None, description="Id of the signing key (schemas.signing.key_id).")
     signature: str | None = Field(None, description="Base64 Ed25519 signature over the canonical encoding.")
+    # The LEGACY version this command was decoded from (schemas.codec), None when it came in this
+    # one: its signature covers the form it was signed in (`signed_form`).
+    _decoded_from: str | None = PrivateAttr(None)
+
+    def note_decoded_from(self, found: str | None) -> None:
+        self._decoded_from = found
 
     def signed_form(self, doc: dict) -> dict:
         # A /2 command was signed without `rule` and under its own version: checked in that form, so

@@ -127,7 +127,7 @@ class SigningKey:
     def sign(self, record: R) -> R:
         """A copy of `record` with `key_id` and `signature` set."""
         stamped = record.model_copy(update={"key_id": self.key_id, "signature": None})
-        stamped._decoded_from = None  # signed now, in this version's form (what `encode` writes)
+        stamped.note_decoded_from(None)  # signed now, in this version's form (what `encode` writes)
         sig = self._key.sign(canonical(stamped))
         return stamped.model_copy(update={"signature": base64.b64encode(sig).decode("ascii")})
 

@@ -64,6 +64,10 @@ def fan_out(state, record: Record, outputs: list) -> tuple[list[dict], list[Aler
 
     A GPU inventory tells the breaker its node is a GPU node (the fleet's size; commands that take
     capacity away from a node without one are held, `xidstream.streams.fleet`)."""
+    if state.announced and not outputs and not isinstance(record, (GpuInventory, XidEvent)):
+        # Most records (a sample, a process list) give nothing to route: return before reading the
+        # row's groups, which only go into a message (four getattrs and two dicts per record).
+        return [], []
     fleet: list[dict] = []
     alerts: list[Alert] = []
     groups = groups_of(state)

@@ -218,3 +218,29 @@ def test_records_are_immutable(record):
         record.node = "another-node"  # type: ignore[misc]
     assert [e["type"] for e in refused.value.errors()] == ["frozen_instance"]
     assert record.node == NODE
+
+
+@pytest.mark.parametrize("record", [r for r in one_of_each() if type(r).__name__ != "RemediationCommand"],
+                         ids=lambda r: type(r).__name__)
+def test_validating_a_record_runs_no_python_code_of_pydantic(record):
+    # The worker validates every input record with pydantic-core (streams.app.decode_input); any
+    # Python function of pydantic's that runs per record (a private attribute's set-up ran three
+    # times per record, once per class of the hierarchy) is CPU on the worker's hot path. Only
+    # RemediationCommand, whose signature depends on the version it was decoded from, keeps one.
+    import sys
+
+    raw = encode(record)
+    root = pydantic.__file__.rsplit("/", 1)[0]
+    entered = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            entered.append(frame.f_code.co_name)
+
+    sys.setprofile(watch)
+    try:
+        got = type(record).model_validate_json(raw)
+    finally:
+        sys.setprofile(None)
+    assert got == record
+    assert [name for name in entered if name != "model_validate_json"] == []  # the call itself aside

@@ -70,3 +70,37 @@ def test_groups_of_reads_the_nvlink_domain_where_the_row_has_one():
     row = SimpleNamespace(job="ns/j", rack=None, driver_version="590.44.01", fabric_domain="uuid/7")
     assert groups_of(row) == {"job": "ns/j", "domain": "uuid/7", "driver": "590.44.01"}
     assert groups_of(SimpleNamespace()) == {}
+
+
+def test_a_record_with_nothing_to_route_does_not_read_the_rows_groups():
+    # fan_out runs on every record the worker folds; the groups only go into a fleet message, and a
+    # quiet GPU's samples and process lists make none: reading them for those was four getattrs and
+    # two dicts on every record. Where a message is made, it still carries them.
+    from xidstream.streams.classify import step
+    from xidstream.streams.policy import Policy
+    from xidstream.streams.routing import fan_out
+    from tests.streams.builders import GPU, inventory, procs, sample
+
+    class Watched:
+        def __init__(self, state):
+            self.__dict__.update(_state=state, read=[])
+
+        def __getattr__(self, name):
+            if name in ("job", "rack", "fabric_domain", "driver_version"):
+                self.read.append(name)
+            return getattr(self._state, name)
+
+        def __setattr__(self, name, value):
+            setattr(self._state, name, value)
+
+    state, outputs, _ = step(None, GPU, inventory(0), Policy())
+    state.driver_version = "590.44.01"
+    fan_out(state, inventory(0), outputs)  # the row's first record: announced
+    for record in (sample(1), procs(1, 4242)):
+        state, outputs, _ = step(state, GPU, record, Policy())
+        watched = Watched(state)
+        assert fan_out(watched, record, outputs) == ([], []) and watched.read == []
+    watched = Watched(state)
+    fleet, _ = fan_out(watched, inventory(2), [])
+    assert [(m["kind"], m.get("groups")) for m in fleet] == [("inventory", {"driver": "590.44.01"})]
+    assert watched.read
